@@ -1,0 +1,195 @@
+// The registry of codecs and the public C++ API on top of it: Codec, ErrorFeedback, decode_add,
+// inspect. Everything codec-specific lives in the family files; this file only dispatches.
+#include <cmath>
+#include <cstring>
+
+#include "codec_impl.hpp"
+#include "gcomp/codec.hpp"
+#include "nonfinite.hpp"
+#include "philox.hpp"
+
+namespace gcomp {
+
+namespace detail {
+
+namespace {
+const std::vector<const CodecEntry*>& registry() {
+  static const std::vector<const CodecEntry*> r = {
+      &dense_none_entry(), &dense_fp16_entry(), &dense_bf16_entry(),
+      &topk_entry(),       &randomk_entry(),    &threshold_entry(),
+      &qsgd_entry(),       &terngrad_entry(),   &sign_entry()};
+  return r;
+}
+}  // namespace
+
+const CodecEntry* find_codec(CodecKind kind) noexcept {
+  for (const CodecEntry* e : registry()) {
+    if (e->kind == kind) return e;
+  }
+  return nullptr;
+}
+
+const CodecEntry* find_codec(std::string_view name) noexcept {
+  for (const CodecEntry* e : registry()) {
+    if (name == e->name) return e;
+  }
+  return nullptr;
+}
+
+void require_capacity(std::size_t need, std::size_t cap) {
+  if (need > cap) {
+    throw Error(Status::buffer_too_small, "output buffer of " + std::to_string(cap) +
+                                              " bytes is too small: the payload needs " +
+                                              std::to_string(need));
+  }
+}
+
+// The generic error-feedback form: v = x + e; p = C(v); e = v - D(p).
+std::size_t CodecImpl::encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
+                                 std::uint64_t seed, std::byte* out, std::size_t cap) const {
+  for (std::size_t i = 0; i < n; ++i) e_new[i] = x[i] + e_old[i];
+  if (first_nonfinite(e_new, n) != n) throw_nonfinite_sum(x, e_old, n);
+  const std::size_t bytes = encode(e_new, n, seed, out, cap);
+  const Payload p = parse_payload({out, bytes});
+  find_codec(p.kind)->decode_add(p, e_new, -1.0f);
+  return bytes;
+}
+
+}  // namespace detail
+
+const char* status_name(Status s) noexcept {
+  switch (s) {
+    case Status::ok: return "ok";
+    case Status::invalid_argument: return "invalid_argument";
+    case Status::bad_payload: return "bad_payload";
+    case Status::buffer_too_small: return "buffer_too_small";
+    case Status::nonfinite: return "nonfinite";
+    case Status::mpi: return "mpi";
+    case Status::cuda: return "cuda";
+    case Status::mismatch: return "mismatch";
+    case Status::internal: return "internal";
+  }
+  return "unknown";
+}
+
+const char* codec_name(CodecKind kind) noexcept {
+  const detail::CodecEntry* e = detail::find_codec(kind);
+  return e ? e->name : "unknown";
+}
+
+const std::vector<CodecDescription>& codec_catalog() {
+  static const std::vector<CodecDescription> c = [] {
+    std::vector<CodecDescription> out;
+    for (const detail::CodecEntry* e : detail::registry()) {
+      out.push_back({e->name, e->summary, e->keys});
+    }
+    return out;
+  }();
+  return c;
+}
+
+Codec::Codec(std::string_view spec) {
+  detail::SpecReader reader(spec);
+  const detail::CodecEntry* e = detail::find_codec(reader.name());
+  if (!e) {
+    std::string names;
+    for (const detail::CodecEntry* r : detail::registry()) names += std::string(names.empty() ? "" : ", ") + r->name;
+    reader.fail("unknown codec '" + reader.name() + "' (known: " + names + ")");
+  }
+  impl_ = e->make(reader);
+}
+
+CodecKind Codec::kind() const noexcept { return impl_->kind(); }
+std::string Codec::spec() const { return impl_->spec(); }
+CodecProperties Codec::properties() const { return impl_->properties(); }
+std::size_t Codec::selected(std::size_t n) const { return impl_->selected(n); }
+std::size_t Codec::max_bytes(std::size_t n) const { return impl_->max_bytes(n); }
+
+std::size_t Codec::encode(std::span<const float> x, std::uint64_t seed,
+                          std::span<std::byte> out) const {
+  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  return impl_->encode(x.data(), x.size(), seed, out.data(), out.size());
+}
+
+std::vector<std::byte> Codec::encode(std::span<const float> x, std::uint64_t seed) const {
+  std::vector<std::byte> out(max_bytes(x.size()));
+  out.resize(encode(x, seed, out));
+  return out;
+}
+
+std::size_t Codec::encode_ef(ErrorFeedback& ef, std::span<const float> x, std::uint64_t seed,
+                             std::span<std::byte> out) const {
+  if (ef.size() != x.size()) {
+    throw Error(Status::invalid_argument, "error-feedback memory holds " +
+                                              std::to_string(ef.size()) + " elements but the input has " +
+                                              std::to_string(x.size()));
+  }
+  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  std::span<float> next = ef.scratch();
+  const std::size_t bytes = impl_->encode_ef(x.data(), ef.residual().data(), next.data(), x.size(),
+                                             seed, out.data(), out.size());
+  ef.commit();
+  return bytes;
+}
+
+std::vector<std::byte> Codec::encode_ef(ErrorFeedback& ef, std::span<const float> x,
+                                        std::uint64_t seed) const {
+  std::vector<std::byte> out(max_bytes(x.size()));
+  out.resize(encode_ef(ef, x, seed, out));
+  return out;
+}
+
+ErrorFeedback::ErrorFeedback(std::size_t n) : residual_(n, 0.0f) {}
+
+void ErrorFeedback::reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+
+std::span<float> ErrorFeedback::scratch() {
+  scratch_.resize(residual_.size());
+  return scratch_;
+}
+
+void decode_add(std::span<const std::byte> payload, std::span<float> acc, float alpha) {
+  if (payload.data() == nullptr && !payload.empty()) {
+    throw Error(Status::invalid_argument, "payload is null");
+  }
+  if (!std::isfinite(alpha)) throw Error(Status::invalid_argument, "alpha is not finite");
+  const detail::Payload p = detail::parse_payload(payload);
+  const detail::CodecEntry* e = detail::find_codec(p.kind);
+  e->validate(p);
+  if (p.n != acc.size()) {
+    throw Error(Status::mismatch, "payload holds " + std::to_string(p.n) +
+                                      " elements but the accumulator has " +
+                                      std::to_string(acc.size()));
+  }
+  if (acc.data() == nullptr && !acc.empty()) throw Error(Status::invalid_argument, "accumulator is null");
+  e->decode_add(p, acc.data(), alpha);
+}
+
+PayloadInfo inspect(std::span<const std::byte> payload) {
+  const detail::Payload p = detail::parse_payload(payload);
+  const detail::CodecEntry* e = detail::find_codec(p.kind);
+  e->validate(p);
+  PayloadInfo info;
+  info.kind = p.kind;
+  info.version = p.version;
+  info.elements = p.n;
+  info.params = e->describe(p);
+  for (std::size_t i = 0; i < p.section_count; ++i) info.sections.push_back(p.sections[i].size);
+  info.header_bytes = p.header_bytes;
+  info.total_bytes = p.total_bytes;
+  return info;
+}
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
+                          std::uint64_t rank) noexcept {
+  // Two Philox4x32-10 calls: the seed keys a draw over the rank, which keys a draw over
+  // (tensor, step); every input bit reaches the result.
+  r123::Philox4x32 rng;
+  const auto lo = [](std::uint64_t v) { return static_cast<std::uint32_t>(v); };
+  const auto hi = [](std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); };
+  const auto k = rng({{lo(rank), hi(rank), 0x67636d70u, 0}}, {{lo(seed), hi(seed)}});
+  const auto r = rng({{lo(tensor), hi(tensor), lo(step), hi(step)}}, {{k[0], k[1]}});
+  return (static_cast<std::uint64_t>(r[1]) << 32) | r[0];
+}
+
+}  // namespace gcomp

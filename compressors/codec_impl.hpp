@@ -1,0 +1,69 @@
+// The interface every CPU codec implements, and the registry entry that ties a codec's spec
+// parser, encoder, payload validator and decoder together. Internal to gcomp_core.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gcomp/codec.hpp"
+#include "spec.hpp"
+#include "wire.hpp"
+
+namespace gcomp::detail {
+
+class CodecImpl {
+ public:
+  virtual ~CodecImpl() = default;
+  virtual CodecKind kind() const = 0;
+  virtual std::string spec() const = 0;
+  virtual CodecProperties properties() const = 0;
+  virtual std::size_t selected(std::size_t /*n*/) const { return 0; }
+  virtual std::size_t max_bytes(std::size_t n) const = 0;
+
+  // Writes the payload of x[0..n) into out[0..cap) and returns its size. Throws Error.
+  virtual std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
+                             std::size_t cap) const = 0;
+
+  // Error feedback: v = x + e_old; payload = C(v); e_new = v - D(payload). e_new is a separate
+  // buffer of n floats (the caller commits it only on success). The default runs the generic
+  // form (add, encode, decode_add with alpha = -1); codecs override it with fused passes.
+  virtual std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
+                                std::uint64_t seed, std::byte* out, std::size_t cap) const;
+};
+
+// One codec family's entry in the registry (codec.cpp holds the table).
+struct CodecEntry {
+  CodecKind kind;
+  const char* name;
+  const char* summary;
+  std::vector<SpecKey> keys;
+  std::unique_ptr<CodecImpl> (*make)(SpecReader& spec);
+  // Checks everything codec-specific of a parsed payload (parameters, section sizes, values);
+  // throws Error(bad_payload).
+  void (*validate)(const Payload& p);
+  // acc += alpha * decode(p) for a validated payload.
+  void (*decode_add)(const Payload& p, float* acc, float alpha);
+  // "bits=4,bucket=512" for inspect.
+  std::string (*describe)(const Payload& p);
+};
+
+const CodecEntry* find_codec(CodecKind kind) noexcept;
+const CodecEntry* find_codec(std::string_view name) noexcept;
+
+// Per-family factories (one file each).
+const CodecEntry& dense_none_entry();
+const CodecEntry& dense_fp16_entry();
+const CodecEntry& dense_bf16_entry();
+const CodecEntry& topk_entry();
+const CodecEntry& randomk_entry();
+const CodecEntry& threshold_entry();
+const CodecEntry& qsgd_entry();
+const CodecEntry& terngrad_entry();
+const CodecEntry& sign_entry();
+
+// Throws Error(buffer_too_small) when need > cap.
+void require_capacity(std::size_t need, std::size_t cap);
+
+}  // namespace gcomp::detail

@@ -1,0 +1,18 @@
+// Reporting non-finite input: the codecs detect NaN/Inf inside their main pass (cheaply, as a
+// flag or a non-finite sum) and then call these to find and name the first bad element.
+#pragma once
+
+#include <cstddef>
+
+namespace gcomp::detail {
+
+// Index of the first NaN/Inf in x[0..n), or n when there is none.
+std::size_t first_nonfinite(const float* x, std::size_t n) noexcept;
+
+// Throws Error(nonfinite) naming the first NaN/Inf of x; `base` is added to the index shown.
+[[noreturn]] void throw_nonfinite(const float* x, std::size_t n, std::size_t base = 0);
+
+// For error feedback: x and e are finite but x + e is not (or x is not); names the element.
+[[noreturn]] void throw_nonfinite_sum(const float* x, const float* e, std::size_t n);
+
+}  // namespace gcomp::detail

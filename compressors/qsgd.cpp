@@ -1,0 +1,431 @@
+// QSGD (Alistarh et al., NeurIPS 2017): per bucket of D values its L2 norm, and per value a sign
+// and a level in 0..s (s = 2^(B-1) - 1), rounded stochastically so that the decode is unbiased:
+//   r = |v| * (s / norm)   (or (|v| / norm) * s when s / norm overflows), clamped to s
+//   level = floor(r) + [u < r - floor(r)],   u = (16-bit Philox draw of the element) / 2^16
+//   decode = (norm / s) * level, negated when the code's sign bit (v < 0) is set
+// E||Q(v) - v||^2 <= min(D/s^2, sqrt(D)/s) ||v||^2 (Lemma 3.1). The norm is the canonical
+// double-lane sum of squares (reduce.hpp); norms above 2^127 saturate there.
+//
+// Payload: params u8 bits, u8 norm kind (0 = L2), u16 zero, u32 bucket;
+//          sections: ceil(n/D) float32 norms, then the codes, B bits each (bits.hpp).
+// The AVX-512 kernels handle buckets whose length is a multiple of 16 (so a SIMD lane is a
+// reduction lane); everything else goes through the scalar reference, which defines the bytes.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "bits.hpp"
+#include "bytes.hpp"
+#include "chunks.hpp"
+#include "codec_impl.hpp"
+#include "nonfinite.hpp"
+#include "philox.hpp"
+#include "reduce.hpp"
+#include "reduce_avx512.hpp"
+#include "simd.hpp"
+
+#if defined(__AVX512F__) && defined(__BMI2__)
+#define GCOMP_QSGD_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace gcomp::detail {
+
+namespace {
+
+constexpr float kNormCap = 0x1p127f;
+constexpr std::size_t kWindow = 2048;  // elements of random draws generated at once (64-aligned)
+
+struct Quant {
+  int bits;
+  std::uint64_t bucket;
+  float levels;  // s
+  float inv;     // s / norm, when finite
+  float norm;
+  float step;    // norm / s
+  bool use_inv;
+};
+
+inline Quant make_quant(int bits, std::uint64_t bucket, float norm) {
+  Quant q{};
+  q.bits = bits;
+  q.bucket = bucket;
+  q.levels = static_cast<float>((1 << (bits - 1)) - 1);
+  q.norm = norm;
+  q.inv = norm > 0 ? q.levels / norm : 0.0f;
+  q.use_inv = std::isfinite(q.inv);
+  q.step = norm / q.levels;
+  return q;
+}
+
+inline float norm_from(double sum_squares) {
+  const double r = std::sqrt(sum_squares);
+  return r >= static_cast<double>(kNormCap) ? kNormCap : static_cast<float>(r);
+}
+
+// One element: the code (sign bit above the level) and the decoded value.
+inline std::uint32_t quantize_one(const Quant& q, float v, std::uint16_t draw, float* decoded) {
+  const float a = std::fabs(v);
+  std::uint32_t level = 0;
+  if (q.norm > 0) {
+    float r = q.use_inv ? a * q.inv : (a / q.norm) * q.levels;
+    r = std::min(r, q.levels);
+    const float l = std::floor(r);
+    const float u = static_cast<float>(draw) * 0x1p-16f;
+    level = static_cast<std::uint32_t>(l) + (u < r - l ? 1u : 0u);
+  }
+  const bool neg = v < 0;
+  const float d = q.step * static_cast<float>(level);
+  *decoded = neg ? -d : d;
+  return level | (neg ? 1u << (q.bits - 1) : 0u);
+}
+
+// Draws of the 64-aligned window starting at element ws (kWindow elements).
+inline void window_draws(const PhiloxStream& st, std::uint64_t ws, std::uint32_t* words) {
+  philox_fill(st, ws / 2, kWindow / 2, words);
+}
+
+// Scalar reference for one bucket [bs, bs + len) of src. ef (when not null) receives v - decode.
+bool bucket_scalar(const PhiloxStream& st, int bits, std::uint64_t bucket, const float* src,
+                   std::uint64_t bs, std::size_t len, float* norm_out, BitWriter& w, float* ef) {
+  const double ss = lane_sum(src + bs, len, [](float a) {
+    return static_cast<double>(a) * static_cast<double>(a);
+  });
+  if (!std::isfinite(ss)) return false;
+  const Quant q = make_quant(bits, bucket, norm_from(ss));
+  *norm_out = q.norm;
+  std::uint32_t words[kWindow / 2];
+  const std::uint64_t end = bs + len;
+  for (std::uint64_t ws = bs & ~std::uint64_t{63}; ws < end; ws += kWindow) {
+    window_draws(st, ws, words);
+    const std::uint64_t lo = std::max(ws, bs);
+    const std::uint64_t hi = std::min(ws + kWindow, end);
+    for (std::uint64_t i = lo; i < hi; ++i) {
+      const std::uint32_t word = words[(i - ws) >> 1];
+      const auto draw = static_cast<std::uint16_t>((i & 1) ? word >> 16 : word & 0xffffu);
+      float dec;
+      w.put(quantize_one(q, src[i], draw, &dec), bits);
+      if (ef) ef[i] = src[i] - dec;
+    }
+  }
+  return true;
+}
+
+#if GCOMP_QSGD_AVX512
+inline double norm_avx512(const float* x, std::size_t len) {
+  Lanes16 lanes;
+  for (std::size_t i = 0; i < len; i += 16) lanes.add_squares(_mm512_loadu_ps(x + i));
+  return lanes.fold();
+}
+
+template <int B>
+inline std::uint64_t byte_mask() {
+  return 0x0101010101010101ull * ((1ull << B) - 1);
+}
+
+// One bucket whose length is a multiple of 16; codes written whole bytes at a time.
+template <int B>
+bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src,
+                   std::uint64_t bs, std::size_t len, float* norm_out, std::byte* codes,
+                   float* ef) {
+  const double ss = norm_avx512(src + bs, len);
+  if (!std::isfinite(ss)) return false;
+  const Quant q = make_quant(B, bucket, norm_from(ss));
+  *norm_out = q.norm;
+  if (!q.use_inv) {  // tiny norms: the reference's divide form, same bytes
+    BitWriter w(codes + bs * B / 8);
+    return bucket_scalar(st, B, bucket, src, bs, len, norm_out, w, ef);
+  }
+  const __m512 inv = _mm512_set1_ps(q.inv);
+  const __m512 levels = _mm512_set1_ps(q.levels);
+  const __m512 step = _mm512_set1_ps(q.step);
+  const __m512 scale16 = _mm512_set1_ps(0x1p-16f);
+  const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i signbit = _mm512_set1_epi32(1 << (B - 1));
+  const __m512i fsign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512 zero = _mm512_setzero_ps();
+  const std::uint64_t pmask = byte_mask<B>();
+  alignas(64) std::uint32_t words[kWindow / 2];
+  const std::uint64_t end = bs + len;
+  for (std::uint64_t ws = bs & ~std::uint64_t{63}; ws < end; ws += kWindow) {
+    window_draws(st, ws, words);
+    const std::uint64_t lo = std::max(ws, bs);
+    const std::uint64_t hi = std::min(ws + kWindow, end);
+    for (std::uint64_t i = lo; i < hi; i += 16) {
+      const __m512 v = _mm512_loadu_ps(src + i);
+      const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask));
+      const __m512 r = _mm512_min_ps(_mm512_mul_ps(a, inv), levels);
+      const __m512 l = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+      const __m512 frac = _mm512_sub_ps(r, l);
+      const __m256i d16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(d16)), scale16);
+      const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
+      __m512i level = _mm512_cvttps_epi32(l);
+      level = _mm512_mask_add_epi32(level, up, level, one);
+      const __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
+      const __m512i code = _mm512_mask_or_epi32(level, neg, level, signbit);
+      const __m128i bytes = _mm512_cvtepi32_epi8(code);
+      if constexpr (B == 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), bytes);
+      } else {
+        const std::uint64_t w0 = _pext_u64(static_cast<std::uint64_t>(_mm_cvtsi128_si64(bytes)), pmask);
+        const std::uint64_t w1 = _pext_u64(static_cast<std::uint64_t>(_mm_extract_epi64(bytes, 1)), pmask);
+        std::byte* o = codes + i * B / 8;
+        std::memcpy(o, &w0, B);
+        std::memcpy(o + B, &w1, B);
+      }
+      if (ef) {
+        __m512 dec = _mm512_mul_ps(step, _mm512_cvtepi32_ps(level));
+        dec = _mm512_castsi512_ps(
+            _mm512_mask_xor_epi32(_mm512_castps_si512(dec), neg, _mm512_castps_si512(dec), fsign));
+        _mm512_storeu_ps(ef + i, _mm512_sub_ps(v, dec));
+      }
+    }
+  }
+  return true;
+}
+
+using BucketKernel = bool (*)(const PhiloxStream&, std::uint64_t, const float*, std::uint64_t,
+                              std::size_t, float*, std::byte*, float*);
+BucketKernel avx512_kernel(int bits) {
+  switch (bits) {
+    case 2: return bucket_avx512<2>;
+    case 3: return bucket_avx512<3>;
+    case 4: return bucket_avx512<4>;
+    case 5: return bucket_avx512<5>;
+    case 6: return bucket_avx512<6>;
+    case 7: return bucket_avx512<7>;
+    default: return bucket_avx512<8>;
+  }
+}
+
+// acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 16 (begin a multiple of 16);
+// returns where it stopped.
+template <int B>
+std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alpha,
+                                  std::uint64_t begin, std::uint64_t end, float* acc) {
+  const __m512 vstep = _mm512_set1_ps(step);
+  const __m512 valpha = _mm512_set1_ps(alpha);
+  const __m512i lmask = _mm512_set1_epi32((1 << (B - 1)) - 1);
+  const std::uint64_t pmask = byte_mask<B>();
+  std::uint64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m128i bytes;
+    if constexpr (B == 8) {
+      bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    } else {
+      std::uint64_t r0 = 0;
+      std::uint64_t r1 = 0;
+      std::memcpy(&r0, codes + i * B / 8, B);
+      std::memcpy(&r1, codes + i * B / 8 + B, B);
+      bytes = _mm_set_epi64x(static_cast<long long>(_pdep_u64(r1, pmask)),
+                             static_cast<long long>(_pdep_u64(r0, pmask)));
+    }
+    const __m512i c = _mm512_cvtepu8_epi32(bytes);
+    const __m512i level = _mm512_and_si512(c, lmask);
+    const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(c, B - 1), 31);
+    __m512 d = _mm512_mul_ps(vstep, _mm512_cvtepi32_ps(level));
+    d = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(d), sign));
+    const __m512 a = _mm512_loadu_ps(acc + i);
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(a, _mm512_mul_ps(valpha, d)));
+  }
+  return i;
+}
+
+std::uint64_t decode_avx512(int bits, const std::byte* codes, float step, float alpha,
+                            std::uint64_t begin, std::uint64_t end, float* acc) {
+  switch (bits) {
+    case 2: return decode_range_avx512<2>(codes, step, alpha, begin, end, acc);
+    case 3: return decode_range_avx512<3>(codes, step, alpha, begin, end, acc);
+    case 4: return decode_range_avx512<4>(codes, step, alpha, begin, end, acc);
+    case 5: return decode_range_avx512<5>(codes, step, alpha, begin, end, acc);
+    case 6: return decode_range_avx512<6>(codes, step, alpha, begin, end, acc);
+    case 7: return decode_range_avx512<7>(codes, step, alpha, begin, end, acc);
+    default: return decode_range_avx512<8>(codes, step, alpha, begin, end, acc);
+  }
+}
+#endif
+
+// Chunks hold whole buckets and start on a byte boundary of the codes (a multiple of 8 elements).
+std::uint64_t chunk_elements(std::uint64_t bucket) {
+  std::uint64_t unit = bucket;
+  while (unit % 8 != 0) unit += bucket;  // lcm(bucket, 8)
+  const std::uint64_t per = std::max<std::uint64_t>(1, (std::uint64_t{1} << 15) / unit);
+  return unit * per;
+}
+
+class QsgdCodec final : public CodecImpl {
+ public:
+  int bits = 4;
+  std::uint64_t bucket = 512;
+
+  CodecKind kind() const override { return CodecKind::qsgd; }
+  std::string spec() const override {
+    return "qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket);
+  }
+  CodecProperties properties() const override {
+    CodecProperties p;
+    p.unbiased = true;
+    p.stochastic = true;
+    p.bits_per_element = bits + 32.0 / static_cast<double>(bucket);
+    return p;
+  }
+  std::size_t max_bytes(std::size_t n) const override {
+    return header_bytes(Layout{8, 2}) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
+  }
+
+  std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
+                     std::size_t cap) const override {
+    return run(x, nullptr, nullptr, n, seed, out, cap);
+  }
+  std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
+                        std::uint64_t seed, std::byte* out, std::size_t cap) const override {
+    return run(x, e_old, e_new, n, seed, out, cap);
+  }
+
+ private:
+  std::size_t run(const float* x, const float* e_old, float* e_new, std::size_t n,
+                  std::uint64_t seed, std::byte* out, std::size_t cap) const {
+    const std::size_t need = max_bytes(n);
+    require_capacity(need, cap);
+    const std::uint64_t nb = ceil_div(n, bucket);
+    const std::uint64_t code_bytes = ceil_div(static_cast<std::uint64_t>(n) * bits, 8);
+    std::byte params[8] = {};
+    params[0] = static_cast<std::byte>(bits);
+    store_le<std::uint32_t>(params + 4, static_cast<std::uint32_t>(bucket));
+    std::byte* norms = write_header(out, CodecKind::qsgd, n, params, {4 * nb, code_bytes});
+    std::byte* codes = norms + 4 * nb;
+    const PhiloxStream st = philox_stream(seed, CodecKind::qsgd);
+    const std::uint64_t chunk = chunk_elements(bucket);
+    std::atomic<bool> bad{false};
+#if GCOMP_QSGD_AVX512
+    const BucketKernel fast = (simd_enabled() && bucket % 16 == 0) ? avx512_kernel(bits) : nullptr;
+#endif
+    for_chunks(n, chunk, [&](std::size_t b, std::size_t e) {
+      const float* src = x;
+      if (e_old) {  // v = x + e into the new residual; the kernels then overwrite it with v - D
+        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
+        src = e_new;
+      }
+      // With the SIMD kernel every bucket starts on a byte boundary and writes its own bytes;
+      // otherwise one writer runs through the chunk (buckets may share a byte).
+      BitWriter chunk_writer(codes + b * bits / 8);
+      for (std::uint64_t bs = b; bs < e; bs += bucket) {
+        const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(bucket, e - bs));
+        float norm = 0;
+        bool ok;
+#if GCOMP_QSGD_AVX512
+        if (fast) {
+          if (len == bucket) {
+            ok = fast(st, bucket, src, bs, len, &norm, codes, e_new);
+          } else {
+            BitWriter w(codes + bs * bits / 8);
+            ok = bucket_scalar(st, bits, bucket, src, bs, len, &norm, w, e_new);
+            w.finish();
+          }
+        } else
+#endif
+        {
+          ok = bucket_scalar(st, bits, bucket, src, bs, len, &norm, chunk_writer, e_new);
+        }
+        if (!ok) {
+          bad.store(true, std::memory_order_relaxed);
+          return;
+        }
+        store_le<float>(norms + 4 * (bs / bucket), norm);
+      }
+      chunk_writer.finish();
+    });
+    if (bad.load()) {
+      if (e_old) throw_nonfinite_sum(x, e_old, n);
+      throw_nonfinite(x, n);
+    }
+    return need;
+  }
+};
+
+std::unique_ptr<CodecImpl> make_qsgd(SpecReader& spec) {
+  auto c = std::make_unique<QsgdCodec>();
+  c->bits = static_cast<int>(spec.integer("bits", 2, 8).value_or(4));
+  c->bucket = spec.integer("bucket", 1, std::uint64_t{1} << 24).value_or(512);
+  spec.finish();
+  return c;
+}
+
+struct QsgdLayout {
+  int bits;
+  std::uint64_t bucket;
+};
+
+QsgdLayout qsgd_params(const Payload& p) {
+  return {static_cast<int>(p.params[0]), load_le<std::uint32_t>(p.params + 4)};
+}
+
+void validate_qsgd(const Payload& p) {
+  const QsgdLayout l = qsgd_params(p);
+  if (l.bits < 2 || l.bits > 8) bad_payload("qsgd bits " + std::to_string(l.bits) + " not in 2..8");
+  if (p.params[1] != std::byte{0}) bad_payload("unknown qsgd norm kind " + std::to_string(static_cast<int>(p.params[1])));
+  if (p.params[2] != std::byte{0} || p.params[3] != std::byte{0}) bad_payload("reserved qsgd parameter bytes are not zero");
+  if (l.bucket == 0) bad_payload("qsgd bucket size 0");
+  if (p.n > (std::uint64_t{1} << 60)) bad_payload("element count " + std::to_string(p.n) + " is too large");
+  const std::uint64_t nb = ceil_div(p.n, l.bucket);
+  const std::uint64_t code_bytes = ceil_div(p.n * static_cast<std::uint64_t>(l.bits), 8);
+  if (p.sections[0].size != 4 * nb || p.sections[1].size != code_bytes) {
+    bad_payload("qsgd sections of " + std::to_string(p.sections[0].size) + " and " +
+                std::to_string(p.sections[1].size) + " bytes, expected " + std::to_string(4 * nb) +
+                " and " + std::to_string(code_bytes) + " for " + std::to_string(p.n) + " elements");
+  }
+  for (std::uint64_t j = 0; j < nb; ++j) {
+    const std::uint32_t u = load_le<std::uint32_t>(p.sections[0].data + 4 * j);
+    if ((u & kInfBits) == kInfBits || (u >> 31) != 0) {
+      bad_payload("qsgd norm of bucket " + std::to_string(j) + " is negative, NaN or Inf");
+    }
+  }
+  if (!padding_is_zero(p.sections[1].data, code_bytes, p.n * l.bits)) {
+    bad_payload("qsgd code padding bits are not zero");
+  }
+}
+
+void decode_add_qsgd(const Payload& p, float* acc, float alpha) {
+  const QsgdLayout l = qsgd_params(p);
+  const std::byte* norms = p.sections[0].data;
+  const std::byte* codes = p.sections[1].data;
+  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
+  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
+  const std::uint64_t chunk = chunk_elements(l.bucket);
+  for_chunks(p.n, chunk, [&](std::size_t b, std::size_t e) {
+    for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
+      const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
+      const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
+      std::uint64_t i = bs;
+#if GCOMP_QSGD_AVX512
+      if (simd_enabled() && bs % 16 == 0) i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
+#endif
+      for (; i < end; ++i) {
+        const std::uint32_t c = get_bits(codes, i, l.bits);
+        const float d = step * static_cast<float>(c & level_mask);
+        acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
+      }
+    }
+  });
+}
+
+std::string describe_qsgd(const Payload& p) {
+  const QsgdLayout l = qsgd_params(p);
+  return "bits=" + std::to_string(l.bits) + ",bucket=" + std::to_string(l.bucket) + ",norm=l2";
+}
+
+}  // namespace
+
+const CodecEntry& qsgd_entry() {
+  static const CodecEntry e{
+      CodecKind::qsgd, "qsgd",
+      "QSGD: per-bucket L2 norm + B-bit sign/level, stochastic rounding (unbiased)",
+      {{"bits", "4", "bits per element including the sign, 2..8 (levels s = 2^(B-1) - 1)"},
+       {"bucket", "512", "elements per norm, 1..2^24"}},
+      make_qsgd, validate_qsgd, decode_add_qsgd, describe_qsgd};
+  return e;
+}
+
+}  // namespace gcomp::detail

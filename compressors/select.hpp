@@ -1,0 +1,208 @@
+// Exact selection of the k elements with the largest 32-bit keys, ties to the lower index, output
+// in ascending index order. Top-k uses the float bits of |x| as the key (monotone in |x|);
+// random-k uses a Philox draw per element, so the k largest draws are a uniformly random subset.
+//
+// Fast path (one pass over the data): estimate the k-th key from a strided sample of 8192 keys,
+// take a lower bound t_lo a few standard deviations below it, and collect every element with
+// key >= t_lo as a candidate (about 1.3 k of them) in index order. The exact k-th key T among the
+// candidates decides: take key > T, and key == T while ties remain. The sample only affects speed:
+// when the candidates number fewer than k, or too many to be worth it, the exact path runs:
+// three histogram passes (11, 11 and 10 key bits) find T, and one pass emits.
+//
+// Source is a concept: first(b, e, keys) computes the keys of [b, e) once, in order, and may have
+// side effects (error feedback writes v = x + e there); it returns true when it met a non-finite
+// value. again(b, e, keys) recomputes keys without side effects, and at(i) gives one key. Chunk
+// boundaries handed to first/again are multiples of 32 (Philox groups).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "chunks.hpp"
+#include "parallel.hpp"
+
+namespace gcomp::detail {
+
+struct Candidate {
+  std::uint64_t index;
+  std::uint32_t key;
+};
+
+inline constexpr std::size_t kSelectChunk = std::size_t{1} << 16;  // multiple of 32
+inline constexpr std::size_t kKeyBlock = 2048;
+
+struct SelectResult {
+  bool nonfinite = false;  // Source::first met a non-finite value (the indices are then unusable)
+  bool fast_path = true;
+};
+
+namespace select_impl {
+
+// The key at rank k-1 (0-based, descending) of keys[0..m), reordering keys.
+inline std::uint32_t kth_largest(std::vector<std::uint32_t>& keys, std::size_t k) {
+  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end(),
+                   [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  return keys[k - 1];
+}
+
+}  // namespace select_impl
+
+template <class Source>
+SelectResult select_top(Source& src, std::size_t n, std::size_t k,
+                        std::vector<std::uint64_t>& out) {
+  SelectResult res;
+  out.clear();
+  const std::size_t chunks = static_cast<std::size_t>(ceil_div(n, kSelectChunk));
+  std::atomic<bool> bad{false};
+
+  // Every element selected: a pass for the side effects and the non-finite check.
+  if (k >= n) {
+    for_chunks(n, kSelectChunk, [&](std::size_t b, std::size_t e) {
+      std::uint32_t keys[kKeyBlock];
+      for (std::size_t s = b; s < e; s += kKeyBlock) {
+        if (src.first(s, std::min(e, s + kKeyBlock), keys)) bad.store(true);
+      }
+    });
+    res.nonfinite = bad.load();
+    out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = i;
+    return res;
+  }
+  if (k == 0) {  // nothing to select (n > 0 only when a caller asks for k = 0)
+    for_chunks(n, kSelectChunk, [&](std::size_t b, std::size_t e) {
+      std::uint32_t keys[kKeyBlock];
+      for (std::size_t s = b; s < e; s += kKeyBlock) {
+        if (src.first(s, std::min(e, s + kKeyBlock), keys)) bad.store(true);
+      }
+    });
+    res.nonfinite = bad.load();
+    return res;
+  }
+
+  // ---- estimate a lower bound of the k-th key from a strided sample ----
+  constexpr std::size_t kSample = 8192;
+  const std::size_t samples = std::min(n, kSample);
+  std::vector<std::uint32_t>& sample = scratch_vector<std::uint32_t, 0>();
+  sample.resize(samples);
+  for (std::size_t j = 0; j < samples; ++j) {
+    sample[j] = src.at(static_cast<std::size_t>((static_cast<unsigned __int128>(j) * n) / samples));
+  }
+  // Expected sample hits above the true threshold: samples * k / n; go 25% and 4 sigma beyond.
+  const double expect = static_cast<double>(samples) * static_cast<double>(k) / static_cast<double>(n);
+  const double rank_d = expect * 1.25 + 4.0 * std::sqrt(expect) + 8.0;
+  std::uint32_t t_lo = 0;
+  bool use_fast = rank_d < static_cast<double>(samples) * 0.5;  // else candidates ~ everything
+  if (use_fast) {
+    const auto rank = static_cast<std::size_t>(rank_d);
+    t_lo = select_impl::kth_largest(sample, rank);
+  }
+  const std::size_t cap = std::max<std::size_t>(
+      3 * static_cast<std::size_t>(rank_d / static_cast<double>(samples) * static_cast<double>(n)),
+      std::size_t{1} << 16);
+
+  // ---- one pass: keys (with side effects) and candidates ----
+  auto& per_chunk = scratch_vector<std::vector<Candidate>, 0>();
+  if (per_chunk.size() < chunks) per_chunk.resize(chunks);
+  std::atomic<std::size_t> total{0};
+  std::atomic<bool> overflow{!use_fast};
+  parallel_for(chunks, threads_for(n), [&](std::size_t c) {
+    const std::size_t b = c * kSelectChunk;
+    const std::size_t e = std::min(n, b + kSelectChunk);
+    std::vector<Candidate>& cand = per_chunk[c];
+    cand.clear();
+    std::uint32_t keys[kKeyBlock];
+    for (std::size_t s = b; s < e; s += kKeyBlock) {
+      const std::size_t l = std::min(e, s + kKeyBlock) - s;
+      if (src.first(s, s + l, keys)) bad.store(true, std::memory_order_relaxed);
+      if (overflow.load(std::memory_order_relaxed)) continue;
+      for (std::size_t i = 0; i < l; ++i) {
+        if (keys[i] >= t_lo) cand.push_back({s + i, keys[i]});
+      }
+    }
+    if (total.fetch_add(cand.size()) + cand.size() > cap) overflow.store(true);
+  });
+  res.nonfinite = bad.load();
+  if (res.nonfinite) return res;
+
+  if (!overflow.load() && total.load() >= k) {
+    std::vector<std::uint32_t>& keys = scratch_vector<std::uint32_t, 1>();
+    keys.clear();
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (const Candidate& cd : per_chunk[c]) keys.push_back(cd.key);
+    }
+    const std::uint32_t t = select_impl::kth_largest(keys, k);
+    std::size_t greater = 0;
+    for (std::uint32_t key : keys) greater += key > t;
+    std::size_t ties = k - greater;
+    out.reserve(k);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (const Candidate& cd : per_chunk[c]) {
+        if (cd.key > t || (cd.key == t && ties > 0)) {
+          if (cd.key == t) --ties;
+          out.push_back(cd.index);
+        }
+      }
+    }
+    return res;
+  }
+
+  // ---- exact path: radix over 11 + 11 + 10 key bits, then one emitting pass ----
+  res.fast_path = false;
+  std::uint32_t prefix = 0;  // the key bits fixed so far
+  std::size_t need = k;      // how many of the elements matching the prefix are still needed
+  const int shifts[3] = {21, 10, 0};
+  const std::uint32_t widths[3] = {11, 11, 10};
+  std::vector<std::vector<std::uint64_t>> hist(chunks);
+  for (int level = 0; level < 3; ++level) {
+    const int shift = shifts[level];
+    const std::uint32_t bins = 1u << widths[level];
+    const int hi_shift = shift + static_cast<int>(widths[level]);  // bits above this level
+    parallel_for(chunks, threads_for(n), [&](std::size_t c) {
+      const std::size_t b = c * kSelectChunk;
+      const std::size_t e = std::min(n, b + kSelectChunk);
+      std::vector<std::uint64_t>& h = hist[c];
+      h.assign(bins, 0);
+      std::uint32_t keys[kKeyBlock];
+      for (std::size_t s = b; s < e; s += kKeyBlock) {
+        const std::size_t l = std::min(e, s + kKeyBlock) - s;
+        src.again(s, s + l, keys);
+        for (std::size_t i = 0; i < l; ++i) {
+          const std::uint32_t key = keys[i];
+          const bool match = hi_shift >= 32 || (key >> hi_shift) == (prefix >> hi_shift);
+          if (match) ++h[(key >> shift) & (bins - 1)];
+        }
+      }
+    });
+    std::vector<std::uint64_t> sum(bins, 0);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (std::uint32_t j = 0; j < bins; ++j) sum[j] += hist[c][j];
+    }
+    std::uint32_t bin = bins - 1;
+    while (true) {
+      if (sum[bin] >= need) break;
+      need -= sum[bin];
+      --bin;  // the counts add up to at least `need`, so this stops at bin 0 at the latest
+    }
+    prefix |= bin << shift;
+  }
+  const std::uint32_t t = prefix;
+  std::size_t ties = need;  // elements equal to t still to take, in index order
+  out.reserve(k);
+  std::uint32_t keys[kKeyBlock];
+  for (std::size_t s = 0; s < n; s += kKeyBlock) {
+    const std::size_t l = std::min(n, s + kKeyBlock) - s;
+    src.again(s, s + l, keys);
+    for (std::size_t i = 0; i < l; ++i) {
+      if (keys[i] > t || (keys[i] == t && ties > 0)) {
+        if (keys[i] == t) --ties;
+        out.push_back(s + i);
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace gcomp::detail

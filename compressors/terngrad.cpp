@@ -1,0 +1,296 @@
+// TernGrad (Wen et al., NeurIPS 2017): every element becomes s * {-1, 0, +1}, drawn so that the
+// decode's expectation equals the (clipped) input:
+//   sigma = standard deviation of the tensor (canonical double sums, reduce.hpp)
+//   c = float(clip * sigma); clipping is active when clip > 0 and c > 0: g = clamp(v, -c, c)
+//   s = max |g|  (= min(max |v|, c) when clipping)
+//   b = [u * s < |g|],  u = (16-bit Philox draw of the element) / 2^16;  code = b ? sign : 0
+// so P(b) = |g| / s up to 2^-16 and E[decode] = g. One scaler per tensor, as in the paper's
+// layer-wise ternarizing. A constant tensor (sigma = 0) is not clipped, so it is not zeroed.
+//
+// Payload: params f32 clip; sections: f32 s, then 2-bit codes (0 = zero, 1 = +s, 2 = -s;
+// 3 is invalid).
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "bits.hpp"
+#include "bytes.hpp"
+#include "chunks.hpp"
+#include "codec_impl.hpp"
+#include "nonfinite.hpp"
+#include "philox.hpp"
+#include "reduce.hpp"
+#include "reduce_avx512.hpp"
+#include "simd.hpp"
+
+#if defined(__AVX512F__) && defined(__BMI2__)
+#define GCOMP_TERN_AVX512 1
+#include <immintrin.h>
+#endif
+
+namespace gcomp::detail {
+
+namespace {
+
+constexpr std::size_t kChunk = std::size_t{1} << 16;  // multiple of kReduceBlock and of 64
+constexpr std::size_t kWindow = 2048;
+
+struct BlockStats {
+  double sum;
+  double sum_squares;
+  std::uint32_t max_abs_bits;  // bits of max |v|; >= kInfBits when non-finite
+};
+
+BlockStats block_stats(const float* v, std::size_t len) {
+  BlockStats s{};
+  std::size_t i = 0;
+  std::uint32_t mx = 0;
+#if GCOMP_TERN_AVX512
+  if (simd_enabled() && len % 16 == 0) {
+    Lanes16 s1;
+    Lanes16 s2;
+    __m512i vmax = _mm512_setzero_si512();
+    for (; i < len; i += 16) {
+      const __m512 x = _mm512_loadu_ps(v + i);
+      s1.add(x);
+      s2.add_squares(x);
+      vmax = _mm512_max_epu32(vmax, _mm512_castps_si512(abs_ps(x)));
+    }
+    s.sum = s1.fold();
+    s.sum_squares = s2.fold();
+    s.max_abs_bits = _mm512_reduce_max_epu32(vmax);
+    return s;
+  }
+#endif
+  s.sum = lane_sum(v, len, [](float a) { return static_cast<double>(a); });
+  s.sum_squares = lane_sum(v, len, [](float a) {
+    return static_cast<double>(a) * static_cast<double>(a);
+  });
+  for (; i < len; ++i) mx = std::max(mx, abs_bits(v[i]));
+  s.max_abs_bits = mx;
+  return s;
+}
+
+struct Ternary {
+  float s = 0;      // the scaler
+  float c = 0;      // clip bound
+  bool clip = false;
+};
+
+inline std::uint32_t ternary_one(const Ternary& t, float v, std::uint16_t draw, float* decoded) {
+  const float g = t.clip ? std::min(std::max(v, -t.c), t.c) : v;
+  const float u = static_cast<float>(draw) * 0x1p-16f;
+  const bool b = u * t.s < std::fabs(g);
+  const bool neg = v < 0;
+  *decoded = b ? (neg ? -t.s : t.s) : 0.0f;
+  return b ? (neg ? 2u : 1u) : 0u;
+}
+
+// Codes for [b, e) (b a multiple of 64) from src; ef (if not null) receives v - decode.
+void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src, std::size_t b,
+                     std::size_t e, std::byte* codes, float* ef) {
+  alignas(64) std::uint32_t words[kWindow / 2];
+  for (std::size_t ws = b; ws < e; ws += kWindow) {
+    philox_fill(st, ws / 2, kWindow / 2, words);
+    const std::size_t hi = std::min(ws + kWindow, e);
+    std::size_t i = ws;
+#if GCOMP_TERN_AVX512
+    if (simd_enabled()) {
+      const __m512 vs = _mm512_set1_ps(t.s);
+      const __m512 vc = _mm512_set1_ps(t.c);
+      const __m512 vnc = _mm512_set1_ps(-t.c);
+      const __m512 scale16 = _mm512_set1_ps(0x1p-16f);
+      const __m512 zero = _mm512_setzero_ps();
+      const __m512 neg_s = _mm512_set1_ps(-t.s);
+      for (; i + 16 <= hi; i += 16) {
+        const __m512 v = _mm512_loadu_ps(src + i);
+        const __m512 g = t.clip ? _mm512_min_ps(_mm512_max_ps(v, vnc), vc) : v;
+        const __m256i d16 =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
+        const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(d16)), scale16);
+        const __mmask16 sel = _mm512_cmp_ps_mask(_mm512_mul_ps(u, vs), abs_ps(g), _CMP_LT_OQ);
+        const __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
+        const std::uint32_t plus = static_cast<std::uint32_t>(sel & ~neg);
+        const std::uint32_t minus = static_cast<std::uint32_t>(sel & neg);
+        const std::uint32_t word = _pdep_u32(plus, 0x55555555u) | _pdep_u32(minus, 0xaaaaaaaau);
+        std::memcpy(codes + i / 4, &word, 4);
+        if (ef) {
+          __m512 dec = _mm512_maskz_mov_ps(sel & ~neg, vs);
+          dec = _mm512_mask_mov_ps(dec, sel & neg, neg_s);
+          _mm512_storeu_ps(ef + i, _mm512_sub_ps(v, dec));
+        }
+      }
+    }
+#endif
+    if (i < hi) {
+      BitWriter w(codes + i / 4);  // i is a multiple of 16 here, so byte aligned
+      for (; i < hi; ++i) {
+        const std::uint32_t word = words[(i - ws) >> 1];
+        const auto draw = static_cast<std::uint16_t>((i & 1) ? word >> 16 : word & 0xffffu);
+        float dec;
+        w.put(ternary_one(t, src[i], draw, &dec), 2);
+        if (ef) ef[i] = src[i] - dec;
+      }
+      w.finish();
+    }
+  }
+}
+
+class TernGradCodec final : public CodecImpl {
+ public:
+  double clip = 2.5;
+
+  CodecKind kind() const override { return CodecKind::terngrad; }
+  std::string spec() const override { return "terngrad:clip=" + format_real(clip); }
+  CodecProperties properties() const override {
+    CodecProperties p;
+    p.unbiased = clip == 0;  // clipping biases large values towards zero
+    p.stochastic = true;
+    p.bits_per_element = 2;
+    return p;
+  }
+  std::size_t max_bytes(std::size_t n) const override {
+    return header_bytes(Layout{4, 2}) + 4 + ceil_div(2 * static_cast<std::uint64_t>(n), 8);
+  }
+  std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
+                     std::size_t cap) const override {
+    return run(x, nullptr, nullptr, n, seed, out, cap);
+  }
+  std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
+                        std::uint64_t seed, std::byte* out, std::size_t cap) const override {
+    return run(x, e_old, e_new, n, seed, out, cap);
+  }
+
+ private:
+  std::size_t run(const float* x, const float* e_old, float* e_new, std::size_t n,
+                  std::uint64_t seed, std::byte* out, std::size_t cap) const {
+    const std::size_t need = max_bytes(n);
+    require_capacity(need, cap);
+    // Pass 1: v (into the new residual with error feedback) and per-block statistics.
+    const std::size_t blocks = static_cast<std::size_t>(ceil_div(n, kReduceBlock));
+    std::vector<BlockStats>& stats = scratch_vector<BlockStats, 0>();
+    stats.resize(blocks);
+    const float* src = e_old ? e_new : x;
+    for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
+      if (e_old) {
+        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
+      }
+      for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+        stats[bb / kReduceBlock] = block_stats(src + bb, std::min(e, bb + kReduceBlock) - bb);
+      }
+    });
+    std::vector<double>& s1 = scratch_vector<double, 0>();
+    std::vector<double>& s2 = scratch_vector<double, 1>();
+    s1.resize(blocks);
+    s2.resize(blocks);
+    std::uint32_t max_bits = 0;
+    for (std::size_t j = 0; j < blocks; ++j) {
+      s1[j] = stats[j].sum;
+      s2[j] = stats[j].sum_squares;
+      max_bits = std::max(max_bits, stats[j].max_abs_bits);
+    }
+    if (max_bits >= kInfBits) {
+      if (e_old) throw_nonfinite_sum(x, e_old, n);
+      throw_nonfinite(x, n);
+    }
+    const double total = tree_sum(s1.data(), blocks);
+    const double total_sq = tree_sum(s2.data(), blocks);
+    Ternary t;
+    const float max_abs = bits_float(max_bits);
+    t.s = max_abs;
+    if (clip > 0 && n > 0) {
+      const double mean = total / static_cast<double>(n);
+      const double var = std::max(0.0, total_sq / static_cast<double>(n) - mean * mean);
+      t.c = static_cast<float>(clip * std::sqrt(var));
+      t.clip = t.c > 0;
+      if (t.clip) t.s = std::min(max_abs, t.c);
+    }
+    // Pass 2: the codes.
+    std::byte params[4];
+    store_le<float>(params, static_cast<float>(clip));
+    const std::uint64_t code_bytes = ceil_div(2 * static_cast<std::uint64_t>(n), 8);
+    std::byte* data = write_header(out, CodecKind::terngrad, n, params, {4, code_bytes});
+    store_le<float>(data, t.s);
+    std::byte* codes = data + 4;
+    const PhiloxStream st = philox_stream(seed, CodecKind::terngrad);
+    for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
+      ternarize_range(t, st, src, b, e, codes, e_old ? e_new : nullptr);
+    });
+    return need;
+  }
+};
+
+std::unique_ptr<CodecImpl> make_terngrad(SpecReader& spec) {
+  auto c = std::make_unique<TernGradCodec>();
+  c->clip = spec.real("clip", 0.0, false, 1e6, false).value_or(2.5);
+  spec.finish();
+  return c;
+}
+
+void validate_terngrad(const Payload& p) {
+  const float clip = load_le<float>(p.params);
+  if (!(clip >= 0) || !std::isfinite(clip)) bad_payload("terngrad clip parameter is not a finite value >= 0");
+  const std::uint64_t code_bytes = ceil_div(2 * p.n, 8);
+  if (p.n > (std::uint64_t{1} << 62) || p.sections[0].size != 4 || p.sections[1].size != code_bytes) {
+    bad_payload("terngrad sections of " + std::to_string(p.sections[0].size) + " and " +
+                std::to_string(p.sections[1].size) + " bytes, expected 4 and " +
+                std::to_string(code_bytes) + " for " + std::to_string(p.n) + " elements");
+  }
+  const std::uint32_t s = load_le<std::uint32_t>(p.sections[0].data);
+  if ((s & kInfBits) == kInfBits || (s >> 31) != 0) bad_payload("terngrad scaler is negative, NaN or Inf");
+  const std::byte* c = p.sections[1].data;
+  for (std::uint64_t j = 0; j < code_bytes; ++j) {
+    const auto b = static_cast<std::uint32_t>(c[j]);
+    if ((b & (b >> 1) & 0x55u) != 0) {  // a pair 0b11
+      bad_payload("invalid terngrad code 3 in byte " + std::to_string(j));
+    }
+  }
+  if (!padding_is_zero(c, code_bytes, 2 * p.n)) bad_payload("terngrad code padding bits are not zero");
+}
+
+void decode_add_terngrad(const Payload& p, float* acc, float alpha) {
+  const float s = load_le<float>(p.sections[0].data);
+  const std::byte* codes = p.sections[1].data;
+  const float plus = alpha * s;
+  for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
+    std::size_t i = b;
+#if GCOMP_TERN_AVX512
+    if (simd_enabled()) {
+      const __m512 vp = _mm512_set1_ps(plus);
+      const __m512 vm = _mm512_set1_ps(-plus);
+      for (; i + 16 <= e; i += 16) {
+        std::uint32_t word;
+        std::memcpy(&word, codes + i / 4, 4);
+        const auto pm = static_cast<__mmask16>(_pext_u32(word, 0x55555555u));
+        const auto mm = static_cast<__mmask16>(_pext_u32(word, 0xaaaaaaaau));
+        __m512 d = _mm512_maskz_mov_ps(pm, vp);
+        d = _mm512_mask_mov_ps(d, mm, vm);
+        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), d));
+      }
+    }
+#endif
+    for (; i < e; ++i) {
+      const std::uint32_t c = get_bits(codes, i, 2);
+      if (c == 1) acc[i] += plus;
+      if (c == 2) acc[i] += -plus;
+    }
+  });
+}
+
+std::string describe_terngrad(const Payload& p) {
+  return "clip=" + format_real(load_le<float>(p.params)) +
+         ",scale=" + format_real(load_le<float>(p.sections[0].data));
+}
+
+}  // namespace
+
+const CodecEntry& terngrad_entry() {
+  static const CodecEntry e{
+      CodecKind::terngrad, "terngrad",
+      "TernGrad: s * {-1, 0, +1} per element (2 bits), s = max |g| after clipping to c sigma",
+      {{"clip", "2.5", "clip to +-clip * standard deviation first; 0 disables clipping"}},
+      make_terngrad, validate_terngrad, decode_add_terngrad, describe_terngrad};
+  return e;
+}
+
+}  // namespace gcomp::detail

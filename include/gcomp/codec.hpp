@@ -1,0 +1,150 @@
+// gcomp's C++ API for compressors: Codec (built from a spec string), ErrorFeedback (the residual
+// memory of one tensor), decode_add (any payload into a dense accumulator) and inspect (read and
+// validate a payload's header).
+//
+// Ownership: a Codec is an immutable value (cheap to copy, safe to share between threads).
+// ErrorFeedback owns its residual; use one per tensor and one thread at a time.
+// Errors: every function throws gcomp::Error; nothing else escapes (std::bad_alloc aside).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gcomp/error.hpp"
+
+namespace gcomp {
+
+// Wire identifiers of the codecs (docs/wire-format.md). Never renumber.
+enum class CodecKind : std::uint8_t {
+  none = 1,
+  fp16 = 2,
+  bf16 = 3,
+  topk = 4,
+  randomk = 5,
+  threshold = 6,
+  qsgd = 7,
+  terngrad = 8,
+  sign = 9,
+};
+
+// "topk", "qsgd", ...; "unknown" for a value outside the enum.
+const char* codec_name(CodecKind kind) noexcept;
+
+// What a codec promises; the collectives choose their algorithm from this.
+struct CodecProperties {
+  bool sparse = false;      // sends (index, value) pairs; the sum of payloads stays sparse
+  bool unbiased = false;    // E[decode(encode(x))] == x over seeds
+  bool stochastic = false;  // the bytes depend on the seed
+  double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
+};
+
+// One key of a codec's spec, for `gcomp list` and the docs.
+struct SpecKey {
+  std::string name;
+  std::string default_value;  // "" when the key is required or one of a required pair
+  std::string help;
+};
+
+struct CodecDescription {
+  std::string name;
+  std::string summary;
+  std::vector<SpecKey> keys;
+};
+
+// Every codec the registry knows, in wire-id order.
+const std::vector<CodecDescription>& codec_catalog();
+
+class ErrorFeedback;
+
+namespace detail {
+class CodecImpl;
+}
+
+class Codec {
+ public:
+  // Parses a spec "name[:key=value[,key=value...]]". Throws Error(invalid_argument) naming the spec
+  // and the bad part for an unknown name, an unknown or repeated key, or a value out of range.
+  explicit Codec(std::string_view spec);
+
+  CodecKind kind() const noexcept;
+  // The canonical spec, every key spelled out ("qsgd:bits=4,bucket=512").
+  std::string spec() const;
+  CodecProperties properties() const;
+
+  // Elements a sparse codec selects out of n (0 for dense codecs; threshold: n, an upper bound).
+  std::size_t selected(std::size_t n) const;
+
+  // Upper bound of the bytes encode() writes for n floats.
+  std::size_t max_bytes(std::size_t n) const;
+
+  // Encodes x into out and returns the bytes written. Throws Error(buffer_too_small) when out is
+  // shorter than needed (the message gives the size), Error(nonfinite) for NaN/Inf input.
+  std::size_t encode(std::span<const float> x, std::uint64_t seed, std::span<std::byte> out) const;
+  std::vector<std::byte> encode(std::span<const float> x, std::uint64_t seed = 0) const;
+
+  // Error-feedback encode: v = x + e; payload = C(v); e = v - D(payload). ef.size() must equal
+  // x.size(). On any error ef is left exactly as it was.
+  std::size_t encode_ef(ErrorFeedback& ef, std::span<const float> x, std::uint64_t seed,
+                        std::span<std::byte> out) const;
+  std::vector<std::byte> encode_ef(ErrorFeedback& ef, std::span<const float> x,
+                                   std::uint64_t seed = 0) const;
+
+  const detail::CodecImpl& impl() const noexcept { return *impl_; }
+
+ private:
+  std::shared_ptr<const detail::CodecImpl> impl_;
+};
+
+// The residual memory of error feedback for one tensor of a fixed size.
+class ErrorFeedback {
+ public:
+  explicit ErrorFeedback(std::size_t n);
+  std::size_t size() const noexcept { return residual_.size(); }
+  // The current residual e (valid until the next encode_ef with this memory).
+  std::span<const float> residual() const noexcept { return residual_; }
+  std::span<float> residual() noexcept { return residual_; }
+  void reset();  // e = 0
+
+  // For the codecs: the buffer a new residual is written into, committed by commit() only when
+  // the whole encode succeeded, so a failed call leaves the residual untouched.
+  std::span<float> scratch();
+  void commit() noexcept { residual_.swap(scratch_); }
+
+ private:
+  std::vector<float> residual_;
+  std::vector<float> scratch_;
+};
+
+// acc[i] += alpha * decode(payload)[i]. The payload is validated in full first (known codec and
+// version, sizes that fit exactly, indices in range and strictly increasing, finite values);
+// on any error acc is unchanged. acc.size() must equal the payload's element count
+// (Error(mismatch) otherwise).
+void decode_add(std::span<const std::byte> payload, std::span<float> acc, float alpha = 1.0f);
+
+// A payload's header, validated as decode_add would validate the whole payload.
+struct PayloadInfo {
+  CodecKind kind{};
+  int version = 0;
+  std::uint64_t elements = 0;
+  std::string params;                 // "bits=4,bucket=512", "nnz=100,index=u32,values=fp32", ...
+  std::vector<std::uint64_t> sections;  // byte length of each section, in order
+  std::size_t header_bytes = 0;       // fixed header + parameters + section table
+  std::size_t total_bytes = 0;
+};
+PayloadInfo inspect(std::span<const std::byte> payload);
+
+// Threads the library may use inside one call (>= 1). The default comes from GCOMP_NUM_THREADS,
+// else 1. Applies to calls that start after it.
+void set_num_threads(int threads);
+int num_threads() noexcept;
+
+// A seed for one (tensor, step, rank) from a user seed, so that every draw is keyed by all of them.
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
+                          std::uint64_t rank) noexcept;
+
+}  // namespace gcomp

@@ -1,0 +1,158 @@
+// Error feedback: v = x + e; p = C(v); e = v - D(p). Over T steps the decodes plus the final
+// residual add up to the inputs (exactly, but for the float rounding of the two subtractions
+// per step, which the bound accounts for); the residual is really applied; a failed call leaves
+// it untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "test_util.hpp"
+
+namespace gcomp {
+namespace {
+
+class EfInvariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EfInvariant, DecodesPlusResidualEqualInputs) {
+  const Codec c(GetParam());
+  const std::size_t n = 5003;
+  const int steps = 30;
+  ErrorFeedback ef(n);
+  std::vector<double> sum_x(n, 0), sum_d(n, 0), bound(n, 0);
+  std::vector<float> e_prev(n, 0.0f);
+  for (int t = 0; t < steps; ++t) {
+    const auto x = test::normal(n, 100 + t, 1.0f + 0.1f * t);
+    const auto d = test::decode(c.encode_ef(ef, x, 1000 + t), n);
+    const auto e = ef.residual();
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = x[i] + e_prev[i];  // what the codec saw
+      sum_x[i] += x[i];
+      sum_d[i] += d[i];
+      // fl(x + e) and fl(v - d) each round by at most 2^-24 of their result.
+      bound[i] += 0x1p-24 * (std::fabs(v) + std::fabs(e[i]));
+      e_prev[i] = e[i];
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const double gap = sum_d[i] + e_prev[i] - sum_x[i];
+    ASSERT_LE(std::fabs(gap), bound[i] * 1.001 + 1e-30) << GetParam() << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, EfInvariant, ::testing::ValuesIn(test::all_specs()),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+// Top-k is a delta-contraction with delta = k/n: ||v - C(v)|| <= sqrt(1 - delta) ||v||, so with
+// a fixed input the residual stays below sqrt(1-delta) / (1 - sqrt(1-delta)) ||x|| and the mean
+// of the decodes, x - e_T / T, approaches x like 1/T. Without error feedback it never does.
+TEST(ErrorFeedback, TopKMeanConvergesToTheInput) {
+  const std::size_t n = 1000;
+  const auto x = test::normal(n, 7);
+  const Codec c("topk:k=10");
+  const double delta = 10.0 / n;
+  const double q = std::sqrt(1 - delta);
+  double xnorm = 0;
+  for (float v : x) xnorm += static_cast<double>(v) * v;
+  xnorm = std::sqrt(xnorm);
+  ErrorFeedback ef(n);
+  std::vector<double> sum(n, 0);
+  const int steps = 4000;
+  for (int t = 0; t < steps; ++t) {
+    const auto d = test::decode(c.encode_ef(ef, x, t), n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] += d[i];
+  }
+  double err = 0, enorm = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double m = sum[i] / steps - x[i];
+    err += m * m;
+    enorm += static_cast<double>(ef.residual()[i]) * ef.residual()[i];
+  }
+  const double e_bound = q / (1 - q) * xnorm;
+  EXPECT_LE(std::sqrt(enorm), e_bound);
+  EXPECT_LE(std::sqrt(err), e_bound / steps * 1.01);
+  EXPECT_LE(std::sqrt(err) / xnorm, 0.06);
+  // Without error feedback the same codec keeps losing 95% of this input's energy... forever.
+  const auto d = test::decode(c.encode(x, 0), n);
+  double lost = 0;
+  for (std::size_t i = 0; i < n; ++i) lost += (d[i] - x[i]) * (d[i] - x[i]);
+  EXPECT_GE(std::sqrt(lost) / xnorm, 0.9);
+}
+
+TEST(ErrorFeedback, TopKResidualIsTheUnsentPart) {
+  const auto x = test::normal(1000, 8);
+  ErrorFeedback ef(x.size());
+  const auto p = Codec("topk:k=50").encode_ef(ef, x, 0);
+  const auto d = test::decode(p, x.size());
+  std::size_t sent = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (d[i] != 0) {
+      ++sent;
+      EXPECT_EQ(ef.residual()[i], 0.0f);
+      EXPECT_EQ(d[i], x[i]);
+    } else {
+      EXPECT_EQ(ef.residual()[i], x[i]);
+    }
+  }
+  EXPECT_EQ(sent, 50u);
+}
+
+std::vector<float> snapshot(const ErrorFeedback& ef) {
+  return {ef.residual().begin(), ef.residual().end()};
+}
+
+TEST(ErrorFeedback, FailedCallsLeaveTheResidualUntouched) {
+  for (const auto& spec : test::all_specs()) {
+    const Codec c(spec);
+    const std::size_t n = 3001;
+    auto x = test::normal(n, 9);
+    ErrorFeedback ef(n);
+    c.encode_ef(ef, x, 1);
+    const auto before = snapshot(ef);
+    // NaN in the input.
+    x[1234] = std::numeric_limits<float>::quiet_NaN();
+    try {
+      c.encode_ef(ef, x, 2);
+      ADD_FAILURE() << spec << " accepted NaN";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::nonfinite) << spec;
+      EXPECT_NE(std::string(e.what()).find("1234"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(snapshot(ef), before) << spec;
+    // x + e overflowing although both are finite.
+    x[1234] = 3e38f;
+    std::vector<float> big(n, 0.0f);
+    big[77] = 3.4e38f;
+    ErrorFeedback ef2(n);
+    c.encode_ef(ef2, big, 3);  // leaves most of 3.4e38 in the residual for most codecs
+    if (std::fabs(ef2.residual()[77]) > 1e38f) {
+      const auto r2 = snapshot(ef2);
+      std::vector<float> push(n, 0.0f);
+      push[77] = std::copysign(3.4e38f, ef2.residual()[77]);
+      EXPECT_THROW(c.encode_ef(ef2, push, 4), Error) << spec;
+      EXPECT_EQ(snapshot(ef2), r2) << spec;
+    }
+    // Output too small.
+    x[1234] = 0.5f;
+    std::vector<std::byte> small(10);
+    try {
+      c.encode_ef(ef, x, 5, small);
+      ADD_FAILURE() << spec;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::buffer_too_small) << spec;
+    }
+    EXPECT_EQ(snapshot(ef), before) << spec;
+    // Size mismatch.
+    ErrorFeedback other(n + 1);
+    try {
+      c.encode_ef(other, x, 5);
+      ADD_FAILURE() << spec;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::invalid_argument) << spec;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gcomp

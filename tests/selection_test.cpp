@@ -1,0 +1,158 @@
+// Top-k, random-k and threshold select exactly what their definitions say: compared with a brute
+// force over the same input, on the sampled fast path and on the exact radix path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "bytes.hpp"
+#include "select.hpp"
+#include "test_util.hpp"
+
+namespace gcomp {
+namespace {
+
+struct Sparse {
+  std::vector<std::uint64_t> idx;
+  std::vector<float> val;
+};
+
+// Reads a sparse payload with fp32 values through inspect() and the documented layout.
+Sparse read_sparse(const std::vector<std::byte>& p) {
+  const PayloadInfo info = inspect(p);
+  Sparse s;
+  const std::size_t nnz = info.sections[0] / (info.elements <= (1ull << 32) ? 4 : 8);
+  const std::byte* ip = p.data() + info.header_bytes;
+  const std::byte* vp = ip + info.sections[0];
+  for (std::size_t j = 0; j < nnz; ++j) {
+    s.idx.push_back(detail::load_le<std::uint32_t>(ip + 4 * j));
+    if (info.sections[1] == 4 * nnz) s.val.push_back(detail::load_le<float>(vp + 4 * j));
+  }
+  return s;
+}
+
+std::vector<std::uint64_t> brute_topk(const std::vector<float>& x, std::size_t k) {
+  std::vector<std::uint64_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) {
+    return std::fabs(x[a]) > std::fabs(x[b]);
+  });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+void expect_topk(const std::vector<float>& x, const std::string& spec) {
+  const Codec c(spec);
+  const Sparse s = read_sparse(c.encode(x, 0));
+  const auto want = brute_topk(x, c.selected(x.size()));
+  ASSERT_EQ(s.idx, want) << spec << " n=" << x.size();
+  for (std::size_t j = 0; j < s.idx.size(); ++j) ASSERT_EQ(s.val[j], x[s.idx[j]]);
+}
+
+struct AbsSource {
+  const float* x;
+  bool first(std::size_t b, std::size_t e, std::uint32_t* k) const {
+    again(b, e, k);
+    return false;
+  }
+  void again(std::size_t b, std::size_t e, std::uint32_t* k) const {
+    for (std::size_t i = b; i < e; ++i) k[i - b] = detail::abs_bits(x[i]);
+  }
+  std::uint32_t at(std::size_t i) const { return detail::abs_bits(x[i]); }
+};
+
+detail::SelectResult select(const std::vector<float>& x, std::size_t k) {
+  AbsSource src{x.data()};
+  std::vector<std::uint64_t> out;
+  const auto r = detail::select_top(src, x.size(), k, out);
+  EXPECT_EQ(out, brute_topk(x, k));
+  return r;
+}
+
+TEST(TopK, ExactOnRandomData) {
+  for (std::size_t n : {1u, 2u, 17u, 1000u, 65537u, 300001u}) {
+    const auto x = test::normal(n, static_cast<std::uint32_t>(n));
+    for (const char* spec : {"topk:ratio=0.01", "topk:ratio=0.1", "topk:ratio=0.5", "topk:k=1",
+                             "topk:k=3", "topk:ratio=1"}) {
+      expect_topk(x, spec);
+    }
+  }
+}
+
+TEST(TopK, TiesGoToTheLowerIndex) {
+  // Only four magnitudes, both signs: almost every selection ends in a tie.
+  std::vector<float> x(50000);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>((i * 7919) % 4) * ((i % 3) ? 1.0f : -1.0f);
+  }
+  for (std::size_t k : {1u, 10u, 12499u, 12500u, 12501u, 30000u}) {
+    expect_topk(x, "topk:k=" + std::to_string(k));
+  }
+  std::vector<float> same(1000, 0.5f);
+  const Sparse s = read_sparse(Codec("topk:k=10").encode(same, 0));
+  EXPECT_EQ(s.idx, (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(TopK, ExactPathWhenTheSampleMisleads) {
+  // The strided sample reads x[j * n / 8192] = x[16j]: make those tiny and the rest large, so the
+  // estimated bound admits too many candidates and the radix path has to run.
+  const std::size_t n = 8192 * 16;
+  auto x = test::normal(n, 3);
+  for (std::size_t j = 0; j < 8192; ++j) x[16 * j] = 1e-30f * static_cast<float>(j);
+  expect_topk(x, "topk:ratio=0.01");
+  EXPECT_FALSE(select(x, 1311).fast_path);
+  // And the opposite: the sampled positions are the largest, so too few candidates pass.
+  auto y = test::normal(n, 4);
+  for (std::size_t j = 0; j < 8192; ++j) y[16 * j] = 100.0f + static_cast<float>(j);
+  expect_topk(y, "topk:ratio=0.3");
+  EXPECT_FALSE(select(y, 39322).fast_path);
+  EXPECT_TRUE(select(test::normal(n, 5), 1311).fast_path);
+  // Tiny denormals and negative zeros order like their magnitudes.
+  std::vector<float> z = {-0.0f, 1e-45f, -1e-44f, 0.0f, 2e-45f, -0.0f};
+  expect_topk(z, "topk:k=2");
+}
+
+TEST(RandomK, DistinctSortedSeededAndValueIndependent) {
+  const std::size_t n = 100003;
+  const auto x = test::normal(n, 5);
+  const Codec c("randomk:ratio=0.01");
+  const Sparse a = read_sparse(c.encode(x, 11));
+  ASSERT_EQ(a.idx.size(), c.selected(n));
+  EXPECT_TRUE(std::is_sorted(a.idx.begin(), a.idx.end()));
+  EXPECT_EQ(std::set<std::uint64_t>(a.idx.begin(), a.idx.end()).size(), a.idx.size());
+  for (std::size_t j = 0; j < a.idx.size(); ++j) EXPECT_EQ(a.val[j], x[a.idx[j]]);
+  // Same seed: same indices, whatever the values (so ranks sharing a seed send the same set).
+  const auto y = test::normal(n, 6);
+  EXPECT_EQ(read_sparse(c.encode(y, 11)).idx, a.idx);
+  const Sparse b = read_sparse(c.encode(x, 12));
+  EXPECT_NE(b.idx, a.idx);
+  // scale=true multiplies by n/k.
+  const Codec cs("randomk:ratio=0.01,scale=true");
+  const Sparse s = read_sparse(cs.encode(x, 11));
+  EXPECT_EQ(s.idx, a.idx);
+  const float mul = static_cast<float>(static_cast<double>(n) / static_cast<double>(a.idx.size()));
+  for (std::size_t j = 0; j < s.idx.size(); ++j) EXPECT_EQ(s.val[j], x[s.idx[j]] * mul);
+}
+
+TEST(Threshold, SelectsEveryMagnitudeAtOrAboveTau) {
+  auto x = test::normal(70001, 8);
+  x[5] = 1.5f;
+  x[6] = -1.5f;
+  x[7] = std::nextafter(1.5f, 0.0f);
+  const Sparse s = read_sparse(Codec("threshold:tau=1.5").encode(x, 0));
+  std::vector<std::uint64_t> want;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::fabs(x[i]) >= 1.5f) want.push_back(i);
+  }
+  EXPECT_EQ(s.idx, want);
+  EXPECT_EQ(s.idx[0], 5u);
+  EXPECT_EQ(s.idx[1], 6u);
+  EXPECT_EQ(read_sparse(Codec("threshold:tau=0").encode(x, 0)).idx.size(), x.size());
+  EXPECT_TRUE(read_sparse(Codec("threshold:tau=100").encode(x, 0)).idx.empty());
+}
+
+}  // namespace
+}  // namespace gcomp

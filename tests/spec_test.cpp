@@ -1,0 +1,109 @@
+// Spec strings: canonical forms, defaults, and that every bad spec fails with a message naming the
+// spec and the bad part (never a silent default).
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+
+namespace gcomp {
+namespace {
+
+TEST(Spec, CanonicalForms) {
+  EXPECT_EQ(Codec("none").spec(), "none");
+  EXPECT_EQ(Codec("fp16").spec(), "fp16");
+  EXPECT_EQ(Codec("topk:ratio=0.01").spec(), "topk:ratio=0.01,values=fp32");
+  EXPECT_EQ(Codec("topk:k=10,values=fp16").spec(), "topk:k=10,values=fp16");
+  EXPECT_EQ(Codec("randomk:ratio=0.5,scale=true").spec(), "randomk:ratio=0.5,scale=true,values=fp32");
+  EXPECT_EQ(Codec("threshold:tau=0.25").spec(), "threshold:tau=0.25,values=fp32");
+  EXPECT_EQ(Codec("qsgd").spec(), "qsgd:bits=4,bucket=512");
+  EXPECT_EQ(Codec("qsgd:bucket=128,bits=8").spec(), "qsgd:bits=8,bucket=128");
+  EXPECT_EQ(Codec("terngrad").spec(), "terngrad:clip=2.5");
+  EXPECT_EQ(Codec("terngrad:clip=0").spec(), "terngrad:clip=0");
+  EXPECT_EQ(Codec("sign").spec(), "sign");
+  // The canonical spec parses back to itself.
+  for (const auto& s : test::all_specs()) EXPECT_EQ(Codec(Codec(s).spec()).spec(), Codec(s).spec());
+}
+
+TEST(Spec, Properties) {
+  EXPECT_TRUE(Codec("topk:ratio=0.1").properties().sparse);
+  EXPECT_FALSE(Codec("topk:ratio=0.1").properties().unbiased);
+  EXPECT_TRUE(Codec("randomk:ratio=0.1,scale=true").properties().unbiased);
+  EXPECT_FALSE(Codec("randomk:ratio=0.1").properties().unbiased);
+  EXPECT_TRUE(Codec("qsgd").properties().unbiased);
+  EXPECT_TRUE(Codec("terngrad:clip=0").properties().unbiased);
+  EXPECT_FALSE(Codec("terngrad").properties().unbiased);
+  EXPECT_FALSE(Codec("sign").properties().unbiased);
+  EXPECT_EQ(Codec("sign").properties().bits_per_element, 1);
+}
+
+TEST(Spec, KFromRatio) {
+  const Codec c("topk:ratio=0.01");
+  EXPECT_EQ(c.selected(0), 0u);
+  EXPECT_EQ(c.selected(1), 1u);     // max(1, round(0.01))
+  EXPECT_EQ(c.selected(149), 1u);   // round(1.49)
+  EXPECT_EQ(c.selected(150), 2u);   // round(1.5) = 2
+  EXPECT_EQ(c.selected(1000000), 10000u);
+  EXPECT_EQ(Codec("topk:ratio=1").selected(17), 17u);
+  EXPECT_EQ(Codec("topk:k=100").selected(17), 17u);  // capped at n
+  EXPECT_EQ(Codec("topk:k=100").selected(1000), 100u);
+}
+
+void expect_bad(const std::string& spec, const std::string& part) {
+  try {
+    Codec c(spec);
+    ADD_FAILURE() << "spec '" << spec << "' was accepted as " << c.spec();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::invalid_argument) << spec;
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'" + spec + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(part), std::string::npos) << "message '" << msg << "' lacks '" << part << "'";
+  }
+}
+
+TEST(Spec, BadSpecsNameTheSpecAndThePart) {
+  expect_bad("", "empty");
+  expect_bad("zip", "unknown codec 'zip'");
+  expect_bad("TopK:ratio=0.1", "TopK");
+  expect_bad("topk", "ratio");
+  expect_bad("topk:", "nothing follows");
+  expect_bad("topk:ratio", "'ratio' is not key=value");
+  expect_bad("topk:ratio=", "empty value");
+  expect_bad("topk:ratio=0", "ratio must be in (0, 1]");
+  expect_bad("topk:ratio=1.5", "ratio must be in (0, 1]");
+  expect_bad("topk:ratio=-0.1", "ratio");
+  expect_bad("topk:ratio=abc", "ratio must be a number");
+  expect_bad("topk:ratio=0.1x", "ratio must be a number");
+  expect_bad("topk:ratio=nan", "ratio must be a number");
+  expect_bad("topk:ratio=0.1,k=5", "either ratio or k");
+  expect_bad("topk:k=0", "k must be an integer");
+  expect_bad("topk:k=-3", "k must be an integer");
+  expect_bad("topk:k=2.5", "k must be an integer");
+  expect_bad("topk:ratio=0.1,ratio=0.2", "given twice");
+  expect_bad("topk:ratio=0.1,values=fp8", "values must be one of fp32|fp16");
+  expect_bad("topk:ratio=0.1,bits=4", "unknown key 'bits'");
+  expect_bad("randomk:ratio=0.1,scale=yes", "scale must be true or false");
+  expect_bad("threshold", "tau");
+  expect_bad("threshold:tau=-1", "tau must be in");
+  expect_bad("qsgd:bits=1", "bits must be an integer in 2..8");
+  expect_bad("qsgd:bits=9", "bits must be an integer in 2..8");
+  expect_bad("qsgd:bucket=0", "bucket must be an integer");
+  expect_bad("qsgd:levels=3", "unknown key 'levels'");
+  expect_bad("terngrad:clip=-1", "clip must be in");
+  expect_bad("terngrad:clip=inf", "clip must be a number");
+  expect_bad("sign:scale=1", "unknown key 'scale'");
+  expect_bad("none:x=1", "unknown key 'x'");
+  expect_bad("qsgd: bits=4", "not a key name");
+}
+
+TEST(Spec, CatalogListsEveryCodec) {
+  const auto& cat = codec_catalog();
+  ASSERT_EQ(cat.size(), 9u);
+  for (const auto& d : cat) {
+    EXPECT_FALSE(d.summary.empty()) << d.name;
+    EXPECT_NO_THROW(Codec(d.name == "topk" || d.name == "randomk" ? d.name + ":ratio=0.5"
+                          : d.name == "threshold"                 ? d.name + ":tau=1"
+                                                                  : d.name));
+  }
+}
+
+}  // namespace
+}  // namespace gcomp

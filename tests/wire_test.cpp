@@ -1,0 +1,207 @@
+// The wire format rejects every malformed payload with Status::bad_payload (or mismatch for a
+// caller whose n differs), and never touches the accumulator when it does.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+#include "bytes.hpp"
+#include "test_util.hpp"
+#include "wire.hpp"
+
+namespace gcomp {
+namespace {
+
+using detail::load_le;
+using detail::store_le;
+
+// Re-signs a header after a deliberate edit, so the checks behind the checksum get exercised.
+void reseal(std::vector<std::byte>& p) {
+  detail::Layout l{};
+  ASSERT_TRUE(detail::layout_of(static_cast<std::uint8_t>(p[5]), &l));
+  const std::size_t at = detail::header_bytes(l) - 4;
+  store_le<std::uint32_t>(p.data() + at, detail::crc32c(p.data(), at));
+}
+
+Status decode_status(const std::vector<std::byte>& p, std::size_t n) {
+  std::vector<float> acc(n, 1.0f);
+  try {
+    decode_add(p, acc);
+  } catch (const Error& e) {
+    for (float v : acc) {
+      if (v != 1.0f) return Status::internal;  // touched the accumulator
+    }
+    return e.code();
+  }
+  return Status::ok;
+}
+
+class Wire : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Wire, EveryTruncationIsRejected) {
+  const std::size_t n = 301;
+  const auto p = Codec(GetParam()).encode(test::normal(n, 1), 1);
+  ASSERT_EQ(decode_status(p, n), Status::ok);
+  for (std::size_t len = 0; len < p.size(); ++len) {
+    const std::vector<std::byte> cut(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(len));
+    ASSERT_EQ(decode_status(cut, n), Status::bad_payload) << GetParam() << " length " << len;
+  }
+  auto longer = p;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(decode_status(longer, n), Status::bad_payload);
+}
+
+TEST_P(Wire, EveryHeaderBitFlipIsRejected) {
+  const std::size_t n = 301;
+  const auto p = Codec(GetParam()).encode(test::normal(n, 2), 1);
+  const std::size_t header = inspect(p).header_bytes;
+  for (std::size_t i = 0; i < header; ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      auto q = p;
+      q[i] ^= static_cast<std::byte>(1 << bit);
+      ASSERT_EQ(decode_status(q, n), Status::bad_payload) << GetParam() << " byte " << i << " bit " << bit;
+    }
+  }
+}
+
+TEST_P(Wire, WrongElementCount) {
+  const std::size_t n = 301;
+  const auto p = Codec(GetParam()).encode(test::normal(n, 3), 1);
+  EXPECT_EQ(decode_status(p, n - 1), Status::mismatch);
+  EXPECT_EQ(decode_status(p, n + 1), Status::mismatch);
+  EXPECT_EQ(decode_status(p, 0), Status::mismatch);
+  // A resealed header that claims n = 1 no longer fits its sections (or, sparse, its entries).
+  auto q = p;
+  store_le<std::uint64_t>(q.data() + 8, 1);
+  reseal(q);
+  EXPECT_EQ(decode_status(q, 1), Status::bad_payload) << GetParam();
+}
+
+TEST_P(Wire, UnknownVersionAndCodec) {
+  const auto p = Codec(GetParam()).encode(test::normal(10, 4), 1);
+  auto q = p;
+  q[4] = std::byte{2};
+  reseal(q);
+  EXPECT_EQ(decode_status(q, 10), Status::bad_payload);
+  q = p;
+  q[5] = std::byte{0};
+  EXPECT_EQ(decode_status(q, 10), Status::bad_payload);
+  q[5] = std::byte{200};
+  EXPECT_EQ(decode_status(q, 10), Status::bad_payload);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, Wire, ::testing::ValuesIn(test::all_specs()),
+                         [](const auto& info) { return test::name_of(info.param); });
+
+// A sparse payload with chosen indices and values (fp32 values, u32 indices).
+std::vector<std::byte> sparse_payload(std::uint64_t n, const std::vector<std::uint32_t>& idx,
+                                      const std::vector<float>& val) {
+  std::vector<std::byte> p(detail::header_bytes({16, 2}) + 8 * idx.size());
+  std::byte params[16] = {};
+  params[1] = std::byte{4};
+  store_le<std::uint64_t>(params + 8, idx.size());
+  std::byte* d = detail::write_header(p.data(), CodecKind::topk, n, params, {4 * idx.size(), 4 * val.size()});
+  for (std::size_t j = 0; j < idx.size(); ++j) {
+    store_le<std::uint32_t>(d + 4 * j, idx[j]);
+    store_le<float>(d + 4 * idx.size() + 4 * j, val[j]);
+  }
+  return p;
+}
+
+TEST(WireSparse, IndicesMustBeInRangeAndStrictlyIncreasing) {
+  EXPECT_EQ(decode_status(sparse_payload(10, {1, 5, 9}, {1, 2, 3}), 10), Status::ok);
+  EXPECT_EQ(decode_status(sparse_payload(10, {1, 5, 10}, {1, 2, 3}), 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, {1, 0xffffffffu}, {1, 2}), 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, {5, 1, 9}, {1, 2, 3}), 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, {1, 5, 5}, {1, 2, 3}), 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, {}, {}), 10), Status::ok);
+  // More entries than elements.
+  std::vector<std::uint32_t> many(11);
+  for (std::uint32_t i = 0; i < 11; ++i) many[i] = i;
+  EXPECT_EQ(decode_status(sparse_payload(10, many, std::vector<float>(11, 1.0f)), 10), Status::bad_payload);
+  // Non-finite values.
+  EXPECT_EQ(decode_status(sparse_payload(10, {1}, {std::numeric_limits<float>::infinity()}), 10),
+            Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, {1}, {std::numeric_limits<float>::quiet_NaN()}), 10),
+            Status::bad_payload);
+  // Wrong index width, value type, reserved bytes.
+  auto p = sparse_payload(10, {1}, {1});
+  p[detail::kFixedHeader + 1] = std::byte{8};
+  reseal(p);
+  EXPECT_EQ(decode_status(p, 10), Status::bad_payload);
+  p = sparse_payload(10, {1}, {1});
+  p[detail::kFixedHeader] = std::byte{7};
+  reseal(p);
+  EXPECT_EQ(decode_status(p, 10), Status::bad_payload);
+  p = sparse_payload(10, {1}, {1});
+  p[detail::kFixedHeader + 5] = std::byte{1};
+  reseal(p);
+  EXPECT_EQ(decode_status(p, 10), Status::bad_payload);
+}
+
+TEST(WireDense, NonFiniteValuesAndPaddingAreRejected) {
+  const auto x = test::normal(21, 5);
+  for (const char* spec : {"none", "fp16", "bf16"}) {
+    auto p = Codec(spec).encode(x, 0);
+    const std::size_t h = inspect(p).header_bytes;
+    const std::size_t w = std::string(spec) == "none" ? 4 : 2;
+    // Set all exponent bits of element 20.
+    if (w == 4) {
+      store_le<std::uint32_t>(p.data() + h + 80, 0x7f800000u);
+    } else {
+      store_le<std::uint16_t>(p.data() + h + 40, std::string(spec) == "fp16" ? 0x7c00 : 0x7f80);
+    }
+    EXPECT_EQ(decode_status(p, 21), Status::bad_payload) << spec;
+  }
+  // Sign: 21 elements use 3 bytes; the 3 spare bits must be zero. Also a negative scale.
+  auto s = Codec("sign").encode(x, 0);
+  s.back() |= std::byte{0x80};
+  EXPECT_EQ(decode_status(s, 21), Status::bad_payload);
+  s = Codec("sign").encode(x, 0);
+  const std::size_t h = inspect(s).header_bytes;
+  store_le<float>(s.data() + h, -1.0f);
+  EXPECT_EQ(decode_status(s, 21), Status::bad_payload);
+  // TernGrad: code 3 is invalid; padding bits must be zero.
+  auto t = Codec("terngrad").encode(x, 0);
+  const std::size_t th = inspect(t).header_bytes;
+  t[th + 4] |= std::byte{0x03};
+  EXPECT_EQ(decode_status(t, 21), Status::bad_payload);
+  t = Codec("terngrad").encode(x, 0);
+  t.back() |= std::byte{0x40};
+  EXPECT_EQ(decode_status(t, 21), Status::bad_payload);
+  // QSGD: a NaN norm, padding bits.
+  auto q = Codec("qsgd:bits=3").encode(x, 0);
+  const std::size_t qh = inspect(q).header_bytes;
+  store_le<std::uint32_t>(q.data() + qh, 0x7fc00000u);
+  EXPECT_EQ(decode_status(q, 21), Status::bad_payload);
+  q = Codec("qsgd:bits=3").encode(x, 0);  // 63 bits in 8 bytes
+  q.back() |= std::byte{0x80};
+  EXPECT_EQ(decode_status(q, 21), Status::bad_payload);
+}
+
+TEST(WireInspect, ReportsTheHeader) {
+  const auto p = Codec("qsgd:bits=8,bucket=128").encode(test::normal(1000, 6), 1);
+  const PayloadInfo info = inspect(p);
+  EXPECT_EQ(info.kind, CodecKind::qsgd);
+  EXPECT_EQ(info.version, 1);
+  EXPECT_EQ(info.elements, 1000u);
+  EXPECT_EQ(info.params, "bits=8,bucket=128,norm=l2");
+  ASSERT_EQ(info.sections.size(), 2u);
+  EXPECT_EQ(info.sections[0], 4u * 8);
+  EXPECT_EQ(info.sections[1], 1000u);
+  EXPECT_EQ(info.total_bytes, p.size());
+  EXPECT_EQ(std::memcmp(p.data(), "GCMP", 4), 0);
+}
+
+TEST(WireDecode, AlphaScalesAndAccumulates) {
+  const auto x = test::normal(100, 7);
+  const auto p = Codec("none").encode(x, 0);
+  std::vector<float> acc(100, 1.0f);
+  decode_add(p, acc, 2.0f);
+  decode_add(p, acc, -0.5f);
+  for (std::size_t i = 0; i < 100; ++i) EXPECT_EQ(acc[i], 1.0f + 2.0f * x[i] + -0.5f * x[i]);
+  EXPECT_THROW(decode_add(p, acc, std::numeric_limits<float>::infinity()), Error);
+}
+
+}  // namespace
+}  // namespace gcomp
