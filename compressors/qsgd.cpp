@@ -80,9 +80,11 @@ inline std::uint32_t quantize_one(const Quant& q, float v, std::uint16_t draw, f
   return level | (neg ? 1u << (q.bits - 1) : 0u);
 }
 
-// Draws of the 64-aligned window starting at element ws (kWindow elements).
-inline void window_draws(const PhiloxStream& st, std::uint64_t ws, std::uint32_t* words) {
-  philox_fill(st, ws / 2, kWindow / 2, words);
+// Draws of the elements [ws, min(ws + kWindow, end)) rounded out to 64: ws is 64-aligned.
+inline void window_draws(const PhiloxStream& st, std::uint64_t ws, std::uint64_t end,
+                         std::uint32_t* words) {
+  const std::uint64_t stop = std::min<std::uint64_t>(ws + kWindow, (end + 63) & ~std::uint64_t{63});
+  philox_fill(st, ws / 2, static_cast<std::size_t>(stop - ws) / 2, words);
 }
 
 // Scalar reference for one bucket [bs, bs + len) of src. ef (when not null) receives v - decode.
@@ -97,7 +99,7 @@ bool bucket_scalar(const PhiloxStream& st, int bits, std::uint64_t bucket, const
   std::uint32_t words[kWindow / 2];
   const std::uint64_t end = bs + len;
   for (std::uint64_t ws = bs & ~std::uint64_t{63}; ws < end; ws += kWindow) {
-    window_draws(st, ws, words);
+    window_draws(st, ws, end, words);
     const std::uint64_t lo = std::max(ws, bs);
     const std::uint64_t hi = std::min(ws + kWindow, end);
     for (std::uint64_t i = lo; i < hi; ++i) {
@@ -149,7 +151,7 @@ bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* sr
   alignas(64) std::uint32_t words[kWindow / 2];
   const std::uint64_t end = bs + len;
   for (std::uint64_t ws = bs & ~std::uint64_t{63}; ws < end; ws += kWindow) {
-    window_draws(st, ws, words);
+    window_draws(st, ws, end, words);
     const std::uint64_t lo = std::max(ws, bs);
     const std::uint64_t hi = std::min(ws + kWindow, end);
     for (std::uint64_t i = lo; i < hi; i += 16) {

@@ -91,8 +91,8 @@ void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src,
                      std::size_t e, std::byte* codes, float* ef) {
   alignas(64) std::uint32_t words[kWindow / 2];
   for (std::size_t ws = b; ws < e; ws += kWindow) {
-    philox_fill(st, ws / 2, kWindow / 2, words);
     const std::size_t hi = std::min(ws + kWindow, e);
+    philox_fill(st, ws / 2, (((hi - ws) + 63) & ~std::size_t{63}) / 2, words);
     std::size_t i = ws;
 #if GCOMP_TERN_AVX512
     if (simd_enabled()) {

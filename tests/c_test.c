@@ -35,6 +35,7 @@ int main(void) {
   for (i = 0; i < N; ++i) CHECK(fabs(acc[i] - x[i]) < 0.5);
   CHECK(gcomp_decode_add(out, written, acc, N - 1, 1.0f) == GCOMP_ERR_MISMATCH);
   CHECK(strstr(gcomp_last_error(), "elements") != NULL);
+  gcomp_codec_destroy(codec);
   CHECK(gcomp_codec_create("nope", &codec) == GCOMP_ERR_INVALID_ARGUMENT);
   CHECK(codec == NULL);
   CHECK(strstr(gcomp_last_error(), "nope") != NULL);
