@@ -12,10 +12,8 @@
 // --benchmark_min_time and --benchmark_filter as usual.
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>

@@ -60,16 +60,6 @@ TEST_P(Edge, OddSizes) {
   }
 }
 
-TEST_P(Edge, KAtLeastN) {
-  if (codec.kind() != CodecKind::topk && codec.kind() != CodecKind::randomk) GTEST_SKIP() << "sparse k only";
-  for (std::size_t n : {1u, 5u, 7u}) {
-    const auto x = test::normal(n, 3);
-    const Codec all(codec.kind() == CodecKind::topk ? "topk:k=1000" : "randomk:k=1000");
-    EXPECT_EQ(all.selected(n), n);
-    EXPECT_EQ(test::decode(all.encode(x, 1), n), x);
-  }
-}
-
 TEST_P(Edge, AllZeros) {
   for (std::size_t n : {1u, 16u, 1000u, 70000u}) {
     const std::vector<float> x(n, 0.0f);
@@ -120,6 +110,17 @@ TEST_P(Edge, HugeValuesStayFinite) {
 
 INSTANTIATE_TEST_SUITE_P(AllCodecs, Edge, ::testing::ValuesIn(test::all_specs()),
                          [](const auto& info) { return test::name_of(info.param); });
+
+TEST(EdgeSparse, KAtLeastN) {
+  for (const char* spec : {"topk:k=1000", "randomk:k=1000", "topk:ratio=1", "randomk:ratio=1"}) {
+    const Codec all(spec);
+    for (std::size_t n : {1u, 5u, 7u, 999u, 1000u}) {
+      const auto x = test::normal(n, 3);
+      EXPECT_EQ(all.selected(n), n) << spec;
+      EXPECT_EQ(test::decode(all.encode(x, 1), n), x) << spec;
+    }
+  }
+}
 
 TEST(EdgeTiny, QsgdKeepsSubnormalBuckets) {
   // A bucket whose norm is below FLT_MIN still quantizes (the divide form), rather than zeroing.

@@ -12,7 +12,8 @@
 
 namespace gcomp::tools {
 
-static_assert(std::endian::native == std::endian::little, "the gcomp tool needs a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "the gcomp tool needs a little-endian host");
 
 namespace {
 
@@ -50,8 +51,8 @@ class LiteralParser {
     fail(name_, "bad .npy header: " + why + " at offset " + std::to_string(pos_));
   }
   void skip_space() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
-                                s_[pos_] == '\r')) {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -108,7 +109,7 @@ class LiteralParser {
   Literal sequence(char open, int depth) {
     const char close = open == '(' ? ')' : open == '[' ? ']' : '}';
     Literal v;
-    v.kind = open == '(' ? Literal::Kind::tuple
+    v.kind = open == '('   ? Literal::Kind::tuple
              : open == '[' ? Literal::Kind::list
                            : Literal::Kind::dict;
     ++pos_;
@@ -220,10 +221,10 @@ std::vector<float> parse_npy(std::span<const std::byte> bytes, const std::string
     const Literal& key = dict.items[i];
     const Literal** slot = nullptr;
     if (key.kind == Literal::Kind::string) {
-      slot = key.str == "descr" ? &descr
+      slot = key.str == "descr"           ? &descr
              : key.str == "fortran_order" ? &fortran
-             : key.str == "shape" ? &shape
-                                  : nullptr;
+             : key.str == "shape"         ? &shape
+                                          : nullptr;
     }
     if (!slot) fail(name, "bad .npy header: unexpected key " + key.text);
     if (*slot) fail(name, "bad .npy header: key " + key.text + " given twice");
@@ -272,8 +273,8 @@ std::vector<float> parse_npy(std::span<const std::byte> bytes, const std::string
 }
 
 std::vector<std::byte> format_npy(std::span<const float> x) {
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
-                       std::to_string(x.size()) + ",), }";
+  std::string header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(x.size()) + ",), }";
   // As numpy does: pad with spaces so that magic, version, length and header end on a multiple
   // of 64 bytes, the last byte being '\n'.
   const std::size_t unpadded = kNpyMagic.size() + 4 + header.size() + 1;

@@ -1,6 +1,10 @@
 // The gcomp command-line tool: lists the codecs, encodes float32 arrays into payload files,
 // decodes and inspects payloads, and evaluates a codec on an array (ratio, error, throughput,
 // error feedback). Reference and exit codes: docs/cli.md.
+#include "gcomp/gcomp.h"
+
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
@@ -13,7 +17,6 @@
 
 #include "array_file.hpp"
 #include "gcomp/codec.hpp"
-#include "gcomp/gcomp.h"
 
 namespace gcomp::tools {
 namespace {
@@ -38,12 +41,18 @@ std::vector<std::byte> read_payload(const std::string& path, PayloadInfo* info) 
   return bytes;
 }
 
-// n zeros for a decode; a payload may describe more elements than memory holds.
+// n zeros for a decode. A valid sparse payload may describe more elements than memory holds:
+// refuse those up front rather than let the allocation fail or the zero-fill meet the OOM killer.
 std::vector<float> zeros(const std::string& path, std::uint64_t n) {
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  const std::string what = path + ": cannot allocate " + std::to_string(n) + " decoded floats";
+  if (memory > 0 && 4.0 * static_cast<double>(n) > memory) {
+    throw std::runtime_error(what + " (more than the machine's memory)");
+  }
   try {
     return std::vector<float>(n);
   } catch (const std::exception&) {
-    throw std::runtime_error(path + ": cannot allocate " + std::to_string(n) + " floats");
+    throw std::runtime_error(what);
   }
 }
 
@@ -81,7 +90,8 @@ void cmd_list() {
   for (const CodecDescription& c : codec_catalog()) {
     std::printf("%s\n  %s\n", c.name.c_str(), c.summary.c_str());
     for (const SpecKey& k : c.keys) {
-      const std::string def = k.default_value.empty() ? "(no default)" : "default " + k.default_value;
+      const std::string def =
+          k.default_value.empty() ? "(no default)" : "default " + k.default_value;
       std::printf("    %-8s %-14s %s\n", k.name.c_str(), def.c_str(), k.help.c_str());
     }
   }
@@ -106,7 +116,8 @@ void cmd_inspect(const std::string& in) {
   PayloadInfo info;
   read_payload(in, &info);
   std::string sections;
-  for (std::uint64_t s : info.sections) sections += (sections.empty() ? "" : " ") + std::to_string(s);
+  for (std::uint64_t s : info.sections)
+    sections += (sections.empty() ? "" : " ") + std::to_string(s);
   std::printf("codec:        %s\n", codec_name(info.kind));
   std::printf("version:      %d\n", info.version);
   std::printf("elements:     %llu\n", static_cast<unsigned long long>(info.elements));
@@ -114,8 +125,8 @@ void cmd_inspect(const std::string& in) {
   std::printf("sections:     %s\n", sections.empty() ? "(none)" : sections.c_str());
   std::printf("header bytes: %zu\n", info.header_bytes);
   std::printf("total bytes:  %zu\n", info.total_bytes);
-  std::printf("ratio:        %.3f\n", 4.0 * static_cast<double>(info.elements) /
-                                          static_cast<double>(info.total_bytes));
+  std::printf("ratio:        %.3f\n",
+              4.0 * static_cast<double>(info.elements) / static_cast<double>(info.total_bytes));
 }
 
 struct EvalOptions {
@@ -152,7 +163,8 @@ void cmd_eval(const EvalOptions& o, const std::string& in) {
   std::printf("relative error:  %.6g\n", err);
   std::printf("encode:          %.3f GB/s\n", gbytes / t_enc);
   std::printf("decode_add:      %.3f GB/s\n", gbytes / t_dec);
-  std::printf("threads:         %d (median of %d runs)\n", num_threads(), o.reps);
+  std::printf("threads:         %d\n", num_threads());
+  std::printf("repetitions:     %d (median time reported)\n", o.reps);
   if (!o.ef) return;
 
   // T steps of error feedback on the same x: the mean of the decodes is x - e_T / T.
@@ -213,7 +225,8 @@ int run(int argc, char** argv) {
   std::string in, out;
   EvalOptions eo;
   CLI::App* list = app.add_subcommand("list", "List the codecs, their keys and defaults");
-  CLI::App* encode = app.add_subcommand("encode", "Encode a float32 array (raw or .npy) into a payload");
+  CLI::App* encode =
+      app.add_subcommand("encode", "Encode a float32 array (raw or .npy) into a payload");
   encode->add_option("--spec", eo.spec, "Codec spec, e.g. topk:ratio=0.01")->required();
   encode->add_option("--seed", eo.seed, "Seed of the stochastic codecs")
       ->check(kUint64)
