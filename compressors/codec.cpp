@@ -44,17 +44,6 @@ void require_capacity(std::size_t need, std::size_t cap) {
   }
 }
 
-// The generic error-feedback form: v = x + e; p = C(v); e = v - D(p).
-std::size_t CodecImpl::encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                                 std::uint64_t seed, std::byte* out, std::size_t cap) const {
-  for (std::size_t i = 0; i < n; ++i) e_new[i] = x[i] + e_old[i];
-  if (first_nonfinite(e_new, n) != n) throw_nonfinite_sum(x, e_old, n);
-  const std::size_t bytes = encode(e_new, n, seed, out, cap);
-  const Payload p = parse_payload({out, bytes});
-  find_codec(p.kind)->decode_add(p, e_new, -1.0f);
-  return bytes;
-}
-
 }  // namespace detail
 
 const char* status_name(Status s) noexcept {
@@ -108,7 +97,7 @@ std::size_t Codec::max_bytes(std::size_t n) const { return impl_->max_bytes(n); 
 std::size_t Codec::encode(std::span<const float> x, std::uint64_t seed,
                           std::span<std::byte> out) const {
   if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
-  return impl_->encode(x.data(), x.size(), seed, out.data(), out.size());
+  return impl_->encode(x.data(), nullptr, nullptr, x.size(), seed, out.data(), out.size());
 }
 
 std::vector<std::byte> Codec::encode(std::span<const float> x, std::uint64_t seed) const {
@@ -126,8 +115,8 @@ std::size_t Codec::encode_ef(ErrorFeedback& ef, std::span<const float> x, std::u
   }
   if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
   std::span<float> next = ef.scratch();
-  const std::size_t bytes = impl_->encode_ef(x.data(), ef.residual().data(), next.data(), x.size(),
-                                             seed, out.data(), out.size());
+  const std::size_t bytes = impl_->encode(x.data(), ef.residual().data(), next.data(), x.size(),
+                                          seed, out.data(), out.size());
   ef.commit();
   return bytes;
 }

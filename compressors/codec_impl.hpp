@@ -23,14 +23,11 @@ class CodecImpl {
   virtual std::size_t max_bytes(std::size_t n) const = 0;
 
   // Writes the payload of x[0..n) into out[0..cap) and returns its size. Throws Error.
-  virtual std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
-                             std::size_t cap) const = 0;
-
-  // Error feedback: v = x + e_old; payload = C(v); e_new = v - D(payload). e_new is a separate
-  // buffer of n floats (the caller commits it only on success). The default runs the generic
-  // form (add, encode, decode_add with alpha = -1); codecs override it with fused passes.
-  virtual std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                                std::uint64_t seed, std::byte* out, std::size_t cap) const;
+  // With error feedback (e_old != nullptr) it encodes v = x + e_old instead and writes
+  // e_new = v - D(payload) into a separate buffer of n floats, which the caller commits only on
+  // success; every codec fuses this into its own passes.
+  virtual std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
+                             std::uint64_t seed, std::byte* out, std::size_t cap) const = 0;
 };
 
 // One codec family's entry in the registry (codec.cpp holds the table).

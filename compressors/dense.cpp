@@ -109,8 +109,9 @@ class DenseCodec final : public CodecImpl {
     return header_bytes(Layout{0, 1}) + n * width();
   }
 
-  std::size_t encode(const float* x, std::size_t n, std::uint64_t /*seed*/, std::byte* out,
-                     std::size_t cap) const override {
+  std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
+                     std::uint64_t /*seed*/, std::byte* out, std::size_t cap) const override {
+    if (e_old) return encode_ef(x, e_old, e_new, n, out, cap);
     const std::size_t need = max_bytes(n);
     require_capacity(need, cap);
     std::byte* data = write_header(out, kind_, n, nullptr, {n * width()});
@@ -134,8 +135,9 @@ class DenseCodec final : public CodecImpl {
     return need;
   }
 
+ private:
   std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                        std::uint64_t /*seed*/, std::byte* out, std::size_t cap) const override {
+                        std::byte* out, std::size_t cap) const {
     const std::size_t need = max_bytes(n);
     require_capacity(need, cap);
     std::byte* data = write_header(out, kind_, n, nullptr, {n * width()});
@@ -170,7 +172,6 @@ class DenseCodec final : public CodecImpl {
     return need;
   }
 
- private:
   CodecKind kind_;
 };
 

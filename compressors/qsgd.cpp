@@ -277,18 +277,9 @@ class QsgdCodec final : public CodecImpl {
     return header_bytes(Layout{8, 2}) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
   }
 
-  std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
-                     std::size_t cap) const override {
-    return run(x, nullptr, nullptr, n, seed, out, cap);
-  }
-  std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                        std::uint64_t seed, std::byte* out, std::size_t cap) const override {
-    return run(x, e_old, e_new, n, seed, out, cap);
-  }
 
- private:
-  std::size_t run(const float* x, const float* e_old, float* e_new, std::size_t n,
-                  std::uint64_t seed, std::byte* out, std::size_t cap) const {
+  std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
+                     std::uint64_t seed, std::byte* out, std::size_t cap) const override {
     const std::size_t need = max_bytes(n);
     require_capacity(need, cap);
     const std::uint64_t nb = ceil_div(n, bucket);

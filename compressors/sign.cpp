@@ -58,18 +58,9 @@ class SignCodec final : public CodecImpl {
   std::size_t max_bytes(std::size_t n) const override {
     return header_bytes(Layout{0, 2}) + 4 + ceil_div(n, 8);
   }
-  std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
-                     std::size_t cap) const override {
-    return run(x, nullptr, nullptr, n, seed, out, cap);
-  }
-  std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                        std::uint64_t seed, std::byte* out, std::size_t cap) const override {
-    return run(x, e_old, e_new, n, seed, out, cap);
-  }
 
- private:
-  std::size_t run(const float* x, const float* e_old, float* e_new, std::size_t n,
-                  std::uint64_t /*seed*/, std::byte* out, std::size_t cap) const {
+  std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
+                     std::uint64_t /*seed*/, std::byte* out, std::size_t cap) const override {
     const std::size_t need = max_bytes(n);
     require_capacity(need, cap);
     std::byte* data = write_header(out, CodecKind::sign, n, nullptr, {4, ceil_div(n, 8)});

@@ -159,20 +159,11 @@ class SparseCodec final : public CodecImpl {
   }
   std::size_t max_bytes(std::size_t n) const override { return payload_bytes(n, selected(n)); }
 
-  std::size_t encode(const float* x, std::size_t n, std::uint64_t seed, std::byte* out,
-                     std::size_t cap) const override {
-    return run(x, nullptr, nullptr, n, seed, out, cap);
-  }
-  std::size_t encode_ef(const float* x, const float* e_old, float* e_new, std::size_t n,
-                        std::uint64_t seed, std::byte* out, std::size_t cap) const override {
-    return run(x, e_old, e_new, n, seed, out, cap);
-  }
 
- private:
   // Without error feedback e_old == e_new == nullptr and the values come from x; with it they
   // come from v = x + e_old, which the selection pass leaves in e_new.
-  std::size_t run(const float* x, const float* e_old, float* e_new, std::size_t n,
-                  std::uint64_t seed, std::byte* out, std::size_t cap) const {
+  std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
+                     std::uint64_t seed, std::byte* out, std::size_t cap) const override {
     if (mode != Mode::threshold) require_capacity(max_bytes(n), cap);
     std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 7>();
     bool nonfinite = false;
@@ -201,6 +192,7 @@ class SparseCodec final : public CodecImpl {
     return need;
   }
 
+ private:
   bool threshold_select(const float* x, const float* e_old, float* e_new, std::size_t n,
                         std::vector<std::uint64_t>& idx) const {
     const std::uint32_t t = float_bits(static_cast<float>(tau));
