@@ -6,6 +6,7 @@
 #include "codec_impl.hpp"
 #include "gcomp/codec.hpp"
 #include "nonfinite.hpp"
+#include "parallel.hpp"
 #include "philox.hpp"
 
 namespace gcomp {
@@ -78,6 +79,7 @@ const std::vector<CodecDescription>& codec_catalog() {
 }
 
 Codec::Codec(std::string_view spec) {
+  detail::check_environment();
   detail::SpecReader reader(spec);
   const detail::CodecEntry* e = detail::find_codec(reader.name());
   if (!e) {
@@ -142,6 +144,7 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
     throw Error(Status::invalid_argument, "payload is null");
   }
   if (!std::isfinite(alpha)) throw Error(Status::invalid_argument, "alpha is not finite");
+  detail::check_environment();
   const detail::Payload p = detail::parse_payload(payload);
   const detail::CodecEntry* e = detail::find_codec(p.kind);
   e->validate(p);

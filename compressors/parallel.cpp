@@ -2,6 +2,7 @@
 #include "parallel.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
@@ -10,17 +11,33 @@
 namespace gcomp {
 
 namespace {
-int threads_from_env() {
-  const char* v = std::getenv("GCOMP_NUM_THREADS");
-  if (!v || !*v) return 1;
-  char* end = nullptr;
-  const long t = std::strtol(v, &end, 10);
-  if (*end != '\0' || t < 1 || t > 4096) return 1;  // a bad value must not break a program
-  return static_cast<int>(t);
+// GCOMP_NUM_THREADS: unset or empty means 1; anything but an integer in 1..4096 is an error,
+// reported by check_environment() (a bad value must not silently become a default).
+struct EnvThreads {
+  int threads = 1;
+  std::string error;
+};
+
+const EnvThreads& env_threads() {
+  static const EnvThreads e = [] {
+    EnvThreads r;
+    const char* v = std::getenv("GCOMP_NUM_THREADS");
+    if (!v || !*v) return r;
+    char* end = nullptr;
+    errno = 0;
+    const long t = std::strtol(v, &end, 10);
+    if (*end != '\0' || errno != 0 || t < 1 || t > 4096) {
+      r.error = std::string("GCOMP_NUM_THREADS='") + v + "' is not an integer in 1..4096";
+      return r;
+    }
+    r.threads = static_cast<int>(t);
+    return r;
+  }();
+  return e;
 }
 
 std::atomic<int>& thread_setting() {
-  static std::atomic<int> t{threads_from_env()};
+  static std::atomic<int> t{env_threads().threads};
   return t;
 }
 }  // namespace
@@ -36,6 +53,11 @@ void set_num_threads(int threads) {
 int num_threads() noexcept { return thread_setting().load(); }
 
 namespace detail {
+void check_environment() {
+  const EnvThreads& e = env_threads();
+  if (!e.error.empty()) throw Error(Status::invalid_argument, e.error);
+}
+
 int threads_for(std::size_t elements) noexcept {
   constexpr std::size_t kMinPerThread = std::size_t{1} << 18;
   const std::size_t by_work = elements / kMinPerThread;

@@ -13,6 +13,10 @@
 
 namespace gcomp::detail {
 
+// Throws Error(invalid_argument) when an environment variable gcomp reads is malformed
+// (GCOMP_NUM_THREADS). Called where a user first meets the library: building a codec, decoding.
+void check_environment();
+
 // Threads to use for `elements` of work: at most num_threads(), and at least 256K elements each.
 int threads_for(std::size_t elements) noexcept;
 

@@ -266,6 +266,13 @@ bad 2 "--seed" encode --spec qsgd --seed -1 x.bin o.gcp
 bad 2 "--steps" eval --spec topk:k=1 --steps 5 x.bin
 bad 2 "--threads" eval --spec none --threads 0 x.bin
 bad 2 "subcommand"
+# A malformed environment variable is an error, not a silent default.
+export GCOMP_NUM_THREADS=lots
+bad 2 "GCOMP_NUM_THREADS='lots'" encode --spec sign x.bin o.gcp
+bad 2 "GCOMP_NUM_THREADS='lots'" decode none.gcp o.bin
+export GCOMP_NUM_THREADS=2
+ok encode --spec sign x.bin o.gcp
+unset GCOMP_NUM_THREADS
 
 # ---- other failures: exit 1 ----
 python3 helper.py huge huge.gcp || fail "python3 could not write huge.gcp"

@@ -139,7 +139,8 @@ struct PayloadInfo {
 PayloadInfo inspect(std::span<const std::byte> payload);
 
 // Threads the library may use inside one call (>= 1). The default comes from GCOMP_NUM_THREADS,
-// else 1. Applies to calls that start after it.
+// else 1; a malformed GCOMP_NUM_THREADS makes Codec construction and decode_add throw
+// Error(invalid_argument) naming it. Applies to calls that start after it.
 void set_num_threads(int threads);
 int num_threads() noexcept;
 

@@ -11,7 +11,8 @@
  * Threads: a gcomp_codec may be used by several threads at once (it is immutable once created).
  * A gcomp_ef belongs to one tensor and may be used by one thread at a time. The library's own
  * threading is set by gcomp_set_num_threads() or the GCOMP_NUM_THREADS environment variable
- * (default 1).
+ * (default 1; a malformed value makes gcomp_codec_create and gcomp_decode_add fail with
+ * GCOMP_ERR_INVALID_ARGUMENT).
  */
 #ifndef GCOMP_GCOMP_H
 #define GCOMP_GCOMP_H
