@@ -312,7 +312,9 @@ void validate_sparse(const Payload& p) {
     bad_payload(std::to_string(nnz) + " entries for " + std::to_string(p.n) + " elements");
   }
   const std::uint64_t vb = values == kValuesF16 ? 2 : 4;
-  if (p.sections[0].size != nnz * ib || p.sections[1].size != nnz * vb) {
+  // Divide, never multiply: a huge nnz must not wrap around to a plausible section length.
+  if (p.sections[0].size % ib != 0 || p.sections[0].size / ib != nnz ||
+      p.sections[1].size % vb != 0 || p.sections[1].size / vb != nnz) {
     bad_payload("sections of " + std::to_string(p.sections[0].size) + " and " +
                 std::to_string(p.sections[1].size) + " bytes do not hold " + std::to_string(nnz) +
                 " entries");

@@ -124,6 +124,15 @@ TEST(WireSparse, IndicesMustBeInRangeAndStrictlyIncreasing) {
             Status::bad_payload);
   EXPECT_EQ(decode_status(sparse_payload(10, {1}, {std::numeric_limits<float>::quiet_NaN()}), 10),
             Status::bad_payload);
+  // An entry count whose byte lengths wrap around 2^64 to zero.
+  {
+    std::vector<std::byte> p(detail::header_bytes({16, 2}));
+    std::byte params[16] = {};
+    params[1] = std::byte{8};
+    store_le<std::uint64_t>(params + 8, 1ull << 62);  // x 8 and x 4 bytes wrap to 0
+    detail::write_header(p.data(), CodecKind::topk, 1ull << 62, params, {0, 0});
+    EXPECT_THROW(inspect(p), Error);
+  }
   // Wrong index width, value type, reserved bytes.
   auto p = sparse_payload(10, {1}, {1});
   p[detail::kFixedHeader + 1] = std::byte{8};
