@@ -99,7 +99,8 @@ gcomp_status gcomp_encode_ef(gcomp_codec codec, gcomp_ef ef, const float* x, siz
 
 gcomp_status gcomp_decode_add(const void* payload, size_t bytes, float* acc, size_t n,
                               float alpha) {
-  if (!payload && bytes > 0) return fail(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_decode_add: payload is NULL");
+  if (!payload && bytes > 0)
+    return fail(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_decode_add: payload is NULL");
   if (!acc && n > 0) return fail(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_decode_add: acc is NULL");
   return guarded([&] {
     gcomp::decode_add({static_cast<const std::byte*>(payload), bytes}, {acc, n}, alpha);

@@ -1,10 +1,11 @@
 // The registry of codecs and the public C++ API on top of it: Codec, ErrorFeedback, decode_add,
 // inspect. Everything codec-specific lives in the family files; this file only dispatches.
+#include "gcomp/codec.hpp"
+
 #include <cmath>
 #include <cstring>
 
 #include "codec_impl.hpp"
-#include "gcomp/codec.hpp"
 #include "nonfinite.hpp"
 #include "parallel.hpp"
 #include "philox.hpp"
@@ -49,15 +50,24 @@ void require_capacity(std::size_t need, std::size_t cap) {
 
 const char* status_name(Status s) noexcept {
   switch (s) {
-    case Status::ok: return "ok";
-    case Status::invalid_argument: return "invalid_argument";
-    case Status::bad_payload: return "bad_payload";
-    case Status::buffer_too_small: return "buffer_too_small";
-    case Status::nonfinite: return "nonfinite";
-    case Status::mpi: return "mpi";
-    case Status::cuda: return "cuda";
-    case Status::mismatch: return "mismatch";
-    case Status::internal: return "internal";
+    case Status::ok:
+      return "ok";
+    case Status::invalid_argument:
+      return "invalid_argument";
+    case Status::bad_payload:
+      return "bad_payload";
+    case Status::buffer_too_small:
+      return "buffer_too_small";
+    case Status::nonfinite:
+      return "nonfinite";
+    case Status::mpi:
+      return "mpi";
+    case Status::cuda:
+      return "cuda";
+    case Status::mismatch:
+      return "mismatch";
+    case Status::internal:
+      return "internal";
   }
   return "unknown";
 }
@@ -84,7 +94,8 @@ Codec::Codec(std::string_view spec) {
   const detail::CodecEntry* e = detail::find_codec(reader.name());
   if (!e) {
     std::string names;
-    for (const detail::CodecEntry* r : detail::registry()) names += std::string(names.empty() ? "" : ", ") + r->name;
+    for (const detail::CodecEntry* r : detail::registry())
+      names += std::string(names.empty() ? "" : ", ") + r->name;
     reader.fail("unknown codec '" + reader.name() + "' (known: " + names + ")");
   }
   impl_ = e->make(reader);
@@ -111,9 +122,9 @@ std::vector<std::byte> Codec::encode(std::span<const float> x, std::uint64_t see
 std::size_t Codec::encode_ef(ErrorFeedback& ef, std::span<const float> x, std::uint64_t seed,
                              std::span<std::byte> out) const {
   if (ef.size() != x.size()) {
-    throw Error(Status::invalid_argument, "error-feedback memory holds " +
-                                              std::to_string(ef.size()) + " elements but the input has " +
-                                              std::to_string(x.size()));
+    throw Error(Status::invalid_argument,
+                "error-feedback memory holds " + std::to_string(ef.size()) +
+                    " elements but the input has " + std::to_string(x.size()));
   }
   if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
   std::span<float> next = ef.scratch();
@@ -153,7 +164,8 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
                                       " elements but the accumulator has " +
                                       std::to_string(acc.size()));
   }
-  if (acc.data() == nullptr && !acc.empty()) throw Error(Status::invalid_argument, "accumulator is null");
+  if (acc.data() == nullptr && !acc.empty())
+    throw Error(Status::invalid_argument, "accumulator is null");
   e->decode_add(p, acc.data(), alpha);
 }
 

@@ -189,11 +189,13 @@ void validate_dense(const Payload& p) {
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     std::uint32_t m = 0xffffffffu;
     if (w == 4) {
-      for (std::size_t i = b; i < e; ++i) m = std::min(m, ~load_le<std::uint32_t>(d + 4 * i) & kInfBits);
+      for (std::size_t i = b; i < e; ++i)
+        m = std::min(m, ~load_le<std::uint32_t>(d + 4 * i) & kInfBits);
       m = m == 0 ? 0 : 1;
     } else {
       const std::uint32_t inf = p.kind == CodecKind::fp16 ? 0x7c00u : 0x7f80u;
-      for (std::size_t i = b; i < e; ++i) m = std::min<std::uint32_t>(m, ~load_le<std::uint16_t>(d + 2 * i) & inf);
+      for (std::size_t i = b; i < e; ++i)
+        m = std::min<std::uint32_t>(m, ~load_le<std::uint16_t>(d + 2 * i) & inf);
       m = m == 0 ? 0 : 1;
     }
     if (m == 0) {
@@ -203,7 +205,8 @@ void validate_dense(const Payload& p) {
     }
   });
   if (first_bad.load() != p.n) {
-    bad_payload(std::string(codec_name(p.kind)) + " payload holds a NaN or Inf value (at or after element " +
+    bad_payload(std::string(codec_name(p.kind)) +
+                " payload holds a NaN or Inf value (at or after element " +
                 std::to_string(first_bad.load()) + ")");
   }
 }
@@ -244,22 +247,35 @@ std::unique_ptr<CodecImpl> make_dense(SpecReader& spec) {
 }  // namespace
 
 const CodecEntry& dense_none_entry() {
-  static const CodecEntry e{CodecKind::none, "none", "float32 as is (32 bits per element)", {},
-                            make_dense<CodecKind::none>, validate_dense, decode_add_dense,
+  static const CodecEntry e{CodecKind::none,
+                            "none",
+                            "float32 as is (32 bits per element)",
+                            {},
+                            make_dense<CodecKind::none>,
+                            validate_dense,
+                            decode_add_dense,
                             describe_dense};
   return e;
 }
 const CodecEntry& dense_fp16_entry() {
-  static const CodecEntry e{CodecKind::fp16, "fp16",
+  static const CodecEntry e{CodecKind::fp16,
+                            "fp16",
                             "IEEE half precision, round to nearest even, saturating at 65504",
-                            {}, make_dense<CodecKind::fp16>, validate_dense, decode_add_dense,
+                            {},
+                            make_dense<CodecKind::fp16>,
+                            validate_dense,
+                            decode_add_dense,
                             describe_dense};
   return e;
 }
 const CodecEntry& dense_bf16_entry() {
-  static const CodecEntry e{CodecKind::bf16, "bf16",
-                            "bfloat16 (float32's upper half), round to nearest even", {},
-                            make_dense<CodecKind::bf16>, validate_dense, decode_add_dense,
+  static const CodecEntry e{CodecKind::bf16,
+                            "bf16",
+                            "bfloat16 (float32's upper half), round to nearest even",
+                            {},
+                            make_dense<CodecKind::bf16>,
+                            validate_dense,
+                            decode_add_dense,
                             describe_dense};
   return e;
 }

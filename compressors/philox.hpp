@@ -39,8 +39,8 @@ inline std::uint32_t philox_word(const PhiloxStream& s, std::uint64_t i) noexcep
   const std::uint32_t w = static_cast<std::uint32_t>(i >> 3) & 3u;
   const std::uint64_t block = 8 * g + (i & 7u);
   r123::Philox4x32 rng;
-  const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(block),
-                                           static_cast<std::uint32_t>(block >> 32), s.codec, 0}};
+  const r123::Philox4x32::ctr_type ctr = {
+      {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), s.codec, 0}};
   const r123::Philox4x32::key_type key = {{s.k0, s.k1}};
   return rng(ctr, key)[w];
 }

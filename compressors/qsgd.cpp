@@ -42,7 +42,7 @@ struct Quant {
   float levels;  // s
   float inv;     // s / norm, when finite
   float norm;
-  float step;    // norm / s
+  float step;  // norm / s
   bool use_inv;
 };
 
@@ -90,9 +90,8 @@ inline void window_draws(const PhiloxStream& st, std::uint64_t ws, std::uint64_t
 // Scalar reference for one bucket [bs, bs + len) of src. ef (when not null) receives v - decode.
 bool bucket_scalar(const PhiloxStream& st, int bits, std::uint64_t bucket, const float* src,
                    std::uint64_t bs, std::size_t len, float* norm_out, BitWriter& w, float* ef) {
-  const double ss = lane_sum(src + bs, len, [](float a) {
-    return static_cast<double>(a) * static_cast<double>(a);
-  });
+  const double ss = lane_sum(
+      src + bs, len, [](float a) { return static_cast<double>(a) * static_cast<double>(a); });
   if (!std::isfinite(ss)) return false;
   const Quant q = make_quant(bits, bucket, norm_from(ss));
   *norm_out = q.norm;
@@ -127,9 +126,8 @@ inline std::uint64_t byte_mask() {
 
 // One bucket whose length is a multiple of 16; codes written whole bytes at a time.
 template <int B>
-bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src,
-                   std::uint64_t bs, std::size_t len, float* norm_out, std::byte* codes,
-                   float* ef) {
+bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src, std::uint64_t bs,
+                   std::size_t len, float* norm_out, std::byte* codes, float* ef) {
   const double ss = norm_avx512(src + bs, len);
   if (!std::isfinite(ss)) return false;
   const Quant q = make_quant(B, bucket, norm_from(ss));
@@ -160,7 +158,8 @@ bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* sr
       const __m512 r = _mm512_min_ps(_mm512_mul_ps(a, inv), levels);
       const __m512 l = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
       const __m512 frac = _mm512_sub_ps(r, l);
-      const __m256i d16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
+      const __m256i d16 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
       const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(d16)), scale16);
       const __mmask16 up = _mm512_cmp_ps_mask(u, frac, _CMP_LT_OQ);
       __m512i level = _mm512_cvttps_epi32(l);
@@ -171,8 +170,10 @@ bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* sr
       if constexpr (B == 8) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), bytes);
       } else {
-        const std::uint64_t w0 = _pext_u64(static_cast<std::uint64_t>(_mm_cvtsi128_si64(bytes)), pmask);
-        const std::uint64_t w1 = _pext_u64(static_cast<std::uint64_t>(_mm_extract_epi64(bytes, 1)), pmask);
+        const std::uint64_t w0 =
+            _pext_u64(static_cast<std::uint64_t>(_mm_cvtsi128_si64(bytes)), pmask);
+        const std::uint64_t w1 =
+            _pext_u64(static_cast<std::uint64_t>(_mm_extract_epi64(bytes, 1)), pmask);
         std::byte* o = codes + i * B / 8;
         std::memcpy(o, &w0, B);
         std::memcpy(o + B, &w1, B);
@@ -192,13 +193,20 @@ using BucketKernel = bool (*)(const PhiloxStream&, std::uint64_t, const float*, 
                               std::size_t, float*, std::byte*, float*);
 BucketKernel avx512_kernel(int bits) {
   switch (bits) {
-    case 2: return bucket_avx512<2>;
-    case 3: return bucket_avx512<3>;
-    case 4: return bucket_avx512<4>;
-    case 5: return bucket_avx512<5>;
-    case 6: return bucket_avx512<6>;
-    case 7: return bucket_avx512<7>;
-    default: return bucket_avx512<8>;
+    case 2:
+      return bucket_avx512<2>;
+    case 3:
+      return bucket_avx512<3>;
+    case 4:
+      return bucket_avx512<4>;
+    case 5:
+      return bucket_avx512<5>;
+    case 6:
+      return bucket_avx512<6>;
+    case 7:
+      return bucket_avx512<7>;
+    default:
+      return bucket_avx512<8>;
   }
 }
 
@@ -238,13 +246,20 @@ std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alph
 std::uint64_t decode_avx512(int bits, const std::byte* codes, float step, float alpha,
                             std::uint64_t begin, std::uint64_t end, float* acc) {
   switch (bits) {
-    case 2: return decode_range_avx512<2>(codes, step, alpha, begin, end, acc);
-    case 3: return decode_range_avx512<3>(codes, step, alpha, begin, end, acc);
-    case 4: return decode_range_avx512<4>(codes, step, alpha, begin, end, acc);
-    case 5: return decode_range_avx512<5>(codes, step, alpha, begin, end, acc);
-    case 6: return decode_range_avx512<6>(codes, step, alpha, begin, end, acc);
-    case 7: return decode_range_avx512<7>(codes, step, alpha, begin, end, acc);
-    default: return decode_range_avx512<8>(codes, step, alpha, begin, end, acc);
+    case 2:
+      return decode_range_avx512<2>(codes, step, alpha, begin, end, acc);
+    case 3:
+      return decode_range_avx512<3>(codes, step, alpha, begin, end, acc);
+    case 4:
+      return decode_range_avx512<4>(codes, step, alpha, begin, end, acc);
+    case 5:
+      return decode_range_avx512<5>(codes, step, alpha, begin, end, acc);
+    case 6:
+      return decode_range_avx512<6>(codes, step, alpha, begin, end, acc);
+    case 7:
+      return decode_range_avx512<7>(codes, step, alpha, begin, end, acc);
+    default:
+      return decode_range_avx512<8>(codes, step, alpha, begin, end, acc);
   }
 }
 #endif
@@ -276,7 +291,6 @@ class QsgdCodec final : public CodecImpl {
   std::size_t max_bytes(std::size_t n) const override {
     return header_bytes(Layout{8, 2}) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
   }
-
 
   std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
                      std::uint64_t seed, std::byte* out, std::size_t cap) const override {
@@ -358,10 +372,13 @@ QsgdLayout qsgd_params(const Payload& p) {
 void validate_qsgd(const Payload& p) {
   const QsgdLayout l = qsgd_params(p);
   if (l.bits < 2 || l.bits > 8) bad_payload("qsgd bits " + std::to_string(l.bits) + " not in 2..8");
-  if (p.params[1] != std::byte{0}) bad_payload("unknown qsgd norm kind " + std::to_string(static_cast<int>(p.params[1])));
-  if (p.params[2] != std::byte{0} || p.params[3] != std::byte{0}) bad_payload("reserved qsgd parameter bytes are not zero");
+  if (p.params[1] != std::byte{0})
+    bad_payload("unknown qsgd norm kind " + std::to_string(static_cast<int>(p.params[1])));
+  if (p.params[2] != std::byte{0} || p.params[3] != std::byte{0})
+    bad_payload("reserved qsgd parameter bytes are not zero");
   if (l.bucket == 0) bad_payload("qsgd bucket size 0");
-  if (p.n > (std::uint64_t{1} << 60)) bad_payload("element count " + std::to_string(p.n) + " is too large");
+  if (p.n > (std::uint64_t{1} << 60))
+    bad_payload("element count " + std::to_string(p.n) + " is too large");
   const std::uint64_t nb = ceil_div(p.n, l.bucket);
   const std::uint64_t code_bytes = ceil_div(p.n * static_cast<std::uint64_t>(l.bits), 8);
   if (p.sections[0].size != 4 * nb || p.sections[1].size != code_bytes) {
@@ -393,7 +410,8 @@ void decode_add_qsgd(const Payload& p, float* acc, float alpha) {
       const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
       std::uint64_t i = bs;
 #if GCOMP_QSGD_AVX512
-      if (simd_enabled() && bs % 16 == 0) i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
+      if (simd_enabled() && bs % 16 == 0)
+        i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
 #endif
       for (; i < end; ++i) {
         const std::uint32_t c = get_bits(codes, i, l.bits);
@@ -413,11 +431,15 @@ std::string describe_qsgd(const Payload& p) {
 
 const CodecEntry& qsgd_entry() {
   static const CodecEntry e{
-      CodecKind::qsgd, "qsgd",
+      CodecKind::qsgd,
+      "qsgd",
       "QSGD: per-bucket L2 norm + B-bit sign/level, stochastic rounding (unbiased)",
       {{"bits", "4", "bits per element including the sign, 2..8 (levels s = 2^(B-1) - 1)"},
        {"bucket", "512", "elements per norm, 1..2^24"}},
-      make_qsgd, validate_qsgd, decode_add_qsgd, describe_qsgd};
+      make_qsgd,
+      validate_qsgd,
+      decode_add_qsgd,
+      describe_qsgd};
   return e;
 }
 

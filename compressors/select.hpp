@@ -91,7 +91,8 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
     sample[j] = src.at(static_cast<std::size_t>((static_cast<unsigned __int128>(j) * n) / samples));
   }
   // Expected sample hits above the true threshold: samples * k / n; go 25% and 4 sigma beyond.
-  const double expect = static_cast<double>(samples) * static_cast<double>(k) / static_cast<double>(n);
+  const double expect =
+      static_cast<double>(samples) * static_cast<double>(k) / static_cast<double>(n);
   const double rank_d = expect * 1.25 + 4.0 * std::sqrt(expect) + 8.0;
   std::uint32_t t_lo = 0;
   bool use_fast = rank_d < static_cast<double>(samples) * 0.5;  // else candidates ~ everything

@@ -106,7 +106,8 @@ void validate_sign(const Payload& p) {
                 std::to_string(ceil_div(p.n, 8)) + " for " + std::to_string(p.n) + " elements");
   }
   const std::uint32_t s = load_le<std::uint32_t>(p.sections[0].data);
-  if ((s & kInfBits) == kInfBits || (s >> 31) != 0) bad_payload("sign scale is negative, NaN or Inf");
+  if ((s & kInfBits) == kInfBits || (s >> 31) != 0)
+    bad_payload("sign scale is negative, NaN or Inf");
   if (!padding_is_zero(p.sections[1].data, p.sections[1].size, p.n)) {
     bad_payload("sign padding bits are not zero");
   }
@@ -140,7 +141,8 @@ std::string describe_sign(const Payload& p) {
 }  // namespace
 
 const CodecEntry& sign_entry() {
-  static const CodecEntry e{CodecKind::sign, "sign",
+  static const CodecEntry e{CodecKind::sign,
+                            "sign",
                             "scaled sign: 1 bit per element + scale = mean |x| (EF-signSGD)",
                             {},
                             make_sign,

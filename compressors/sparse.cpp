@@ -109,7 +109,7 @@ class SparseCodec final : public CodecImpl {
  public:
   Mode mode = Mode::topk;
   CodecKind kind_id = CodecKind::topk;
-  double ratio = 0;   // > 0 when k comes from a ratio
+  double ratio = 0;     // > 0 when k comes from a ratio
   std::uint64_t k = 0;  // when given directly
   double tau = 0;
   bool scale = false;
@@ -158,7 +158,6 @@ class SparseCodec final : public CodecImpl {
     return header_bytes(Layout{16, 2}) + nnz * entry_bytes(n);
   }
   std::size_t max_bytes(std::size_t n) const override { return payload_bytes(n, selected(n)); }
-
 
   // Without error feedback e_old == e_new == nullptr and the values come from x; with it they
   // come from v = x + e_old, which the selection pass leaves in e_new.
@@ -239,10 +238,9 @@ class SparseCodec final : public CodecImpl {
     std::byte* data = write_header(out, kind_id, n, params, {nnz * ib, nnz * vb});
     std::byte* ip = data;
     std::byte* vp = data + nnz * ib;
-    const float mul =
-        (mode == Mode::randomk && scale && nnz > 0)
-            ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
-            : 1.0f;
+    const float mul = (mode == Mode::randomk && scale && nnz > 0)
+                          ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
+                          : 1.0f;
     for (std::size_t j = 0; j < nnz; ++j) {
       const std::uint64_t i = idx[j];
       if (ib == 4) {
@@ -302,11 +300,11 @@ void validate_sparse(const Payload& p) {
   }
   if (ib != index_bytes_for(p.n)) {
     bad_payload("index width " + std::to_string(ib) + " bytes, expected " +
-                std::to_string(index_bytes_for(p.n)) + " for " + std::to_string(p.n) +
-                " elements");
+                std::to_string(index_bytes_for(p.n)) + " for " + std::to_string(p.n) + " elements");
   }
   for (int i = 2; i < 8; ++i) {
-    if (pr[i] != std::byte{0}) bad_payload("reserved parameter byte " + std::to_string(i) + " is not zero");
+    if (pr[i] != std::byte{0})
+      bad_payload("reserved parameter byte " + std::to_string(i) + " is not zero");
   }
   if (nnz > p.n) {
     bad_payload(std::to_string(nnz) + " entries for " + std::to_string(p.n) + " elements");
@@ -322,7 +320,8 @@ void validate_sparse(const Payload& p) {
   const std::byte* ip = p.sections[0].data;
   std::uint64_t prev = 0;
   for (std::uint64_t j = 0; j < nnz; ++j) {
-    const std::uint64_t i = ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
+    const std::uint64_t i =
+        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
     if (i >= p.n) {
       bad_payload("index " + std::to_string(i) + " (entry " + std::to_string(j) +
                   ") is out of range for " + std::to_string(p.n) + " elements");
@@ -348,19 +347,23 @@ void decode_add_sparse(const Payload& p, float* acc, float alpha) {
   const std::byte* ip = p.sections[0].data;
   const std::byte* vp = p.sections[1].data;
   for (std::uint64_t j = 0; j < nnz; ++j) {
-    const std::uint64_t i = ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
-    const float v = f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
+    const std::uint64_t i =
+        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
+    const float v =
+        f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
     acc[i] += alpha * v;
   }
 }
 
 std::string describe_sparse(const Payload& p) {
   return "nnz=" + std::to_string(load_le<std::uint64_t>(p.params + 8)) + ",index=u" +
-         std::to_string(8 * static_cast<int>(p.params[1])) + ",values=" +
-         (static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? "fp16" : "fp32");
+         std::to_string(8 * static_cast<int>(p.params[1])) +
+         ",values=" + (static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? "fp16" : "fp32");
 }
 
-std::unique_ptr<CodecImpl> make_topk(SpecReader& s) { return make_sparse(s, Mode::topk, CodecKind::topk); }
+std::unique_ptr<CodecImpl> make_topk(SpecReader& s) {
+  return make_sparse(s, Mode::topk, CodecKind::topk);
+}
 std::unique_ptr<CodecImpl> make_randomk(SpecReader& s) {
   return make_sparse(s, Mode::randomk, CodecKind::randomk);
 }
@@ -376,25 +379,39 @@ const std::vector<SpecKey> kRatioKeys = {
 }  // namespace
 
 const CodecEntry& topk_entry() {
-  static const CodecEntry e{CodecKind::topk, "topk",
+  static const CodecEntry e{CodecKind::topk,
+                            "topk",
                             "the k largest |x| exactly; indices ascending, ties to the lower index",
-                            kRatioKeys, make_topk, validate_sparse, decode_add_sparse,
+                            kRatioKeys,
+                            make_topk,
+                            validate_sparse,
+                            decode_add_sparse,
                             describe_sparse};
   return e;
 }
 const CodecEntry& randomk_entry() {
-  static const CodecEntry e{
-      CodecKind::randomk, "randomk", "k distinct indices drawn from the seed (Philox)",
-      {kRatioKeys[0], kRatioKeys[1],
-       {"scale", "false", "multiply values by n/k so the decode is unbiased"},
-       kRatioKeys[2]},
-      make_randomk, validate_sparse, decode_add_sparse, describe_sparse};
+  static const CodecEntry e{CodecKind::randomk,
+                            "randomk",
+                            "k distinct indices drawn from the seed (Philox)",
+                            {kRatioKeys[0],
+                             kRatioKeys[1],
+                             {"scale", "false", "multiply values by n/k so the decode is unbiased"},
+                             kRatioKeys[2]},
+                            make_randomk,
+                            validate_sparse,
+                            decode_add_sparse,
+                            describe_sparse};
   return e;
 }
 const CodecEntry& threshold_entry() {
-  static const CodecEntry e{CodecKind::threshold, "threshold", "every element with |x| >= tau",
+  static const CodecEntry e{CodecKind::threshold,
+                            "threshold",
+                            "every element with |x| >= tau",
                             {{"tau", "", "the threshold, T >= 0 (required)"}, kRatioKeys[2]},
-                            make_threshold, validate_sparse, decode_add_sparse, describe_sparse};
+                            make_threshold,
+                            validate_sparse,
+                            decode_add_sparse,
+                            describe_sparse};
   return e;
 }
 

@@ -24,7 +24,8 @@ SpecReader::SpecReader(std::string_view spec) : text_(spec) {
   const auto colon = spec.find(':');
   name_ = std::string(spec.substr(0, colon));
   if (name_.empty()) fail("the codec name is empty");
-  if (!valid_word(name_)) fail("'" + name_ + "' is not a codec name (lowercase letters and digits)");
+  if (!valid_word(name_))
+    fail("'" + name_ + "' is not a codec name (lowercase letters and digits)");
   if (colon == std::string_view::npos) return;
   std::string_view rest = spec.substr(colon + 1);
   if (rest.empty()) fail("nothing follows ':' (expected key=value)");

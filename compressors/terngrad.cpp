@@ -63,17 +63,16 @@ BlockStats block_stats(const float* v, std::size_t len) {
   }
 #endif
   s.sum = lane_sum(v, len, [](float a) { return static_cast<double>(a); });
-  s.sum_squares = lane_sum(v, len, [](float a) {
-    return static_cast<double>(a) * static_cast<double>(a);
-  });
+  s.sum_squares =
+      lane_sum(v, len, [](float a) { return static_cast<double>(a) * static_cast<double>(a); });
   for (; i < len; ++i) mx = std::max(mx, abs_bits(v[i]));
   s.max_abs_bits = mx;
   return s;
 }
 
 struct Ternary {
-  float s = 0;      // the scaler
-  float c = 0;      // clip bound
+  float s = 0;  // the scaler
+  float c = 0;  // clip bound
   bool clip = false;
 };
 
@@ -220,15 +219,18 @@ std::unique_ptr<CodecImpl> make_terngrad(SpecReader& spec) {
 
 void validate_terngrad(const Payload& p) {
   const float clip = load_le<float>(p.params);
-  if (!(clip >= 0) || !std::isfinite(clip)) bad_payload("terngrad clip parameter is not a finite value >= 0");
+  if (!(clip >= 0) || !std::isfinite(clip))
+    bad_payload("terngrad clip parameter is not a finite value >= 0");
   const std::uint64_t code_bytes = ceil_div(2 * p.n, 8);
-  if (p.n > (std::uint64_t{1} << 62) || p.sections[0].size != 4 || p.sections[1].size != code_bytes) {
+  if (p.n > (std::uint64_t{1} << 62) || p.sections[0].size != 4 ||
+      p.sections[1].size != code_bytes) {
     bad_payload("terngrad sections of " + std::to_string(p.sections[0].size) + " and " +
                 std::to_string(p.sections[1].size) + " bytes, expected 4 and " +
                 std::to_string(code_bytes) + " for " + std::to_string(p.n) + " elements");
   }
   const std::uint32_t s = load_le<std::uint32_t>(p.sections[0].data);
-  if ((s & kInfBits) == kInfBits || (s >> 31) != 0) bad_payload("terngrad scaler is negative, NaN or Inf");
+  if ((s & kInfBits) == kInfBits || (s >> 31) != 0)
+    bad_payload("terngrad scaler is negative, NaN or Inf");
   const std::byte* c = p.sections[1].data;
   // A pair 0b11 has both its bits set: w & (w >> 1) & 0x55.. is nonzero exactly then.
   std::uint64_t any = 0;
@@ -244,10 +246,12 @@ void validate_terngrad(const Payload& p) {
   if (any != 0) {
     for (j = 0; j < code_bytes; ++j) {
       const auto b = static_cast<std::uint32_t>(c[j]);
-      if ((b & (b >> 1) & 0x55u) != 0) bad_payload("invalid terngrad code 3 in byte " + std::to_string(j));
+      if ((b & (b >> 1) & 0x55u) != 0)
+        bad_payload("invalid terngrad code 3 in byte " + std::to_string(j));
     }
   }
-  if (!padding_is_zero(c, code_bytes, 2 * p.n)) bad_payload("terngrad code padding bits are not zero");
+  if (!padding_is_zero(c, code_bytes, 2 * p.n))
+    bad_payload("terngrad code padding bits are not zero");
 }
 
 void decode_add_terngrad(const Payload& p, float* acc, float alpha) {
@@ -288,10 +292,14 @@ std::string describe_terngrad(const Payload& p) {
 
 const CodecEntry& terngrad_entry() {
   static const CodecEntry e{
-      CodecKind::terngrad, "terngrad",
+      CodecKind::terngrad,
+      "terngrad",
       "TernGrad: s * {-1, 0, +1} per element (2 bits), s = max |g| after clipping to c sigma",
       {{"clip", "2.5", "clip to +-clip * standard deviation first; 0 disables clipping"}},
-      make_terngrad, validate_terngrad, decode_add_terngrad, describe_terngrad};
+      make_terngrad,
+      validate_terngrad,
+      decode_add_terngrad,
+      describe_terngrad};
   return e;
 }
 

@@ -46,7 +46,9 @@ bool layout_of(std::uint8_t codec_id, Layout* out) noexcept {
   return false;
 }
 
-void bad_payload(const std::string& why) { throw Error(Status::bad_payload, "bad payload: " + why); }
+void bad_payload(const std::string& why) {
+  throw Error(Status::bad_payload, "bad payload: " + why);
+}
 
 std::byte* write_header(std::byte* out, CodecKind kind, std::uint64_t n, const std::byte* params,
                         std::initializer_list<std::uint64_t> section_sizes) {
@@ -82,8 +84,10 @@ Payload parse_payload(std::span<const std::byte> bytes) {
   Payload p;
   p.version = static_cast<int>(b[4]);
   if (p.version != kWireVersion) {
-    bad_payload("format version " + std::to_string(p.version) + " is not supported (this build "
-                "reads version " + std::to_string(kWireVersion) + ")");
+    bad_payload("format version " + std::to_string(p.version) +
+                " is not supported (this build "
+                "reads version " +
+                std::to_string(kWireVersion) + ")");
   }
   const auto id = static_cast<std::uint8_t>(b[5]);
   Layout l{};

@@ -1,7 +1,6 @@
 // The C API from C++: statuses, last-error messages, the written/capacity contract, NULLs.
-#include <gtest/gtest.h>
-
 #include <gcomp/gcomp.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
@@ -27,7 +26,8 @@ TEST(CApi, RoundTripWithErrorFeedback) {
 
   gcomp_ef ef = nullptr;
   ASSERT_EQ(gcomp_ef_create(x.size(), &ef), GCOMP_OK);
-  ASSERT_EQ(gcomp_encode_ef(codec, ef, x.data(), x.size(), 2, buf.data(), buf.size(), &written), GCOMP_OK);
+  ASSERT_EQ(gcomp_encode_ef(codec, ef, x.data(), x.size(), 2, buf.data(), buf.size(), &written),
+            GCOMP_OK);
   EXPECT_EQ(gcomp_encode_ef(codec, ef, x.data(), x.size() - 1, 2, buf.data(), buf.size(), &written),
             GCOMP_ERR_INVALID_ARGUMENT);
   gcomp_ef_destroy(ef);
@@ -51,7 +51,8 @@ TEST(CApi, ErrorsCarryStatusAndMessage) {
   x[1] = 0.5f;
   EXPECT_EQ(gcomp_encode(codec, x, 3, 0, out, 4, &written), GCOMP_ERR_BUFFER_TOO_SMALL);
   EXPECT_EQ(written, gcomp_codec_max_bytes(codec, 3));
-  EXPECT_EQ(gcomp_encode(codec, nullptr, 3, 0, out, sizeof out, &written), GCOMP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(gcomp_encode(codec, nullptr, 3, 0, out, sizeof out, &written),
+            GCOMP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(gcomp_encode(codec, x, 3, 0, out, sizeof out, nullptr), GCOMP_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(gcomp_encode(nullptr, x, 3, 0, out, sizeof out, &written), GCOMP_ERR_INVALID_ARGUMENT);
   ASSERT_EQ(gcomp_encode(codec, x, 3, 0, out, sizeof out, &written), GCOMP_OK);

@@ -1,18 +1,17 @@
 /* gcomp.h from C99: create a codec, encode with error feedback, decode, read an error. */
 #include <gcomp/gcomp.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond)                                                  \
-  do {                                                               \
-    if (!(cond)) {                                                   \
+#define CHECK(cond)                                                                \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
       fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-              gcomp_last_error());                                   \
-      return 1;                                                      \
-    }                                                                \
+              gcomp_last_error());                                                 \
+      return 1;                                                                    \
+    }                                                                              \
   } while (0)
 
 int main(void) {

@@ -55,8 +55,8 @@ TEST(Fp16, MidpointsRoundToEvenAndNeighboursToNearest) {
 }
 
 TEST(Fp16, SaturatesInsteadOfInf) {
-  const std::vector<float> x = {65504.0f, 65519.0f, 65520.0f, 1e10f, -1e10f, 3.4e38f, 1e-8f,
-                                5.9604645e-08f, 2.9802322e-08f, 8.940697e-08f};
+  const std::vector<float> x = {65504.0f, 65519.0f, 65520.0f,       1e10f,          -1e10f,
+                                3.4e38f,  1e-8f,    5.9604645e-08f, 2.9802322e-08f, 8.940697e-08f};
   const std::vector<std::uint16_t> want = {0x7bff, 0x7bff, 0x7bff, 0x7bff, 0xfbff,
                                            0x7bff, 0x0000, 0x0001, 0x0000, 0x0002};
   EXPECT_EQ(halves("fp16", x), want);
@@ -92,7 +92,8 @@ TEST(Sign, ScaleIsMeanAbsAndBitsAreSigns) {
 }
 
 TEST(Qsgd, LevelsNormsAndBound) {
-  for (const char* spec : {"qsgd", "qsgd:bits=8", "qsgd:bits=2,bucket=64", "qsgd:bits=3,bucket=100"}) {
+  for (const char* spec :
+       {"qsgd", "qsgd:bits=8", "qsgd:bits=2,bucket=64", "qsgd:bits=3,bucket=100"}) {
     const Codec c(spec);
     const int bits = c.spec()[10] - '0';
     const std::size_t bucket = std::stoul(c.spec().substr(c.spec().find("bucket=") + 7));
@@ -128,8 +129,8 @@ TEST(TernGrad, ValuesAreMinusZeroPlusScaler) {
   const double mean = sum / static_cast<double>(x.size());
   const double sigma = std::sqrt(sum2 / static_cast<double>(x.size()) - mean * mean);
   const float clipped = std::min(max_abs, static_cast<float>(2.5 * sigma));
-  for (const auto& [spec, s] : {std::pair<std::string, float>{"terngrad:clip=0", max_abs},
-                                {"terngrad", clipped}}) {
+  for (const auto& [spec, s] :
+       {std::pair<std::string, float>{"terngrad:clip=0", max_abs}, {"terngrad", clipped}}) {
     const auto y = test::decode(Codec(spec).encode(x, 3), x.size());
     std::size_t nonzero = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {

@@ -84,7 +84,8 @@ TEST_P(Edge, NonFiniteInputIsRejectedWithItsIndex) {
         ADD_FAILURE() << GetParam() << " accepted " << bad;
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), Status::nonfinite);
-        EXPECT_NE(std::string(e.what()).find("element " + std::to_string(std::min(at, 40000 - at / 2)) + " "),
+        EXPECT_NE(std::string(e.what()).find("element " +
+                                             std::to_string(std::min(at, 40000 - at / 2)) + " "),
                   std::string::npos)
             << e.what();
       }
@@ -98,7 +99,8 @@ TEST_P(Edge, HugeValuesStayFinite) {
   x[1] = -FLT_MAX;
   x[2] = 3e38f;
   const auto y = round_trip(x);
-  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(std::isfinite(y[i])) << GetParam() << " " << i;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ASSERT_TRUE(std::isfinite(y[i])) << GetParam() << " " << i;
   if (codec.kind() == CodecKind::none) EXPECT_EQ(y, x);
   std::vector<float> acc(x.size(), 0.0f);
   decode_add(codec.encode(x, 1), acc, 0.5f);

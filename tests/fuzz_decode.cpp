@@ -1,10 +1,9 @@
 // libFuzzer target: any bytes through inspect() and decode_add() must give a result or a
 // gcomp::Error, never a crash, a sanitizer report or a hang; and whatever inspect() accepts,
 // decode_add() decodes. Build with GCOMP_FUZZ=ON (clang).
-#include <gcomp/codec.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <gcomp/codec.hpp>
 #include <vector>
 
 #include "bytes.hpp"
@@ -40,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       size >= gcomp::detail::header_bytes(l)) {
     std::vector<std::byte> copy(bytes, bytes + size);
     const std::size_t at = gcomp::detail::header_bytes(l) - 4;
-    gcomp::detail::store_le<std::uint32_t>(copy.data() + at, gcomp::detail::crc32c(copy.data(), at));
+    gcomp::detail::store_le<std::uint32_t>(copy.data() + at,
+                                           gcomp::detail::crc32c(copy.data(), at));
     check(copy);
   }
   return 0;

@@ -1,12 +1,11 @@
 // The Philox stream: Random123's known-answer vectors, the SIMD batch generator against the
 // Random123 reference, and the stream layout the CPU and CUDA codecs share.
-#include <gtest/gtest.h>
+#include "philox.hpp"
 
 #include <Random123/philox.h>
+#include <gtest/gtest.h>
 
 #include <vector>
-
-#include "philox.hpp"
 
 namespace gcomp::detail {
 namespace {
@@ -45,8 +44,9 @@ TEST(Philox, StreamLayout) {
   const PhiloxStream s = philox_stream(seed, CodecKind::terngrad);
   r123::Philox4x32 rng;
   const std::uint64_t block = 8 * 5 + 3;  // g = 5, j = 3
-  const auto r = rng({{static_cast<std::uint32_t>(block), 0, static_cast<std::uint32_t>(CodecKind::terngrad), 0}},
-                     {{0x89abcdefu, 0x01234567u}});
+  const auto r = rng(
+      {{static_cast<std::uint32_t>(block), 0, static_cast<std::uint32_t>(CodecKind::terngrad), 0}},
+      {{0x89abcdefu, 0x01234567u}});
   for (std::uint32_t w = 0; w < 4; ++w) EXPECT_EQ(philox_word(s, 32 * 5 + 8 * w + 3), r[w]);
   // 16-bit draws: the low half first.
   EXPECT_EQ(philox_half(s, 2 * (32 * 5 + 3)), r[0] & 0xffffu);

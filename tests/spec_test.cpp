@@ -12,7 +12,8 @@ TEST(Spec, CanonicalForms) {
   EXPECT_EQ(Codec("fp16").spec(), "fp16");
   EXPECT_EQ(Codec("topk:ratio=0.01").spec(), "topk:ratio=0.01,values=fp32");
   EXPECT_EQ(Codec("topk:k=10,values=fp16").spec(), "topk:k=10,values=fp16");
-  EXPECT_EQ(Codec("randomk:ratio=0.5,scale=true").spec(), "randomk:ratio=0.5,scale=true,values=fp32");
+  EXPECT_EQ(Codec("randomk:ratio=0.5,scale=true").spec(),
+            "randomk:ratio=0.5,scale=true,values=fp32");
   EXPECT_EQ(Codec("threshold:tau=0.25").spec(), "threshold:tau=0.25,values=fp32");
   EXPECT_EQ(Codec("qsgd").spec(), "qsgd:bits=4,bucket=512");
   EXPECT_EQ(Codec("qsgd:bucket=128,bits=8").spec(), "qsgd:bits=8,bucket=128");
@@ -38,9 +39,9 @@ TEST(Spec, Properties) {
 TEST(Spec, KFromRatio) {
   const Codec c("topk:ratio=0.01");
   EXPECT_EQ(c.selected(0), 0u);
-  EXPECT_EQ(c.selected(1), 1u);     // max(1, round(0.01))
-  EXPECT_EQ(c.selected(149), 1u);   // round(1.49)
-  EXPECT_EQ(c.selected(150), 2u);   // round(1.5) = 2
+  EXPECT_EQ(c.selected(1), 1u);    // max(1, round(0.01))
+  EXPECT_EQ(c.selected(149), 1u);  // round(1.49)
+  EXPECT_EQ(c.selected(150), 2u);  // round(1.5) = 2
   EXPECT_EQ(c.selected(1000000), 10000u);
   EXPECT_EQ(Codec("topk:ratio=1").selected(17), 17u);
   EXPECT_EQ(Codec("topk:k=100").selected(17), 17u);  // capped at n
@@ -55,7 +56,8 @@ void expect_bad(const std::string& spec, const std::string& part) {
     EXPECT_EQ(e.code(), Status::invalid_argument) << spec;
     const std::string msg = e.what();
     EXPECT_NE(msg.find("'" + spec + "'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(part), std::string::npos) << "message '" << msg << "' lacks '" << part << "'";
+    EXPECT_NE(msg.find(part), std::string::npos)
+        << "message '" << msg << "' lacks '" << part << "'";
   }
 }
 

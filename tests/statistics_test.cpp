@@ -70,7 +70,8 @@ double norm2(const std::vector<float>& x, std::size_t b, std::size_t e) {
 }
 
 void check_qsgd(int bits, std::size_t bucket) {
-  const std::string spec = "qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket);
+  const std::string spec =
+      "qsgd:bits=" + std::to_string(bits) + ",bucket=" + std::to_string(bucket);
   const auto x = test::normal(2048, 31);
   const double s = (1 << (bits - 1)) - 1;
   std::vector<double> step(x.size());

@@ -1,9 +1,8 @@
 // Helpers shared by the unit tests: inputs with a fixed seed, and encode/decode shorthands.
 #pragma once
 
-#include <gcomp/codec.hpp>
-
 #include <cstdint>
+#include <gcomp/codec.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,13 +27,23 @@ inline std::vector<float> decode(const std::vector<std::byte>& p, std::size_t n)
 // The codec specs the tests sweep: every codec, and the variants that take other code paths
 // (fp16 values, buckets that are not a multiple of 16, odd bit widths).
 inline const std::vector<std::string>& all_specs() {
-  static const std::vector<std::string> s = {
-      "none",          "fp16",          "bf16",
-      "topk:ratio=0.01", "topk:k=7,values=fp16", "randomk:ratio=0.05",
-      "randomk:ratio=0.1,scale=true", "threshold:tau=1.5", "threshold:tau=1,values=fp16",
-      "qsgd",          "qsgd:bits=8",   "qsgd:bits=2,bucket=64",
-      "qsgd:bits=3,bucket=100", "qsgd:bits=7,bucket=1", "terngrad",
-      "terngrad:clip=0", "sign"};
+  static const std::vector<std::string> s = {"none",
+                                             "fp16",
+                                             "bf16",
+                                             "topk:ratio=0.01",
+                                             "topk:k=7,values=fp16",
+                                             "randomk:ratio=0.05",
+                                             "randomk:ratio=0.1,scale=true",
+                                             "threshold:tau=1.5",
+                                             "threshold:tau=1,values=fp16",
+                                             "qsgd",
+                                             "qsgd:bits=8",
+                                             "qsgd:bits=2,bucket=64",
+                                             "qsgd:bits=3,bucket=100",
+                                             "qsgd:bits=7,bucket=1",
+                                             "terngrad",
+                                             "terngrad:clip=0",
+                                             "sign"};
   return s;
 }
 

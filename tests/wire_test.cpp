@@ -1,5 +1,7 @@
 // The wire format rejects every malformed payload with Status::bad_payload (or mismatch for a
 // caller whose n differs), and never touches the accumulator when it does.
+#include "wire.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,7 +9,6 @@
 
 #include "bytes.hpp"
 #include "test_util.hpp"
-#include "wire.hpp"
 
 namespace gcomp {
 namespace {
@@ -59,7 +60,8 @@ TEST_P(Wire, EveryHeaderBitFlipIsRejected) {
     for (int bit = 0; bit < 8; ++bit) {
       auto q = p;
       q[i] ^= static_cast<std::byte>(1 << bit);
-      ASSERT_EQ(decode_status(q, n), Status::bad_payload) << GetParam() << " byte " << i << " bit " << bit;
+      ASSERT_EQ(decode_status(q, n), Status::bad_payload)
+          << GetParam() << " byte " << i << " bit " << bit;
     }
   }
 }
@@ -100,7 +102,8 @@ std::vector<std::byte> sparse_payload(std::uint64_t n, const std::vector<std::ui
   std::byte params[16] = {};
   params[1] = std::byte{4};
   store_le<std::uint64_t>(params + 8, idx.size());
-  std::byte* d = detail::write_header(p.data(), CodecKind::topk, n, params, {4 * idx.size(), 4 * val.size()});
+  std::byte* d =
+      detail::write_header(p.data(), CodecKind::topk, n, params, {4 * idx.size(), 4 * val.size()});
   for (std::size_t j = 0; j < idx.size(); ++j) {
     store_le<std::uint32_t>(d + 4 * j, idx[j]);
     store_le<float>(d + 4 * idx.size() + 4 * j, val[j]);
@@ -118,7 +121,8 @@ TEST(WireSparse, IndicesMustBeInRangeAndStrictlyIncreasing) {
   // More entries than elements.
   std::vector<std::uint32_t> many(11);
   for (std::uint32_t i = 0; i < 11; ++i) many[i] = i;
-  EXPECT_EQ(decode_status(sparse_payload(10, many, std::vector<float>(11, 1.0f)), 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(sparse_payload(10, many, std::vector<float>(11, 1.0f)), 10),
+            Status::bad_payload);
   // Non-finite values.
   EXPECT_EQ(decode_status(sparse_payload(10, {1}, {std::numeric_limits<float>::infinity()}), 10),
             Status::bad_payload);

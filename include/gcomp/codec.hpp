@@ -37,9 +37,9 @@ const char* codec_name(CodecKind kind) noexcept;
 
 // What a codec promises; the collectives choose their algorithm from this.
 struct CodecProperties {
-  bool sparse = false;      // sends (index, value) pairs; the sum of payloads stays sparse
-  bool unbiased = false;    // E[decode(encode(x))] == x over seeds
-  bool stochastic = false;  // the bytes depend on the seed
+  bool sparse = false;           // sends (index, value) pairs; the sum of payloads stays sparse
+  bool unbiased = false;         // E[decode(encode(x))] == x over seeds
+  bool stochastic = false;       // the bytes depend on the seed
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
 };
 
@@ -131,9 +131,9 @@ struct PayloadInfo {
   CodecKind kind{};
   int version = 0;
   std::uint64_t elements = 0;
-  std::string params;                 // "bits=4,bucket=512", "nnz=100,index=u32,values=fp32", ...
+  std::string params;                   // "bits=4,bucket=512", "nnz=100,index=u32,values=fp32", ...
   std::vector<std::uint64_t> sections;  // byte length of each section, in order
-  std::size_t header_bytes = 0;       // fixed header + parameters + section table
+  std::size_t header_bytes = 0;         // fixed header + parameters + section table
   std::size_t total_bytes = 0;
 };
 PayloadInfo inspect(std::span<const std::byte> payload);

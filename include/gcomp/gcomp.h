@@ -1,9 +1,9 @@
 /* gcomp C API: gradient compressors behind an opaque handle, usable from C99.
  *
  * A codec is built from a spec string ("topk:ratio=0.01", "qsgd:bits=4", "sign", ...; `gcomp list`
- * prints them all). It encodes a float32 tensor into a self-describing payload (docs/wire-format.md)
- * and any payload can be added back into a dense accumulator with gcomp_decode_add(), which needs
- * no codec handle because the payload names its codec.
+ * prints them all). It encodes a float32 tensor into a self-describing payload
+ * (docs/wire-format.md) and any payload can be added back into a dense accumulator with
+ * gcomp_decode_add(), which needs no codec handle because the payload names its codec.
  *
  * Errors: every call that can fail returns a gcomp_status; on failure gcomp_last_error() returns a
  * message for this thread that names the offending value. No C++ exception crosses this API.

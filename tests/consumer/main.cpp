@@ -1,7 +1,6 @@
 // Uses the installed C++ API: encode with top-k and error feedback, decode.
-#include <gcomp/codec.hpp>
-
 #include <cstdio>
+#include <gcomp/codec.hpp>
 #include <vector>
 
 int main() {
