@@ -3,23 +3,21 @@
 #include <new>
 #include <string>
 
-#include "gcomp/codec.hpp"
-#include "gcomp/gcomp.h"
+#include "c_handles.hpp"
 
-struct gcomp_codec_s {
-  gcomp::Codec codec;
-};
-struct gcomp_ef_s {
-  gcomp::ErrorFeedback ef;
-};
+namespace {
+thread_local std::string last_error;
+}  // namespace
+
+gcomp_status gcomp::detail::set_last_error(gcomp_status s, std::string message) {
+  last_error = std::move(message);
+  return s;
+}
 
 namespace {
 
-thread_local std::string last_error;
-
 gcomp_status fail(gcomp_status s, std::string message) {
-  last_error = std::move(message);
-  return s;
+  return gcomp::detail::set_last_error(s, std::move(message));
 }
 
 // Runs f and maps what it throws onto a status.

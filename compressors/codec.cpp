@@ -2,9 +2,12 @@
 // inspect. Everything codec-specific lives in the family files; this file only dispatches.
 #include "gcomp/codec.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
+#include "bytes.hpp"
+#include "chunks.hpp"
 #include "codec_impl.hpp"
 #include "nonfinite.hpp"
 #include "parallel.hpp"
@@ -141,6 +144,43 @@ std::vector<std::byte> Codec::encode_ef(ErrorFeedback& ef, std::span<const float
   return out;
 }
 
+std::size_t Codec::encode_ef(std::span<const float> x, std::span<const float> e_old,
+                             std::span<float> e_new, std::uint64_t seed,
+                             std::span<std::byte> out) const {
+  if (e_old.size() != x.size() || e_new.size() != x.size()) {
+    throw Error(Status::invalid_argument,
+                "error-feedback buffers of " + std::to_string(e_old.size()) + " and " +
+                    std::to_string(e_new.size()) + " elements for an input of " +
+                    std::to_string(x.size()));
+  }
+  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  return impl_->encode(x.data(), e_old.data(), e_new.data(), x.size(), seed, out.data(),
+                       out.size());
+}
+
+void check_finite(std::span<const float> x, std::span<const float> residual) {
+  if (!residual.empty() && residual.size() != x.size()) {
+    throw Error(Status::invalid_argument, "residual of " + std::to_string(residual.size()) +
+                                              " elements for an input of " +
+                                              std::to_string(x.size()));
+  }
+  std::atomic<bool> bad{false};
+  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
+    std::uint32_t m = detail::kInfBits;
+    if (residual.empty()) {
+      for (std::size_t i = b; i < e; ++i) m = std::min(m, ~detail::float_bits(x[i]) & detail::kInfBits);
+    } else {
+      for (std::size_t i = b; i < e; ++i) {
+        m = std::min(m, ~detail::float_bits(x[i] + residual[i]) & detail::kInfBits);
+      }
+    }
+    if (m == 0) bad.store(true, std::memory_order_relaxed);
+  });
+  if (!bad.load()) return;
+  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
+  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+}
+
 ErrorFeedback::ErrorFeedback(std::size_t n) : residual_(n, 0.0f) {}
 
 void ErrorFeedback::reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
@@ -167,6 +207,10 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
   if (acc.data() == nullptr && !acc.empty())
     throw Error(Status::invalid_argument, "accumulator is null");
   e->decode_add(p, acc.data(), alpha);
+}
+
+void sparse_entries(std::span<const std::byte> payload, SparseEntries& out) {
+  detail::read_sparse_entries(detail::parse_payload(payload), out);
 }
 
 PayloadInfo inspect(std::span<const std::byte> payload) {

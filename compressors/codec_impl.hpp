@@ -60,6 +60,9 @@ const CodecEntry& qsgd_entry();
 const CodecEntry& terngrad_entry();
 const CodecEntry& sign_entry();
 
+// The entries of a parsed sparse payload (sparse.cpp); throws for other codecs or bad payloads.
+void read_sparse_entries(const Payload& p, SparseEntries& out);
+
 // Throws Error(buffer_too_small) when need > cap.
 void require_capacity(std::size_t need, std::size_t cap);
 

@@ -378,6 +378,27 @@ const std::vector<SpecKey> kRatioKeys = {
 
 }  // namespace
 
+void read_sparse_entries(const Payload& p, SparseEntries& out) {
+  if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk &&
+      p.kind != CodecKind::threshold) {
+    throw Error(Status::invalid_argument,
+                std::string("sparse_entries: a ") + codec_name(p.kind) + " payload is not sparse");
+  }
+  validate_sparse(p);
+  const bool f16 = static_cast<std::uint8_t>(p.params[0]) == kValuesF16;
+  const auto ib = static_cast<std::uint8_t>(p.params[1]);
+  const auto nnz = load_le<std::uint64_t>(p.params + 8);
+  const std::byte* ip = p.sections[0].data;
+  const std::byte* vp = p.sections[1].data;
+  out.elements = p.n;
+  out.indices.resize(nnz);
+  out.values.resize(nnz);
+  for (std::uint64_t j = 0; j < nnz; ++j) {
+    out.indices[j] = ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
+    out.values[j] = f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
+  }
+}
+
 const CodecEntry& topk_entry() {
   static const CodecEntry e{CodecKind::topk,
                             "topk",

@@ -94,6 +94,13 @@ class Codec {
   std::vector<std::byte> encode_ef(ErrorFeedback& ef, std::span<const float> x,
                                    std::uint64_t seed = 0) const;
 
+  // Error feedback on caller-owned memory (a slice of a tensor, as the collectives need):
+  // v = x + e_old; payload = C(v); e_new = v - D(payload). e_new must not overlap x or e_old and
+  // is written only in part when this throws.
+  std::size_t encode_ef(std::span<const float> x, std::span<const float> e_old,
+                        std::span<float> e_new, std::uint64_t seed,
+                        std::span<std::byte> out) const;
+
   const detail::CodecImpl& impl() const noexcept { return *impl_; }
 
  private:
@@ -110,6 +117,10 @@ class ErrorFeedback {
   std::span<float> residual() noexcept { return residual_; }
   void reset();  // e = 0
 
+  // A second residual, for collectives that compress twice: compressed_reduce_scatter keeps the
+  // owner side of its chunk here. Empty until a collective sizes it.
+  std::vector<float>& secondary() noexcept { return secondary_; }
+
   // For the codecs: the buffer a new residual is written into, committed by commit() only when
   // the whole encode succeeded, so a failed call leaves the residual untouched.
   std::span<float> scratch();
@@ -118,6 +129,7 @@ class ErrorFeedback {
  private:
   std::vector<float> residual_;
   std::vector<float> scratch_;
+  std::vector<float> secondary_;
 };
 
 // acc[i] += alpha * decode(payload)[i]. The payload is validated in full first (known codec and
@@ -125,6 +137,19 @@ class ErrorFeedback {
 // on any error acc is unchanged. acc.size() must equal the payload's element count
 // (Error(mismatch) otherwise).
 void decode_add(std::span<const std::byte> payload, std::span<float> acc, float alpha = 1.0f);
+
+// The entries of a sparse payload (topk, randomk, threshold), validated as decode_add validates
+// them: indices strictly increasing and below `elements`, values as float32.
+struct SparseEntries {
+  std::uint64_t elements = 0;
+  std::vector<std::uint64_t> indices;
+  std::vector<float> values;
+};
+void sparse_entries(std::span<const std::byte> payload, SparseEntries& out);
+
+// Throws Error(nonfinite) naming the first element where x (or x + residual, when a residual of
+// the same size is given) is NaN or Inf, as encode would; returns quietly otherwise.
+void check_finite(std::span<const float> x, std::span<const float> residual = {});
 
 // A payload's header, validated as decode_add would validate the whole payload.
 struct PayloadInfo {

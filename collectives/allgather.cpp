@@ -1,0 +1,50 @@
+// allgather: the generic path for any codec. Every rank's whole-tensor payload goes to every
+// rank (MPI_Iallgatherv, preceded by an allgather of the payload sizes), and each rank adds all
+// of them, in rank order, into its output, so all ranks hold the same bits. With majority_vote
+// and the sign codec, the result is (sum of the ranks' scales) * sign(sum of their signs)
+// instead (signSGD with majority vote, Bernstein et al. 2018).
+//
+// Schedule: MPICH's allgatherv (recursive doubling or ring): log2(P) or P-1 rounds; each rank
+// sends its payload B_r to the P-1 others, (P-1) * B_r bytes, and receives sum_{s != r} B_s.
+#include <algorithm>
+#include <cmath>
+
+#include "algorithms.hpp"
+
+namespace gcomp::detail {
+
+void allgather_payloads(Job& job) {
+  encode_whole(job);
+  Gathered all;
+  allgatherv_bytes(job.comm, job.payload, all, job.traffic);
+  const double start = now();
+  const std::size_t n = job.out.size();
+  std::fill(job.out.begin(), job.out.end(), 0.0f);
+  if (job.majority_vote && job.codec->kind() == CodecKind::sign) {
+    std::vector<float> one(n);
+    std::vector<int> votes(n, 0);
+    double scales = 0;
+    for (int r = 0; r < job.size; ++r) {
+      std::fill(one.begin(), one.end(), 0.0f);
+      decode_add(all.of(r), one, 1.0f);
+      float scale = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        votes[i] += one[i] > 0 ? 1 : (one[i] < 0 ? -1 : 0);
+        scale = std::max(scale, std::fabs(one[i]));
+      }
+      scales += scale;
+    }
+    const auto total = static_cast<float>(scales);
+    for (std::size_t i = 0; i < n; ++i) {
+      job.out[i] = votes[i] > 0 ? total : (votes[i] < 0 ? -total : 0.0f);
+    }
+  } else {
+    for (int r = 0; r < job.size; ++r) decode_add(all.of(r), job.out, 1.0f);
+  }
+  job.decode_seconds += now() - start;
+  finish_average(job);
+}
+
+void run_allgather(Job& job) { allgather_payloads(job); }
+
+}  // namespace gcomp::detail

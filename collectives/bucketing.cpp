@@ -1,0 +1,140 @@
+// Bucketing (tensor fusion): a model's many tensors are copied into buckets of at most
+// bucket_bytes of float32 and each bucket is allreduced as one tensor, so small layers share
+// one collective's latency. Tensors with fewer than dense_below elements (biases, norms) are
+// fused into one more bucket that is summed uncompressed. Error feedback stays per tensor: each
+// tensor's residual is copied into the bucket's before the call and back after it, and
+// compressed_reduce_scatter's owner-side memory is kept per bucket layout.
+#include <cstring>
+#include <string>
+
+#include "gcomp/communicator.hpp"
+
+namespace gcomp {
+
+std::uint64_t signature_of(std::string_view text);
+
+void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
+                                     const Codec& codec, std::span<ErrorFeedback* const> efs,
+                                     const BucketOptions& options) {
+  // The plan: which tensors go into which bucket, decided from sizes only.
+  std::string layout = "buckets|" + std::to_string(options.bucket_bytes) + "|" +
+                       std::to_string(options.dense_below) + "|" + std::to_string(efs.size());
+  std::vector<std::vector<std::size_t>> buckets;
+  std::vector<std::size_t> small;
+  std::size_t fill = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const std::size_t n = tensors[t].size();
+    layout += '|';
+    layout += std::to_string(n);
+    if (n < options.dense_below) {
+      small.push_back(t);
+      continue;
+    }
+    const std::size_t bytes = 4 * n;
+    if (buckets.empty() || fill + bytes > options.bucket_bytes) {
+      buckets.emplace_back();
+      fill = 0;
+    }
+    buckets.back().push_back(t);
+    fill += bytes;
+  }
+  const std::uint64_t sig = signature_of(layout);
+
+  // Arguments that are wrong on this rank still take part, so that no rank waits.
+  const auto bad = [&]() -> std::string {
+    if (!efs.empty() && efs.size() != tensors.size()) {
+      return std::to_string(efs.size()) + " error-feedback memories for " +
+             std::to_string(tensors.size()) + " tensors";
+    }
+    for (std::size_t t = 0; t < efs.size(); ++t) {
+      if (efs[t] && efs[t]->size() != tensors[t].size()) {
+        return "error-feedback memory " + std::to_string(t) + " holds " +
+               std::to_string(efs[t]->size()) + " elements, its tensor " +
+               std::to_string(tensors[t].size());
+      }
+    }
+    return {};
+  }();
+  if (!bad.empty()) {
+    const Error e(Status::invalid_argument, bad);
+    run_call({}, {}, &codec, nullptr, options.allreduce, &e, sig);
+    throw e;
+  }
+
+  CallStats sum;
+  const auto add = [&](const CallStats& s) {
+    sum.bytes_sent += s.bytes_sent;
+    sum.bytes_received += s.bytes_received;
+    sum.encode_seconds += s.encode_seconds;
+    sum.comm_seconds += s.comm_seconds;
+    sum.decode_seconds += s.decode_seconds;
+    sum.algorithm = s.algorithm;
+  };
+  std::vector<float> fused;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    std::size_t len = 0;
+    for (std::size_t t : buckets[b]) len += tensors[t].size();
+    fused.resize(len);
+    const bool with_ef = !efs.empty();
+    ErrorFeedback bucket_ef(with_ef ? len : 0);
+    std::size_t off = 0;
+    for (std::size_t t : buckets[b]) {
+      const std::span<float> x = tensors[t];
+      std::memcpy(fused.data() + off, x.data(), 4 * x.size());
+      if (with_ef && efs[t]) {
+        const auto r = efs[t]->residual();
+        std::memcpy(bucket_ef.residual().data() + off, r.data(), 4 * r.size());
+      }
+      off += x.size();
+    }
+    const std::uint64_t bucket_sig = sig ^ (0x9e3779b97f4a7c15ull * (b + 1));
+    if (with_ef) bucket_ef.secondary().swap(owner_memory_[bucket_sig]);
+    AllreduceOptions opt = options.allreduce;
+    opt.tensor = options.allreduce.tensor * 1000003 + b;
+    run_call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr,
+              bucket_sig);
+    add(last_);
+    if (with_ef) bucket_ef.secondary().swap(owner_memory_[bucket_sig]);
+    off = 0;
+    for (std::size_t t : buckets[b]) {
+      const std::span<float> x = tensors[t];
+      std::memcpy(x.data(), fused.data() + off, 4 * x.size());
+      if (with_ef && efs[t]) {
+        std::memcpy(efs[t]->residual().data(), bucket_ef.residual().data() + off, 4 * x.size());
+      }
+      off += x.size();
+    }
+  }
+  static const Codec none("none");
+  if (buckets.empty() && small.empty()) {
+    // Nothing to sum, but still one agreement: a rank whose list differs must not be left alone.
+    AllreduceOptions opt = options.allreduce;
+    opt.algorithm = Algorithm::dense;
+    opt.majority_vote = false;
+    run_call({}, {}, &none, nullptr, opt, nullptr, sig);
+    return;
+  }
+  if (!small.empty()) {
+    std::size_t len = 0;
+    for (std::size_t t : small) len += tensors[t].size();
+    fused.resize(len);
+    std::size_t off = 0;
+    for (std::size_t t : small) {
+      std::memcpy(fused.data() + off, tensors[t].data(), 4 * tensors[t].size());
+      off += tensors[t].size();
+    }
+    AllreduceOptions opt = options.allreduce;
+    opt.algorithm = Algorithm::dense;
+    opt.majority_vote = false;
+    run_call(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
+    add(last_);
+    off = 0;
+    for (std::size_t t : small) {
+      std::memcpy(tensors[t].data(), fused.data() + off, 4 * tensors[t].size());
+      off += tensors[t].size();
+    }
+  }
+  last_ = sum;
+}
+
+}  // namespace gcomp

@@ -1,0 +1,510 @@
+// gcomp::Communicator: the call protocol around the algorithms.
+//
+// Every allreduce runs in three steps:
+//   1. local work that can fail (argument checks, the sparse codecs' encode, the dense codecs'
+//      check for NaN/Inf, a first calibration of the codec's speed);
+//   2. the agreement: one small MPI_Iallreduce with a user-defined operation over a struct that
+//      carries a hash of (spec, n, options, requested algorithm) as AND and OR (they differ iff
+//      some rank disagrees), the first failing rank and its status (MIN), the largest payload
+//      and entry counts and the slowest codec speeds (MAX): every rank learns the same things;
+//   3. if every rank is fine and all agree, the algorithm (the requested one, or the cost
+//      model's choice from the agreed numbers: the same on every rank) runs; otherwise every
+//      rank throws, none waits.
+#include "gcomp/communicator.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "algorithms.hpp"
+#include "gcomp/cost_model.hpp"
+#include "stream.hpp"
+
+namespace gcomp {
+
+namespace {
+
+constexpr const char* kAlgorithmNames[kAlgorithmCount] = {
+    "auto",      "dense",     "sparse_allgather", "sparse_recursive_doubling",
+    "sparse_split", "allgather", "compressed_reduce_scatter"};
+
+// ---- the agreement ----
+
+struct Agreement {
+  std::uint64_t sig_and;
+  std::uint64_t sig_or;
+  std::uint64_t fail;       // MIN of (status << 32 | rank); all ones when the rank is fine
+  std::uint64_t sent;       // MAX of the entries a sparse payload holds
+  std::uint64_t bytes;      // MAX of the whole-tensor payload bytes
+  std::uint64_t encode;     // MAX of the codec's encode seconds per element (double bits)
+  std::uint64_t decode;     // MAX of decode seconds per element or entry (double bits)
+  std::uint64_t reserved;
+};
+constexpr int kAgreementWords = sizeof(Agreement) / 8;
+static_assert(sizeof(Agreement) % 8 == 0);
+
+void combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const Agreement*>(in);
+  auto* b = static_cast<Agreement*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    b[i].sig_and &= a[i].sig_and;
+    b[i].sig_or |= a[i].sig_or;
+    b[i].fail = std::min(b[i].fail, a[i].fail);
+    b[i].sent = std::max(b[i].sent, a[i].sent);
+    b[i].bytes = std::max(b[i].bytes, a[i].bytes);
+    // Non-negative doubles order like their bit patterns.
+    b[i].encode = std::max(b[i].encode, a[i].encode);
+    b[i].decode = std::max(b[i].decode, a[i].decode);
+  }
+}
+
+struct AgreementMpi {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+};
+
+const AgreementMpi& agreement_mpi() {
+  static const AgreementMpi m = [] {
+    AgreementMpi r;
+    GCOMP_CHECK_MPI(MPI_Type_contiguous(kAgreementWords, MPI_UINT64_T, &r.type));
+    GCOMP_CHECK_MPI(MPI_Type_commit(&r.type));
+    GCOMP_CHECK_MPI(MPI_Op_create(&combine, 1, &r.op));
+    return r;
+  }();
+  return m;
+}
+
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(std::max(0.0, v)); }
+double bitsd(std::uint64_t v) { return std::bit_cast<double>(v); }
+
+// ---- measurements ----
+
+double measure_reduce_speed() {
+  constexpr std::size_t kN = std::size_t{1} << 20;
+  std::vector<float> a(kN, 1.0f), b(kN, 2.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double start = MPI_Wtime();
+    for (std::size_t i = 0; i < kN; ++i) a[i] += b[i];
+    best = std::min(best, MPI_Wtime() - start);
+  }
+  volatile float sink = a[kN / 2];
+  (void)sink;
+  return best / kN;
+}
+
+double measure_merge_speed() {
+  constexpr std::size_t kEntries = 1 << 16;
+  constexpr std::uint64_t kN = std::uint64_t{1} << 24;
+  std::mt19937_64 rng(1);
+  detail::Stream a, b;
+  for (detail::Stream* s : {&a, &b}) {
+    s->n = kN;
+    s->idx.resize(kEntries);
+    for (auto& i : s->idx) i = rng() % kN;
+    std::sort(s->idx.begin(), s->idx.end());
+    s->idx.erase(std::unique(s->idx.begin(), s->idx.end()), s->idx.end());
+    s->val.assign(s->idx.size(), 1.0f);
+  }
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    detail::Stream acc = a;
+    const double start = MPI_Wtime();
+    detail::merge_into(acc, b);
+    best = std::min(best, MPI_Wtime() - start);
+  }
+  return best / static_cast<double>(a.idx.size() + b.idx.size());
+}
+
+NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
+  NetworkModel m;
+  if (size == 1) return m;
+  detail::Traffic t;
+  // alpha: ping-pong of 8 bytes between rank pairs (2i, 2i+1); half the median round trip.
+  const int peer = rank ^ 1;
+  std::vector<std::byte> small(8), got;
+  if (peer < size) {
+    std::vector<double> trips;
+    for (int it = 0; it < 23; ++it) {
+      const double start = MPI_Wtime();
+      if (rank % 2 == 0) {
+        detail::send_bytes(comm, peer, small, t);
+        detail::recv_bytes(comm, peer, got, t);
+      } else {
+        detail::recv_bytes(comm, peer, got, t);
+        detail::send_bytes(comm, peer, small, t);
+      }
+      if (it >= 3) trips.push_back(MPI_Wtime() - start);
+    }
+    std::nth_element(trips.begin(), trips.begin() + trips.size() / 2, trips.end());
+    m.alpha = trips[trips.size() / 2] / 2;
+  }
+  // beta: every rank sends 4 MiB to the next and receives from the previous, all at once.
+  constexpr std::size_t kBytes = std::size_t{4} << 20;
+  std::vector<std::byte> big(kBytes);
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  double best = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {
+    MPI_Request req;
+    GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
+    detail::wait(req);
+    const double start = MPI_Wtime();
+    MPI_Request reqs[2];
+    got.resize(kBytes);
+    GCOMP_CHECK_MPI(MPI_Irecv_c(got.data(), kBytes, MPI_BYTE, prev, 7302, comm, &reqs[0]));
+    GCOMP_CHECK_MPI(MPI_Isend_c(big.data(), kBytes, MPI_BYTE, next, 7302, comm, &reqs[1]));
+    detail::wait_all(reqs);
+    best = std::min(best, MPI_Wtime() - start);
+  }
+  m.beta = std::max(0.0, best - m.alpha) / static_cast<double>(kBytes);
+  return m;
+}
+
+// Seconds per element of encode and decode_add (per entry for sparse codecs) on a fixed input.
+ComputeModel calibrate(const Codec& codec) {
+  constexpr std::size_t kN = std::size_t{1} << 18;
+  static const std::vector<float> x = [] {
+    std::mt19937 g(7);
+    std::normal_distribution<float> d;
+    std::vector<float> v(kN);
+    for (float& f : v) f = d(g);
+    return v;
+  }();
+  ComputeModel c;
+  std::vector<std::byte> out(codec.max_bytes(kN));
+  std::vector<float> acc(kN, 0.0f);
+  double enc = 1e30, dec = 1e30;
+  std::size_t bytes = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double start = MPI_Wtime();
+    bytes = codec.encode(x, 1, out);
+    enc = std::min(enc, MPI_Wtime() - start);
+    start = MPI_Wtime();
+    decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
+    dec = std::min(dec, MPI_Wtime() - start);
+  }
+  c.encode = enc / kN;
+  const double units = codec.properties().sparse
+                           ? std::max<double>(1.0, static_cast<double>(codec.selected(kN)))
+                           : static_cast<double>(kN);
+  c.decode = dec / units;
+  return c;
+}
+
+std::uint64_t payload_entries(const Codec& codec, std::span<const std::byte> payload) {
+  const PayloadInfo info = inspect(payload);
+  const std::uint64_t ib = info.elements <= (std::uint64_t{1} << 32) ? 4 : 8;
+  (void)codec;
+  return info.sections[0] / ib;
+}
+
+}  // namespace
+
+const char* algorithm_name(Algorithm a) noexcept {
+  const int i = static_cast<int>(a);
+  return i >= 0 && i < kAlgorithmCount ? kAlgorithmNames[i] : "unknown";
+}
+
+Algorithm parse_algorithm(std::string_view name) {
+  for (int i = 0; i < kAlgorithmCount; ++i) {
+    if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
+  }
+  std::string known;
+  for (const char* k : kAlgorithmNames) known += std::string(known.empty() ? "" : ", ") + k;
+  throw Error(Status::invalid_argument,
+              "unknown algorithm '" + std::string(name) + "' (known: " + known + ")");
+}
+
+Communicator::Communicator(MPI_Comm comm) { init(comm, nullptr); }
+Communicator::Communicator(MPI_Comm comm, const NetworkModel& network) { init(comm, &network); }
+
+Communicator::~Communicator() {
+  if (comm_ != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+}
+
+void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
+  if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
+  GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
+  GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+  GCOMP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  network_ = given ? *given : measure_network(comm_, rank_, size_);
+  double local[4] = {network_.alpha, network_.beta, measure_reduce_speed(), measure_merge_speed()};
+  double agreed[4];
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 4, MPI_DOUBLE, MPI_MAX, comm_, &req));
+  detail::wait(req);
+  if (!given) network_ = {agreed[0], agreed[1]};
+  reduce_speed_ = agreed[2];
+  merge_speed_ = agreed[3];
+}
+
+ComputeModel Communicator::compute_model(const Codec& codec) {
+  const std::string spec = codec.spec();
+  auto it = calibrated_.find(spec);
+  if (it == calibrated_.end()) it = calibrated_.emplace(spec, calibrate(codec)).first;
+  ComputeModel c = it->second;
+  c.reduce = reduce_speed_;
+  c.merge = merge_speed_;
+  return c;
+}
+
+namespace {
+
+ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, std::uint64_t bytes,
+                       int ranks, const NetworkModel& net, const ComputeModel& compute,
+                       bool average, bool ef) {
+  ModelInput in;
+  in.n = static_cast<double>(n);
+  in.ranks = ranks;
+  in.network = net;
+  in.compute = compute;
+  in.codec_none = codec.kind() == CodecKind::none && !ef;
+  in.sparse = codec.properties().sparse;
+  in.shared_support = codec.kind() == CodecKind::randomk;
+  in.sent = static_cast<double>(sent);
+  in.payload_bytes = static_cast<double>(bytes);
+  in.value_bytes = codec.spec().find("values=fp16") != std::string::npos ? 2 : 4;
+  in.average = average;
+  return in;
+}
+
+std::uint64_t default_sent(const Codec& codec, std::size_t n) {
+  return codec.properties().sparse ? codec.selected(n) : 0;
+}
+
+std::uint64_t default_bytes(const Codec& codec, std::size_t n, std::uint64_t sent) {
+  if (!codec.properties().sparse) return codec.max_bytes(n);
+  const std::uint64_t ib = n <= (std::size_t{1} << 32) ? 4 : 8;
+  const std::uint64_t vb = codec.spec().find("values=fp16") != std::string::npos ? 2 : 4;
+  return 52 + sent * (ib + vb);
+}
+
+}  // namespace
+
+std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, std::size_t n,
+                                                          std::size_t sent) {
+  const std::uint64_t s = sent ? sent : default_sent(codec, n);
+  return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
+                                    compute_model(codec), false, false));
+}
+
+Algorithm Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent) {
+  const std::uint64_t s = sent ? sent : default_sent(codec, n);
+  return cheapest(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
+                              compute_model(codec), false, false));
+}
+
+namespace {
+
+bool suits(Algorithm a, const Codec& codec) {
+  const bool sparse = codec.properties().sparse;
+  switch (a) {
+    case Algorithm::sparse_allgather:
+    case Algorithm::sparse_recursive_doubling:
+    case Algorithm::sparse_split:
+      return sparse;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
+// The shared protocol. `local_error` set means this rank cannot take part (abandon()).
+struct Communicator::Impl {
+  static void run(Communicator& self, std::span<const float> in, std::span<float> out,
+                  const Codec* codec, ErrorFeedback* ef, const AllreduceOptions& opt,
+                  const Error* abandoned, std::uint64_t extra_signature) {
+    const double call_start = MPI_Wtime();
+    detail::Job job;
+    job.comm = self.comm_;
+    job.rank = self.rank_;
+    job.size = self.size_;
+    job.codec = codec;
+    job.in = in;
+    job.out = out;
+    job.ef = ef;
+    job.average = opt.average;
+    job.majority_vote = opt.majority_vote;
+
+    // 1. Local work that may fail.
+    Agreement mine{};
+    mine.fail = ~std::uint64_t{0};
+    std::string descriptor;
+    Algorithm requested = opt.algorithm;
+    std::exception_ptr local;
+    ComputeModel compute;
+    try {
+      if (abandoned) throw *abandoned;
+      if (!codec) throw Error(Status::invalid_argument, "codec is null");
+      if (in.size() != out.size()) {
+        throw Error(Status::invalid_argument, "input of " + std::to_string(in.size()) +
+                                                  " elements but output of " +
+                                                  std::to_string(out.size()));
+      }
+      if ((in.data() == nullptr && !in.empty()) || (out.data() == nullptr && !out.empty())) {
+        throw Error(Status::invalid_argument, "input or output is null");
+      }
+      if (ef && ef->size() != in.size()) {
+        throw Error(Status::invalid_argument,
+                    "error-feedback memory of " + std::to_string(ef->size()) +
+                        " elements for a tensor of " + std::to_string(in.size()));
+      }
+      if (requested == Algorithm::automatic) {
+        if (const char* env = std::getenv("GCOMP_ALGORITHM"); env && *env) {
+          try {
+            requested = parse_algorithm(env);
+          } catch (const Error& e) {
+            throw Error(Status::invalid_argument, std::string("GCOMP_ALGORITHM: ") + e.what());
+          }
+        }
+      }
+      if (!suits(requested, *codec)) {
+        throw Error(Status::invalid_argument, std::string("algorithm ") + algorithm_name(requested) +
+                                                  " needs a sparse codec (topk, randomk, "
+                                                  "threshold), not " + codec->spec());
+      }
+      if (opt.majority_vote) {
+        if (codec->kind() != CodecKind::sign) {
+          throw Error(Status::invalid_argument, "majority_vote needs the sign codec, not " + codec->spec());
+        }
+        if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
+          throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
+        }
+        requested = Algorithm::allgather;
+      }
+      descriptor = codec->spec() + "|n=" + std::to_string(in.size()) + "|alg=" +
+                   algorithm_name(requested) + "|avg=" + std::to_string(opt.average) +
+                   "|maj=" + std::to_string(opt.majority_vote) + "|tensor=" +
+                   std::to_string(opt.tensor) + "|ef=" + std::to_string(ef != nullptr) + "|" +
+                   std::to_string(extra_signature);
+      // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
+      const bool shared = codec->kind() == CodecKind::randomk;
+      job.seed = derive_seed(opt.seed, opt.tensor, 0,
+                             shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
+      job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
+      if (ef) job.ef_next = ef->scratch();
+      compute = self.compute_model(*codec);
+      if (codec->properties().sparse) {
+        detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
+        mine.sent = payload_entries(*codec, job.payload);
+        mine.bytes = job.payload.size();
+      } else {
+        check_finite(in, ef ? std::span<const float>(ef->residual()) : std::span<const float>());
+        mine.bytes = codec->max_bytes(in.size());
+      }
+      mine.encode = dbits(compute.encode);
+      mine.decode = dbits(compute.decode);
+    } catch (const Error& e) {
+      local = std::current_exception();
+      mine.fail = (static_cast<std::uint64_t>(e.code()) << 32) | static_cast<std::uint32_t>(self.rank_);
+    } catch (const std::bad_alloc&) {
+      local = std::current_exception();
+      mine.fail = (static_cast<std::uint64_t>(Status::internal) << 32) | static_cast<std::uint32_t>(self.rank_);
+    }
+    const std::uint64_t sig = fnv1a(descriptor);
+    mine.sig_and = sig;
+    mine.sig_or = sig;
+
+    // 2. The agreement.
+    Agreement all{};
+    const double agree_start = MPI_Wtime();
+    {
+      const AgreementMpi& a = agreement_mpi();
+      MPI_Request req;
+      GCOMP_CHECK_MPI(MPI_Iallreduce(&mine, &all, 1, a.type, a.op, self.comm_, &req));
+      detail::wait(req);
+    }
+    const double agree_seconds = MPI_Wtime() - agree_start;
+    if (abandoned) return;
+    if (local) std::rethrow_exception(local);
+    if (all.fail != ~std::uint64_t{0}) {
+      const auto who = static_cast<int>(all.fail & 0xffffffffu);
+      const auto why = static_cast<Status>(all.fail >> 32);
+      throw Error(Status::mismatch, "allreduce abandoned: rank " + std::to_string(who) +
+                                        " failed (" + status_name(why) + ")");
+    }
+    if (all.sig_and != all.sig_or) {
+      throw Error(Status::mismatch,
+                  "ranks disagree on the allreduce (codec spec, element count, algorithm or "
+                  "options); this rank: " + descriptor);
+    }
+
+    // 3. The algorithm, from the agreed numbers.
+    compute.encode = bitsd(all.encode);
+    compute.decode = bitsd(all.decode);
+    self.calibrated_[codec->spec()] = {compute.encode, compute.decode, 0, 0};
+    Algorithm alg = requested;
+    if (alg == Algorithm::automatic) {
+      alg = cheapest(model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
+                                 self.network_, compute, opt.average, ef != nullptr));
+    }
+    switch (alg) {
+      case Algorithm::dense: detail::run_dense(job); break;
+      case Algorithm::sparse_allgather: detail::run_sparse_allgather(job); break;
+      case Algorithm::sparse_recursive_doubling: detail::run_sparse_recursive_doubling(job); break;
+      case Algorithm::sparse_split: detail::run_sparse_split(job); break;
+      case Algorithm::allgather: detail::run_allgather(job); break;
+      case Algorithm::compressed_reduce_scatter: detail::run_compressed_reduce_scatter(job); break;
+      case Algorithm::automatic: break;
+    }
+    if (ef) ef->commit();
+
+    CallStats& s = self.last_;
+    s.bytes_sent = job.traffic.sent + 2 * sizeof(Agreement);
+    s.bytes_received = job.traffic.received + 2 * sizeof(Agreement);
+    s.encode_seconds = job.encode_seconds;
+    s.comm_seconds = job.traffic.seconds + agree_seconds;
+    s.decode_seconds = job.decode_seconds;
+    s.algorithm = alg;
+    TotalStats& t = self.total_;
+    ++t.calls;
+    t.bytes_sent += s.bytes_sent;
+    t.bytes_received += s.bytes_received;
+    t.encode_seconds += s.encode_seconds;
+    t.comm_seconds += s.comm_seconds;
+    t.decode_seconds += s.decode_seconds;
+    ++t.by_algorithm[static_cast<int>(alg)];
+    (void)call_start;
+  }
+};
+
+std::uint64_t signature_of(std::string_view text) { return fnv1a(text); }
+
+void Communicator::run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
+                            ErrorFeedback* ef, const AllreduceOptions& options,
+                            const Error* abandoned, std::uint64_t extra_signature) {
+  Impl::run(*this, in, out, codec, ef, options, abandoned, extra_signature);
+}
+
+void Communicator::allreduce(std::span<const float> in, std::span<float> out, const Codec& codec,
+                             ErrorFeedback* ef, const AllreduceOptions& options) {
+  run_call(in, out, &codec, ef, options, nullptr, 0);
+}
+
+void Communicator::abandon(Status reason, const std::string& why) {
+  const Error e(reason, why);
+  run_call({}, {}, nullptr, nullptr, {}, &e, 0);
+}
+
+}  // namespace gcomp

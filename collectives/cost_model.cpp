@@ -1,0 +1,153 @@
+// The cost model (include/gcomp/cost_model.hpp; the formulas are explained in
+// docs/algorithms.md). Times in seconds; P ranks, n elements, alpha + m beta per message.
+#include "gcomp/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace gcomp {
+
+namespace {
+
+double log2_ceil(int p) { return p <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(p))); }
+
+// Expected size of the union of m independent random k-subsets of n (or k when shared).
+double union_size(double n, double k, double m, bool shared) {
+  if (shared || n <= 0) return std::min(k, n);
+  const double d = std::min(1.0, k / n);
+  return n * (1.0 - std::pow(1.0 - d, m));
+}
+
+// MPICH's allreduce: recursive doubling for short messages, Rabenseifner for long ones.
+double t_allreduce(const ModelInput& in, double bytes, double elements) {
+  const double p = in.ranks;
+  const double l = log2_ceil(in.ranks);
+  const auto& net = in.network;
+  if (in.ranks <= 1) return 0;
+  if (bytes <= 2048) return l * (net.alpha + bytes * net.beta + elements * in.compute.reduce);
+  return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * net.beta +
+         (p - 1) / p * elements * in.compute.reduce;
+}
+
+// An allgatherv of `bytes` per rank, after an allgather of the sizes.
+double t_allgatherv(const ModelInput& in, double bytes) {
+  if (in.ranks <= 1) return 0;
+  const double p = in.ranks;
+  const double l = log2_ceil(in.ranks);
+  const double rounds = bytes * p < 512.0 * 1024 ? l : p - 1;
+  return (l + rounds) * in.network.alpha + (p - 1) * bytes * in.network.beta;
+}
+
+// An all-to-all where each rank sends `bytes` in all, spread evenly, after one of the sizes.
+double t_alltoallv(const ModelInput& in, double bytes) {
+  if (in.ranks <= 1) return 0;
+  const double p = in.ranks;
+  return (log2_ceil(in.ranks) + p - 1) * in.network.alpha + (p - 1) / p * bytes * in.network.beta;
+}
+
+}  // namespace
+
+NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
+  return {latency_seconds, 8.0 / bits_per_second};
+}
+
+bool auto_candidate(Algorithm a, const ModelInput& in) {
+  if (in.codec_none) return a == Algorithm::dense;
+  if (in.sparse) {
+    return a == Algorithm::dense || a == Algorithm::sparse_allgather ||
+           a == Algorithm::sparse_recursive_doubling || a == Algorithm::sparse_split;
+  }
+  return a == Algorithm::dense || a == Algorithm::allgather ||
+         a == Algorithm::compressed_reduce_scatter;
+}
+
+std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
+  std::array<double, kAlgorithmCount> t;
+  t.fill(kNotApplicable);
+  const double n = in.n;
+  const double p = in.ranks;
+  const auto& c = in.compute;
+  const auto& net = in.network;
+  const double write_out = n * c.reduce;  // zeroing or copying the output
+  const double avg = in.average ? n * c.reduce : 0.0;
+  const double encode = n * c.encode;
+  const double decode_one = in.sparse ? in.sent * c.decode : n * c.decode;
+
+  // dense: decode own contribution (unless none), then MPI's allreduce of float32.
+  t[static_cast<int>(Algorithm::dense)] =
+      (in.codec_none ? 0.0 : encode + decode_one) + t_allreduce(in, 4 * n, n) + avg;
+
+  // allgather: every payload to every rank, all decoded.
+  const double gather = encode + t_allgatherv(in, in.payload_bytes) + write_out + p * decode_one + avg;
+  t[static_cast<int>(Algorithm::allgather)] = gather;
+  if (!in.sparse) {
+    // compressed_reduce_scatter: chunks all-to-all, owners decode P chunks and re-encode one,
+    // allgather of the re-encoded chunks, everyone decodes n elements.
+    const double b = in.payload_bytes;
+    t[static_cast<int>(Algorithm::compressed_reduce_scatter)] =
+        encode + t_alltoallv(in, b) + n * c.decode + n * c.encode / p +
+        t_allgatherv(in, b / p) + n * c.decode + write_out;
+    return t;
+  }
+
+  const double ib = n <= 4294967296.0 ? 4 : 8;
+  const double entry = ib + 4;  // stream entries carry float32 values
+  t[static_cast<int>(Algorithm::sparse_allgather)] = gather;
+
+  // sparse_recursive_doubling: rounds of whole-stream exchanges, streams growing by union.
+  {
+    int p2 = 1;
+    while (p2 * 2 <= in.ranks) p2 *= 2;
+    const bool fold = p2 != in.ranks;
+    const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
+    const auto merge_cost = [&](double a, double b) {
+      return (a + b) * entry >= 4 * n ? n * c.reduce : (a + b) * c.merge;
+    };
+    double total = encode + in.sent * c.decode + write_out + avg;
+    double s = in.sent;
+    if (fold) {
+      total += net.alpha + stream_bytes(s) * net.beta + merge_cost(s, s);
+      s = union_size(n, in.sent, 2, in.shared_support);
+    }
+    double m = fold ? 2 : 1;
+    for (int step = 1; step < p2; step *= 2) {
+      total += net.alpha + stream_bytes(s) * net.beta + merge_cost(s, s);
+      m *= 2;
+      s = union_size(n, in.sent, m, in.shared_support);
+    }
+    if (fold) total += net.alpha + stream_bytes(s) * net.beta;
+    t[static_cast<int>(Algorithm::sparse_recursive_doubling)] = total;
+  }
+
+  // sparse_split: all-to-all of the parts, owners merge P pieces, allgather of the parts.
+  {
+    const double u = union_size(n, in.sent, p, in.shared_support);
+    const double part_bytes = 8 + std::min(u / p * entry, 4 * n / p);
+    const double merges = std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
+    t[static_cast<int>(Algorithm::sparse_split)] =
+        encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
+        t_allgatherv(in, part_bytes) + write_out + avg;
+  }
+  // Recompressing a sparse sum changes the result: explicit only.
+  t[static_cast<int>(Algorithm::compressed_reduce_scatter)] =
+      encode + t_alltoallv(in, in.payload_bytes) + p * decode_one +
+      t_allgatherv(in, in.payload_bytes / p) + decode_one * p + write_out;
+  return t;
+}
+
+Algorithm cheapest(const ModelInput& in) {
+  const auto t = predict(in);
+  Algorithm best = Algorithm::dense;
+  double best_t = t[static_cast<int>(Algorithm::dense)];
+  for (int a = 1; a < kAlgorithmCount; ++a) {
+    const auto alg = static_cast<Algorithm>(a);
+    if (!auto_candidate(alg, in)) continue;
+    if (t[a] < best_t) {
+      best_t = t[a];
+      best = alg;
+    }
+  }
+  return best;
+}
+
+}  // namespace gcomp

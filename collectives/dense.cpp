@@ -1,0 +1,48 @@
+// dense: MPI_Allreduce of float32. With codec `none` the input goes to MPI as it is; any other
+// codec first decodes this rank's own payload (what it would have sent), so the sum is the same
+// as every other algorithm's, in float32 on the wire: fp16/bf16 contributions are summed in
+// float32 and cannot overflow the 16-bit range. This is the algorithm auto falls back to when
+// compression cannot win.
+//
+// Schedule (MPICH's choice inside MPI_Iallreduce): for large messages a reduce-scatter by
+// recursive halving then an allgather by recursive doubling, 2 log2(P) rounds with partner
+// rank ^ 2^k, 2 (P-1)/P * 4n bytes sent per rank; for short ones recursive doubling, log2(P)
+// rounds of 4n bytes.
+#include <algorithm>
+
+#include "algorithms.hpp"
+
+namespace gcomp::detail {
+
+void run_dense(Job& job) {
+  const std::size_t n = job.in.size();
+  std::vector<float> mine;
+  const float* send = job.in.data();
+  if (job.codec->kind() != CodecKind::none || job.ef) {
+    encode_whole(job);
+    const double start = now();
+    mine.assign(n, 0.0f);
+    decode_add(job.payload, mine, 1.0f);
+    job.decode_seconds += now() - start;
+    send = mine.data();
+  }
+  const double start = now();
+  if (job.size == 1) {
+    if (send != job.out.data()) std::copy(send, send + n, job.out.data());
+  } else {
+    MPI_Request req;
+    const void* sendbuf = send == job.out.data() ? MPI_IN_PLACE : static_cast<const void*>(send);
+    GCOMP_CHECK_MPI(MPI_Iallreduce_c(sendbuf, job.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT,
+                                     MPI_SUM, job.comm, &req));
+    wait(req);
+    // The volume a bandwidth-optimal allreduce moves per rank.
+    const std::uint64_t volume = 2 * (static_cast<std::uint64_t>(job.size) - 1) * 4 * n /
+                                 static_cast<std::uint64_t>(job.size);
+    job.traffic.sent += volume;
+    job.traffic.received += volume;
+  }
+  job.traffic.seconds += now() - start;
+  finish_average(job);
+}
+
+}  // namespace gcomp::detail

@@ -1,0 +1,44 @@
+// Steps shared by the algorithms: the whole-tensor encode (with error feedback) and averaging.
+#include "algorithms.hpp"
+#include "stream.hpp"
+
+namespace gcomp::detail {
+
+void encode_whole(Job& job) {
+  if (job.have_payload) return;
+  const double start = now();
+  job.payload.resize(job.codec->max_bytes(job.in.size()));
+  std::size_t bytes;
+  if (job.ef) {
+    bytes = job.codec->encode_ef(job.in, job.ef->residual(), job.ef_next, job.seed, job.payload);
+  } else {
+    bytes = job.codec->encode(job.in, job.seed, job.payload);
+  }
+  job.payload.resize(bytes);
+  job.have_payload = true;
+  job.encode_seconds += now() - start;
+}
+
+void payload_stream(Job& job, Stream& out) {
+  const double start = now();
+  SparseEntries e;
+  sparse_entries(job.payload, e);
+  out.n = e.elements;
+  out.dense = false;
+  out.idx = std::move(e.indices);
+  out.val = std::move(e.values);
+  if (goes_dense(out.idx.size(), out.n)) {
+    Stream none;
+    none.n = out.n;
+    merge_into(out, none);  // switches to the dense representation
+  }
+  job.decode_seconds += now() - start;
+}
+
+void finish_average(Job& job) {
+  if (!job.average || job.size == 1) return;
+  const float inv = 1.0f / static_cast<float>(job.size);
+  for (float& v : job.out) v *= inv;
+}
+
+}  // namespace gcomp::detail

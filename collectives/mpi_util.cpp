@@ -1,0 +1,163 @@
+// MPI plumbing (see mpi_util.hpp). Large-count (MPI-4 "_c") calls throughout, so no message is
+// limited to 2 GiB.
+#include "mpi_util.hpp"
+
+#include <sched.h>
+
+#include <string>
+
+#include "gcomp/error.hpp"
+
+namespace gcomp::detail {
+
+namespace {
+constexpr int kTagPoint = 7301;  // point-to-point messages of the sparse algorithms
+}
+
+void throw_mpi(int rc, const char* call, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(Status::mpi, std::string(call) + " failed (" + std::string(text, len) + ") at " +
+                               file + ":" + std::to_string(line));
+}
+
+void wait(MPI_Request& request) {
+  int done = 0;
+  while (true) {
+    GCOMP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    sched_yield();
+  }
+}
+
+void wait_all(std::span<MPI_Request> requests) {
+  int done = 0;
+  while (true) {
+    GCOMP_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                                MPI_STATUSES_IGNORE));
+    if (done) return;
+    sched_yield();
+  }
+}
+
+void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out,
+                      Traffic& t) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const auto p = static_cast<std::size_t>(size);
+  const double start = now();
+  out.sizes.assign(p, 0);
+  const std::uint64_t my_size = mine.size();
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Iallgather(&my_size, 1, MPI_UINT64_T, out.sizes.data(), 1, MPI_UINT64_T,
+                                 comm, &req));
+  wait(req);
+  std::vector<MPI_Count> counts(p);
+  std::vector<MPI_Aint> displs(p);
+  out.offsets.assign(p, 0);
+  std::uint64_t total = 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    out.offsets[r] = total;
+    counts[r] = static_cast<MPI_Count>(out.sizes[r]);
+    displs[r] = static_cast<MPI_Aint>(total);
+    total += out.sizes[r];
+  }
+  out.bytes.resize(total);
+  GCOMP_CHECK_MPI(MPI_Iallgatherv_c(mine.data(), static_cast<MPI_Count>(mine.size()), MPI_BYTE,
+                                    out.bytes.data(), counts.data(), displs.data(), MPI_BYTE,
+                                    comm, &req));
+  wait(req);
+  t.seconds += now() - start;
+  t.sent += (p - 1) * (8 + my_size);
+  t.received += (p - 1) * 8 + total - my_size;
+}
+
+void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& to,
+                     std::vector<std::vector<std::byte>>& from, Traffic& t) {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const auto p = static_cast<std::size_t>(size);
+  const double start = now();
+  std::vector<std::uint64_t> send_sizes(p), recv_sizes(p);
+  for (std::size_t r = 0; r < p; ++r) send_sizes[r] = to[r].size();
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Ialltoall(send_sizes.data(), 1, MPI_UINT64_T, recv_sizes.data(), 1,
+                                MPI_UINT64_T, comm, &req));
+  wait(req);
+  std::vector<MPI_Count> scounts(p), rcounts(p);
+  std::vector<MPI_Aint> sdispls(p), rdispls(p);
+  std::uint64_t stotal = 0, rtotal = 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    scounts[r] = static_cast<MPI_Count>(send_sizes[r]);
+    sdispls[r] = static_cast<MPI_Aint>(stotal);
+    stotal += send_sizes[r];
+    rcounts[r] = static_cast<MPI_Count>(recv_sizes[r]);
+    rdispls[r] = static_cast<MPI_Aint>(rtotal);
+    rtotal += recv_sizes[r];
+  }
+  std::vector<std::byte> sbuf(stotal), rbuf(rtotal);
+  for (std::size_t r = 0; r < p; ++r) {
+    if (!to[r].empty()) std::copy(to[r].begin(), to[r].end(), sbuf.begin() + sdispls[r]);
+  }
+  GCOMP_CHECK_MPI(MPI_Ialltoallv_c(sbuf.data(), scounts.data(), sdispls.data(), MPI_BYTE,
+                                   rbuf.data(), rcounts.data(), rdispls.data(), MPI_BYTE, comm,
+                                   &req));
+  wait(req);
+  from.resize(p);
+  for (std::size_t r = 0; r < p; ++r) {
+    from[r].assign(rbuf.begin() + rdispls[r], rbuf.begin() + rdispls[r] + rcounts[r]);
+  }
+  t.seconds += now() - start;
+  const auto me = static_cast<std::size_t>(rank);
+  t.sent += 8 * (p - 1) + stotal - send_sizes[me];
+  t.received += 8 * (p - 1) + rtotal - recv_sizes[me];
+}
+
+void send_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, Traffic& t) {
+  const double start = now();
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE, to,
+                              kTagPoint, comm, &req));
+  wait(req);
+  t.seconds += now() - start;
+  t.sent += send.size();
+}
+
+void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& t) {
+  const double start = now();
+  MPI_Message msg;
+  MPI_Status status;
+  int found = 0;
+  while (true) {
+    GCOMP_CHECK_MPI(MPI_Improbe(from, kTagPoint, comm, &found, &msg, &status));
+    if (found) break;
+    sched_yield();
+  }
+  MPI_Count count = 0;
+  GCOMP_CHECK_MPI(MPI_Get_count_c(&status, MPI_BYTE, &count));
+  recv.resize(static_cast<std::size_t>(count));
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Imrecv_c(recv.data(), count, MPI_BYTE, &msg, &req));
+  wait(req);
+  t.seconds += now() - start;
+  t.received += static_cast<std::uint64_t>(count);
+}
+
+void sendrecv_bytes(MPI_Comm comm, int partner, std::span<const std::byte> send,
+                    std::vector<std::byte>& recv, Traffic& t) {
+  const double start = now();
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE,
+                              partner, kTagPoint, comm, &req));
+  Traffic inner;
+  recv_bytes(comm, partner, recv, inner);
+  wait(req);
+  t.seconds += now() - start;
+  t.sent += send.size();
+  t.received += inner.received;
+}
+
+}  // namespace gcomp::detail

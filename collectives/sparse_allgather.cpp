@@ -1,0 +1,17 @@
+// sparse_allgather: the allgather path for sparse codecs (top-k, random-k, threshold): every
+// rank's (index, value) payload goes to every rank and each adds all of them, in rank order.
+// Each decode touches only its k entries, so past the zeroing of the output the work is O(P k).
+// Simple and latency-light, but the bytes grow with P: it loses to the reducing algorithms
+// (recursive doubling, split) once the merged supports overlap or P is large.
+//
+// Schedule: as allgather: one allgather of sizes, one allgatherv of payloads; each rank sends
+// (P-1) * (k (index + value bytes) + header) bytes and receives the same from the others.
+#include "algorithms.hpp"
+
+namespace gcomp::detail {
+
+void allgather_payloads(Job& job);
+
+void run_sparse_allgather(Job& job) { allgather_payloads(job); }
+
+}  // namespace gcomp::detail

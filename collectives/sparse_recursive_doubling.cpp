@@ -1,0 +1,77 @@
+// sparse_recursive_doubling: SparCML's SSAR_Recursive_double (Renggli et al., SC 2019). Each rank
+// starts from its own sparse stream (the codec's selected entries); in round k it exchanges its
+// whole stream with partner rank ^ 2^k and merges, so after log2(P) rounds every rank holds the
+// sum. A stream switches to the dense representation once its bytes would reach the dense
+// size, so a round never sends more than 4n bytes.
+//
+// Non-power-of-two P: with p2 the largest power of two <= P and r = P - p2, the ranks 0..2r-1
+// fold first (even rank 2i sends its stream to 2i+1 and waits), the p2 remaining ranks run the
+// rounds, and 2i+1 finally sends the result back to 2i (unfold).
+//
+// Schedule: log2(p2) rounds (+2 when folding); in round k a rank sends its stream, about
+// min(2^k k_0 (1 - overlap), n) entries of (index + value) bytes, and receives its partner's.
+// Merging is commutative bit for bit, so all ranks end with identical streams.
+#include "algorithms.hpp"
+#include "stream.hpp"
+
+namespace gcomp::detail {
+
+void run_sparse_recursive_doubling(Job& job) {
+  encode_whole(job);
+  Stream s;
+  payload_stream(job, s);
+  const std::uint64_t n = job.out.size();
+  const int p = job.size;
+  const int r = job.rank;
+  int p2 = 1;
+  while (p2 * 2 <= p) p2 *= 2;
+  const int rem = p - p2;
+  std::vector<std::byte> wire, got;
+  Stream other;
+  const auto merge_from = [&](const std::vector<std::byte>& bytes) {
+    const double start = now();
+    deserialize(bytes, n, other);
+    merge_into(s, other);
+    job.decode_seconds += now() - start;
+  };
+
+  int newrank = -1;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      serialize(s, wire);
+      send_bytes(job.comm, r + 1, wire, job.traffic);
+    } else {
+      recv_bytes(job.comm, r - 1, got, job.traffic);
+      merge_from(got);
+      newrank = r / 2;
+    }
+  } else {
+    newrank = r - rem;
+  }
+  if (newrank >= 0) {
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      const int peer_new = newrank ^ mask;
+      const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
+      serialize(s, wire);
+      sendrecv_bytes(job.comm, peer, wire, got, job.traffic);
+      merge_from(got);
+    }
+  }
+  if (r < 2 * rem) {
+    if (r % 2 == 1) {
+      serialize(s, wire);
+      send_bytes(job.comm, r - 1, wire, job.traffic);
+    } else {
+      recv_bytes(job.comm, r + 1, got, job.traffic);
+      const double start = now();
+      deserialize(got, n, s);
+      job.decode_seconds += now() - start;
+    }
+  }
+  const double start = now();
+  write_out(s, job.out);
+  job.decode_seconds += now() - start;
+  finish_average(job);
+}
+
+}  // namespace gcomp::detail

@@ -1,0 +1,157 @@
+// SparCML streams (see stream.hpp).
+#include "stream.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "gcomp/error.hpp"
+
+namespace gcomp::detail {
+
+namespace {
+constexpr std::uint64_t kDenseBit = std::uint64_t{1} << 63;
+
+void to_dense(Stream& s) {
+  if (s.dense) return;
+  std::vector<float> d(s.n, 0.0f);
+  for (std::size_t j = 0; j < s.idx.size(); ++j) d[s.idx[j]] = s.val[j];
+  s.val.swap(d);
+  s.idx.clear();
+  s.idx.shrink_to_fit();
+  s.dense = true;
+}
+
+[[noreturn]] void bad_stream(const std::string& why) {
+  throw Error(Status::bad_payload, "bad stream from a peer: " + why);
+}
+}  // namespace
+
+std::size_t Stream::wire_bytes() const {
+  return 8 + (dense ? 4 * n : idx.size() * (stream_index_bytes(n) + 4));
+}
+
+void merge_into(Stream& acc, const Stream& other) {
+  if (acc.dense || other.dense || goes_dense(acc.entries() + other.entries(), acc.n)) {
+    if (!acc.dense && other.dense) {
+      // Start from the dense side so that each sum reads other + acc, as the partner computes.
+      Stream d = other;
+      for (std::size_t j = 0; j < acc.idx.size(); ++j) d.val[acc.idx[j]] += acc.val[j];
+      acc = std::move(d);
+      return;
+    }
+    to_dense(acc);
+    if (other.dense) {
+      for (std::uint64_t i = 0; i < acc.n; ++i) acc.val[i] += other.val[i];
+    } else {
+      for (std::size_t j = 0; j < other.idx.size(); ++j) acc.val[other.idx[j]] += other.val[j];
+    }
+    return;
+  }
+  std::vector<std::uint64_t> idx;
+  std::vector<float> val;
+  idx.reserve(acc.idx.size() + other.idx.size());
+  val.reserve(idx.capacity());
+  std::size_t a = 0, b = 0;
+  while (a < acc.idx.size() && b < other.idx.size()) {
+    if (acc.idx[a] < other.idx[b]) {
+      idx.push_back(acc.idx[a]);
+      val.push_back(acc.val[a++]);
+    } else if (other.idx[b] < acc.idx[a]) {
+      idx.push_back(other.idx[b]);
+      val.push_back(other.val[b++]);
+    } else {
+      idx.push_back(acc.idx[a]);
+      val.push_back(acc.val[a++] + other.val[b++]);
+    }
+  }
+  for (; a < acc.idx.size(); ++a) {
+    idx.push_back(acc.idx[a]);
+    val.push_back(acc.val[a]);
+  }
+  for (; b < other.idx.size(); ++b) {
+    idx.push_back(other.idx[b]);
+    val.push_back(other.val[b]);
+  }
+  acc.idx.swap(idx);
+  acc.val.swap(val);
+}
+
+void serialize(const Stream& s, std::vector<std::byte>& out) {
+  out.resize(s.wire_bytes());
+  const std::uint64_t head = (s.dense ? kDenseBit : 0) | s.entries();
+  std::memcpy(out.data(), &head, 8);
+  std::byte* p = out.data() + 8;
+  if (!s.dense) {
+    if (stream_index_bytes(s.n) == 4) {
+      for (std::size_t j = 0; j < s.idx.size(); ++j) {
+        const auto i = static_cast<std::uint32_t>(s.idx[j]);
+        std::memcpy(p + 4 * j, &i, 4);
+      }
+      p += 4 * s.idx.size();
+    } else {
+      std::memcpy(p, s.idx.data(), 8 * s.idx.size());
+      p += 8 * s.idx.size();
+    }
+  }
+  if (!s.val.empty()) std::memcpy(p, s.val.data(), 4 * s.val.size());
+}
+
+void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
+  if (in.size() < 8) bad_stream("shorter than its header");
+  std::uint64_t head;
+  std::memcpy(&head, in.data(), 8);
+  out.n = n;
+  out.dense = (head & kDenseBit) != 0;
+  const std::uint64_t count = head & ~kDenseBit;
+  const std::size_t ib = stream_index_bytes(n);
+  if (out.dense) {
+    if (count != n || in.size() != 8 + 4 * n) bad_stream("dense stream of the wrong size");
+    out.idx.clear();
+    out.val.resize(n);
+    if (n > 0) std::memcpy(out.val.data(), in.data() + 8, 4 * n);
+    return;
+  }
+  if (count > n || in.size() != 8 + count * (ib + 4)) bad_stream("sparse stream of the wrong size");
+  out.idx.resize(count);
+  out.val.resize(count);
+  const std::byte* p = in.data() + 8;
+  for (std::uint64_t j = 0; j < count; ++j) {
+    std::uint64_t i = 0;
+    std::memcpy(&i, p + ib * j, ib);
+    if (i >= n || (j > 0 && i <= out.idx[j - 1])) bad_stream("indices out of order or range");
+    out.idx[j] = i;
+  }
+  if (count > 0) std::memcpy(out.val.data(), p + ib * count, 4 * count);
+}
+
+void write_out(const Stream& s, std::span<float> out) {
+  if (s.dense) {
+    std::copy(s.val.begin(), s.val.end(), out.begin());
+    return;
+  }
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (std::size_t j = 0; j < s.idx.size(); ++j) out[s.idx[j]] = s.val[j];
+}
+
+void slice(const Stream& s, std::uint64_t lo, std::uint64_t hi, Stream& out) {
+  out.n = hi - lo;
+  out.dense = s.dense;
+  if (s.dense) {
+    out.idx.clear();
+    out.val.assign(s.val.begin() + static_cast<std::ptrdiff_t>(lo),
+                   s.val.begin() + static_cast<std::ptrdiff_t>(hi));
+    return;
+  }
+  const auto b = std::lower_bound(s.idx.begin(), s.idx.end(), lo);
+  const auto e = std::lower_bound(b, s.idx.end(), hi);
+  out.idx.resize(static_cast<std::size_t>(e - b));
+  out.val.resize(out.idx.size());
+  const auto off = static_cast<std::size_t>(b - s.idx.begin());
+  for (std::size_t j = 0; j < out.idx.size(); ++j) {
+    out.idx[j] = s.idx[off + j] - lo;
+    out.val[j] = s.val[off + j];
+  }
+}
+
+}  // namespace gcomp::detail

@@ -1,0 +1,49 @@
+// SparCML's streams: a partial sum of sparse contributions in one of two representations,
+// sparse (strictly ascending indices with float32 values) or dense (all n values). Merging two
+// streams sums them; the result turns dense once (len_a + len_b) * (index + value bytes) reaches
+// the dense size n * 4 (Renggli et al., SC 2019). Merges are commutative bit for bit (IEEE
+// addition is), so two partners that merge each other's streams hold identical results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace gcomp::detail {
+
+inline std::size_t stream_index_bytes(std::uint64_t n) {
+  return n <= (std::uint64_t{1} << 32) ? 4 : 8;
+}
+
+// True when a stream of `entries` (index, value) pairs is at least as large as the dense form.
+inline bool goes_dense(std::uint64_t entries, std::uint64_t n) {
+  return entries * (stream_index_bytes(n) + 4) >= n * 4;
+}
+
+struct Stream {
+  std::uint64_t n = 0;
+  bool dense = false;
+  std::vector<std::uint64_t> idx;  // sparse only
+  std::vector<float> val;          // sparse: one per index; dense: n
+
+  std::uint64_t entries() const { return dense ? n : idx.size(); }
+  std::size_t wire_bytes() const;
+};
+
+// acc = acc + other (same n), switching to dense by the byte rule.
+void merge_into(Stream& acc, const Stream& other);
+
+// Wire form: u64 header (bit 63: dense; low bits: entry count), then for a sparse stream the
+// indices (4 or 8 bytes each, by n) and for both the float32 values.
+void serialize(const Stream& s, std::vector<std::byte>& out);
+// Checks sizes and index order; throws Error(bad_payload).
+void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out);
+
+// out[0..n) = the stream's values (zeros where a sparse stream has no entry).
+void write_out(const Stream& s, std::span<float> out);
+
+// The part [lo, hi) of a stream (sparse: indices rebased to lo; dense: the values).
+void slice(const Stream& s, std::uint64_t lo, std::uint64_t hi, Stream& out);
+
+}  // namespace gcomp::detail

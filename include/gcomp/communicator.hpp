@@ -1,0 +1,171 @@
+// gcomp's collectives over MPI (library gcomp_mpi): a Communicator that allreduces float tensors
+// through any codec, keeping the payloads sparse or compressed on the wire, and picks the
+// algorithm from a cost model unless told which one to use.
+//
+// Semantics: on every rank the result is the sum (or, with `average`, the mean) over ranks of
+// what each rank's codec sent, decode(encode(x_r + e_r)); compressed_reduce_scatter adds one more
+// encode of each reduced chunk (see docs/algorithms.md). Every rank ends with the same bits.
+//
+// Collective rules: every call is collective over the communicator; all ranks pass the same codec
+// spec, element count, options and seed. Ranks that disagree, or a rank whose own part fails
+// (NaN/Inf input, bad arguments), never hang the others: every rank throws gcomp::Error, the
+// failing rank with its own status, the others with Status::mismatch naming the rank and reason.
+// Errors from MPI itself become Error(Status::mpi).
+//
+// Threads: a Communicator is used by one thread at a time (MPI_THREAD_FUNNELED is enough).
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gcomp/codec.hpp"
+
+namespace gcomp {
+
+enum class Algorithm : int {
+  automatic = 0,               // chosen by the cost model ("auto")
+  dense,                       // MPI_Allreduce of float32 (each rank's decoded contribution)
+  sparse_allgather,            // allgatherv of sparse payloads, decode_add each
+  sparse_recursive_doubling,   // SparCML SSAR_Recursive_double
+  sparse_split,                // SparCML SSAR/DSAR_Split_allgather
+  allgather,                   // allgatherv of any codec's payloads, decode_add each
+  compressed_reduce_scatter,   // encode chunks, all-to-all, reduce + re-encode, allgather
+};
+inline constexpr int kAlgorithmCount = 7;
+
+// "auto", "dense", "sparse_allgather", ...
+const char* algorithm_name(Algorithm a) noexcept;
+// Throws Error(invalid_argument) naming the text and the known names.
+Algorithm parse_algorithm(std::string_view name);
+
+// The network as the cost model sees it: a message of m bytes between two ranks, while every
+// rank of the communicator is sending too, takes alpha + m * beta seconds.
+struct NetworkModel {
+  double alpha = 0;  // seconds
+  double beta = 0;   // seconds per byte
+};
+
+// Measured speeds of the local compute steps that the cost model needs.
+struct ComputeModel {
+  double encode = 0;     // seconds per element, this codec
+  double decode = 0;     // seconds per element decode_add, this codec
+  double reduce = 0;     // seconds per element of a float32 sum (MPI's reduction, dense merges)
+  double merge = 0;      // seconds per entry of a sparse stream merge
+};
+
+struct AllreduceOptions {
+  // automatic: the cost model decides, unless the environment variable GCOMP_ALGORITHM names
+  // an algorithm. Anything else is used as given (and must suit the codec).
+  Algorithm algorithm = Algorithm::automatic;
+  bool average = false;        // divide the sum by the number of ranks
+  bool majority_vote = false;  // sign codec, allgather: sum of scales * sign(sum of signs)
+  std::uint64_t seed = 0;      // the same on every rank; the rank is mixed in (see below)
+  std::uint64_t tensor = 0;    // mixed into the seed, so tensors of one step draw differently
+};
+
+// What one call did, and the running totals.
+struct CallStats {
+  std::uint64_t bytes_sent = 0;      // handed to MPI by this rank, counted per destination
+  std::uint64_t bytes_received = 0;  // delivered to this rank by MPI
+  double encode_seconds = 0;
+  double comm_seconds = 0;  // in MPI calls, including the agreement between ranks
+  double decode_seconds = 0;
+  Algorithm algorithm = Algorithm::dense;
+};
+struct TotalStats {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  double encode_seconds = 0;
+  double comm_seconds = 0;
+  double decode_seconds = 0;
+  std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // calls per algorithm
+};
+
+// Fusing many tensors (a model's layers) into buckets, one collective per bucket.
+struct BucketOptions {
+  AllreduceOptions allreduce;
+  std::size_t bucket_bytes = 25u << 20;  // float32 bytes per bucket
+  std::size_t dense_below = 1024;        // tensors with fewer elements go dense, uncompressed
+};
+
+class Communicator {
+ public:
+  // Collective over comm: duplicates it (errors return, never abort) and measures the network
+  // (a ping-pong for alpha, all ranks exchanging at once for beta; agreed by MAX over ranks).
+  explicit Communicator(MPI_Comm comm);
+  // The same with a given network model instead of a measurement.
+  Communicator(MPI_Comm comm, const NetworkModel& network);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  MPI_Comm comm() const noexcept { return comm_; }
+  const NetworkModel& network() const noexcept { return network_; }
+
+  // out = sum over ranks of decode(encode(in + e)); in and out may be the same memory.
+  // ef (may be null) is this rank's error-feedback memory for the tensor. Seeds: the codec's
+  // draws use derive_seed(seed, tensor, 0, rank), except random-k's index draw, which leaves the
+  // rank out so that every rank selects the same indices (their sum stays k-sparse).
+  void allreduce(std::span<const float> in, std::span<float> out, const Codec& codec,
+                 ErrorFeedback* ef = nullptr, const AllreduceOptions& options = {});
+  void allreduce(std::span<float> inout, const Codec& codec, ErrorFeedback* ef = nullptr,
+                 const AllreduceOptions& options = {}) {
+    allreduce(inout, inout, codec, ef, options);
+  }
+
+  // Allreduces many tensors in place, fused into buckets; efs is empty (no error feedback) or
+  // holds one memory per tensor (null entries allowed). Tensors with fewer than dense_below
+  // elements are summed uncompressed. Stats: last_stats() sums the call's buckets.
+  void allreduce_buckets(std::span<const std::span<float>> tensors, const Codec& codec,
+                         std::span<ErrorFeedback* const> efs = {},
+                         const BucketOptions& options = {});
+
+  // Takes this rank's part in an allreduce it cannot make (its input is missing, its own step
+  // failed): the other ranks' matching call throws Error(mismatch) naming this rank and reason
+  // instead of waiting. Returns once they have been told.
+  void abandon(Status reason, const std::string& why);
+
+  // The algorithm auto would pick, and the model's time for each algorithm (infinity where it
+  // does not apply), for a codec on n elements whose payloads hold `sent` elements per rank
+  // (sparse codecs; 0 for dense ones).
+  Algorithm choose(const Codec& codec, std::size_t n, std::size_t sent = 0);
+  std::array<double, kAlgorithmCount> predict(const Codec& codec, std::size_t n,
+                                              std::size_t sent = 0);
+
+  const CallStats& last_stats() const noexcept { return last_; }
+  const TotalStats& total_stats() const noexcept { return total_; }
+
+ private:
+  struct Impl;
+  void init(MPI_Comm comm, const NetworkModel* given);
+  // The call protocol (communicator.cpp); `abandoned` set: take part with this failure.
+  void run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
+                ErrorFeedback* ef, const AllreduceOptions& options, const Error* abandoned,
+                std::uint64_t extra_signature);
+  ComputeModel compute_model(const Codec& codec);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  NetworkModel network_;
+  double reduce_speed_ = 0;  // seconds per float32 element summed
+  double merge_speed_ = 0;   // seconds per sparse entry merged
+  std::map<std::string, ComputeModel> calibrated_;  // per canonical codec spec, this rank
+  std::map<std::uint64_t, std::vector<float>> owner_memory_;  // per bucket layout
+  CallStats last_;
+  TotalStats total_;
+};
+
+}  // namespace gcomp

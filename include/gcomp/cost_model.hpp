@@ -1,0 +1,44 @@
+// The alpha-beta cost model behind Algorithm::automatic (docs/algorithms.md derives each
+// formula). It predicts the seconds one allreduce takes with each algorithm from the network
+// (alpha, beta), the codec's measured compute speeds, n, the number of ranks and the payload
+// sizes; the library calls it with the values the ranks agreed on, and the benchmarks call it to
+// extrapolate to 1024 ranks and 1/10/100 Gbit.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <limits>
+
+#include "gcomp/communicator.hpp"
+
+namespace gcomp {
+
+struct ModelInput {
+  double n = 0;                  // elements
+  int ranks = 1;
+  NetworkModel network;
+  ComputeModel compute;          // decode: per element (dense codecs) or per entry (sparse)
+  bool codec_none = false;       // the codec is `none` (and no error feedback)
+  bool sparse = false;           // the codec sends (index, value) entries
+  bool shared_support = false;   // every rank selects the same indices (random-k)
+  double sent = 0;               // sparse: entries per rank (the largest rank's)
+  double payload_bytes = 0;      // one rank's whole-tensor payload (the largest rank's)
+  double value_bytes = 4;        // sparse: bytes per value on the wire (4, or 2 for fp16)
+  bool average = false;
+};
+
+inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();
+
+// Predicted seconds per algorithm (index = Algorithm value); kNotApplicable where an algorithm
+// does not apply to the codec, and for Algorithm::automatic.
+std::array<double, kAlgorithmCount> predict(const ModelInput& in);
+
+// The algorithms auto chooses among for this codec, and the cheapest of them.
+bool auto_candidate(Algorithm a, const ModelInput& in);
+Algorithm cheapest(const ModelInput& in);
+
+// A network model for a switched network of the given link rate (bits per second) and latency,
+// for extrapolation: beta = 8 / rate.
+NetworkModel network_for_rate(double bits_per_second, double latency_seconds);
+
+}  // namespace gcomp

@@ -1,0 +1,43 @@
+/* gcomp's compressed allreduce for C (library gcomp_mpi): like MPI_Allreduce of floats with
+ * MPI_SUM, but each rank's contribution goes through a codec, and the algorithm that keeps the
+ * payloads sparse or compressed on the wire is chosen by a cost model (or by the environment
+ * variable GCOMP_ALGORITHM: dense, sparse_allgather, sparse_recursive_doubling, sparse_split,
+ * allgather, compressed_reduce_scatter).
+ *
+ * The first call on a communicator is collective setup too: gcomp duplicates the communicator
+ * (attached to it as an attribute, freed with it) and measures the network once.
+ *
+ * Collective rules: all ranks pass the same count, codec spec and seed. A rank whose arguments
+ * are wrong or whose input holds NaN/Inf returns its own status; every other rank returns
+ * GCOMP_ERR_MISMATCH (as they do when the ranks disagree), never waits. gcomp_last_error() says
+ * which rank failed and why.
+ */
+#ifndef GCOMP_GCOMP_MPI_H
+#define GCOMP_GCOMP_MPI_H
+
+#include <mpi.h>
+
+#include "gcomp/gcomp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  uint64_t bytes_sent, bytes_received; /* this rank, this call */
+  double encode_seconds, comm_seconds, decode_seconds;
+  char algorithm[32]; /* e.g. "sparse_recursive_doubling" */
+} gcomp_stats;
+
+/* recvbuf = sum over ranks of decode(encode(sendbuf + residual)); sendbuf may equal recvbuf;
+   ef may be NULL (no error feedback); every rank passes the same seed (the rank is mixed in). */
+gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count, gcomp_codec codec,
+                             gcomp_ef ef, uint64_t seed, MPI_Comm comm);
+
+gcomp_status gcomp_last_stats(gcomp_stats* out); /* of this thread's last gcomp_allreduce */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GCOMP_GCOMP_MPI_H */

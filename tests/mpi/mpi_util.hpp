@@ -1,0 +1,119 @@
+// Helpers for the MPI tests: the world communicator, per-rank inputs, and references computed
+// with plain MPI from each rank's decoded contribution.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gcomp/communicator.hpp"
+
+namespace gcomp::test {
+
+inline int rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// One Communicator for the whole run (its creation measures the network).
+inline Communicator& world() {
+  static Communicator c(MPI_COMM_WORLD);
+  return c;
+}
+
+// n normal values, different on every rank.
+inline std::vector<float> input(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed * 7919u + static_cast<std::uint32_t>(rank()) * 104729u + 1u);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(g);
+  return x;
+}
+
+// Small integers, so that every sum is exact in float32 whatever its order.
+inline std::vector<float> integers(std::size_t n, std::uint32_t seed) {
+  std::mt19937 g(seed * 31u + static_cast<std::uint32_t>(rank()) * 977u + 5u);
+  std::uniform_int_distribution<int> d(-1000, 1000);
+  std::vector<float> x(n);
+  for (float& v : x) v = static_cast<float>(d(g));
+  return x;
+}
+
+// The seed the library gives this rank's codec (documented in communicator.hpp).
+inline std::uint64_t rank_seed(const Codec& c, std::uint64_t seed, std::uint64_t tensor = 0) {
+  const bool shared = c.kind() == CodecKind::randomk;
+  return derive_seed(seed, tensor, 0, shared ? 0 : static_cast<std::uint64_t>(rank()) + 1);
+}
+
+// decode(encode(x + e)) as this rank's codec sends it; updates `ef` like the library does.
+inline std::vector<float> contribution(const Codec& c, std::span<const float> x, std::uint64_t seed,
+                                       ErrorFeedback* ef = nullptr) {
+  const auto p = ef ? c.encode_ef(*ef, x, rank_seed(c, seed)) : c.encode(x, rank_seed(c, seed));
+  std::vector<float> d(x.size(), 0.0f);
+  decode_add(p, d, 1.0f);
+  return d;
+}
+
+inline std::vector<float> mpi_sum(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+  return out;
+}
+
+// The contributions summed in rank order (what allgather computes).
+inline std::vector<float> ordered_sum(const std::vector<float>& v) {
+  const auto p = static_cast<std::size_t>(size());
+  std::vector<float> all(v.size() * p);
+  MPI_Allgather(v.data(), static_cast<int>(v.size()), MPI_FLOAT, all.data(),
+                static_cast<int>(v.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  std::vector<float> out(v.size(), 0.0f);
+  for (std::size_t r = 0; r < p; ++r) {
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] += all[r * v.size() + i];
+  }
+  return out;
+}
+
+// Per element: how far two summation orders of the contributions may differ, 2 P 2^-24 sum |d|.
+inline std::vector<float> order_tolerance(const std::vector<float>& v) {
+  std::vector<float> a(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) a[i] = std::fabs(v[i]);
+  auto s = mpi_sum(a);
+  const float f = 2.0f * static_cast<float>(size()) * 0x1p-24f;
+  for (float& x : s) x = x * f + 1e-30f;
+  return s;
+}
+
+// True on every rank iff every rank holds the same bits in v.
+inline bool same_on_all_ranks(const std::vector<float>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float f : v) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  std::uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+// All ranks agree that cond holds on all ranks (for EXPECT_TRUE after collective steps).
+inline bool all_ranks(bool cond) {
+  int v = cond ? 1 : 0, all = 0;
+  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+}  // namespace gcomp::test

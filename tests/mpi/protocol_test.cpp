@@ -1,0 +1,268 @@
+// The call protocol: ranks that disagree, or one whose own step fails, make every rank throw
+// (never hang: the watchdog in mpi_main.cpp and CTest's timeout would fail the run), and the
+// communicator works again afterwards. Also buckets, stats and the C API.
+#include <cstdlib>
+#include <limits>
+
+#include "gcomp/gcomp_mpi.h"
+#include "mpi_util.hpp"
+
+namespace gcomp {
+namespace {
+
+using test::rank;
+using test::size;
+using test::world;
+
+// Runs f on this rank and returns the status it threw (ok when it did not).
+template <class F>
+Status status_of(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return Status::ok;
+}
+
+void still_works() {
+  const Codec codec("topk:ratio=0.1");
+  const auto x = test::integers(1000, 99);
+  std::vector<float> out(x.size());
+  world().allreduce(x, out, codec);
+  EXPECT_EQ(out, test::mpi_sum(test::contribution(codec, x, 0)));
+}
+
+TEST(Mismatch, AnotherSpecOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Codec codec(rank() == 1 ? "topk:ratio=0.2" : "topk:ratio=0.1");
+  const auto x = test::input(1000, 1);
+  std::vector<float> out(x.size());
+  std::string msg;
+  EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec); }, &msg), Status::mismatch);
+  EXPECT_NE(msg.find("disagree"), std::string::npos) << msg;
+  still_works();
+}
+
+TEST(Mismatch, AnotherCountOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Codec codec("qsgd");
+  const auto x = test::input(rank() == size() - 1 ? 999 : 1000, 2);
+  std::vector<float> out(x.size());
+  EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec); }), Status::mismatch);
+  still_works();
+}
+
+TEST(Mismatch, AnotherAlgorithmOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Codec codec("topk:ratio=0.1");
+  const auto x = test::input(1000, 3);
+  std::vector<float> out(x.size());
+  AllreduceOptions opt;
+  opt.algorithm = rank() == 0 ? Algorithm::sparse_split : Algorithm::sparse_recursive_doubling;
+  EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec, nullptr, opt); }), Status::mismatch);
+  still_works();
+}
+
+TEST(Mismatch, NanOnOneRankFailsEveryRank) {
+  for (const char* spec : {"none", "qsgd", "topk:ratio=0.01", "threshold:tau=1"}) {
+    const Codec codec(spec);
+    auto x = test::input(5000, 4);
+    if (rank() == size() - 1) x[1234] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> out(x.size());
+    ErrorFeedback ef(x.size());
+    const auto before = std::vector<float>(ef.residual().begin(), ef.residual().end());
+    std::string msg;
+    const Status s = status_of([&] { world().allreduce(x, out, codec, &ef); }, &msg);
+    if (rank() == size() - 1) {
+      EXPECT_EQ(s, Status::nonfinite) << spec;
+      EXPECT_NE(msg.find("1234"), std::string::npos) << msg;
+    } else {
+      EXPECT_EQ(s, Status::mismatch) << spec;
+      EXPECT_NE(msg.find("rank " + std::to_string(size() - 1)), std::string::npos) << msg;
+    }
+    // Nobody's residual moved.
+    EXPECT_EQ(std::vector<float>(ef.residual().begin(), ef.residual().end()), before);
+  }
+  still_works();
+}
+
+TEST(Mismatch, AlgorithmThatDoesNotSuitTheCodec) {
+  const Codec codec("qsgd");
+  const auto x = test::input(100, 5);
+  std::vector<float> out(x.size());
+  AllreduceOptions opt;
+  opt.algorithm = Algorithm::sparse_split;
+  EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec, nullptr, opt); }),
+            Status::invalid_argument);
+  still_works();
+}
+
+TEST(Mismatch, AbandonUnblocksTheOthers) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Codec codec("sign");
+  const auto x = test::input(100, 6);
+  std::vector<float> out(x.size());
+  if (rank() == 0) {
+    world().abandon(Status::internal, "this rank's gradient step failed");
+  } else {
+    std::string msg;
+    EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec); }, &msg), Status::mismatch);
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  }
+  still_works();
+}
+
+TEST(Mismatch, BadEnvironmentAlgorithm) {
+  setenv("GCOMP_ALGORITHM", rank() == 0 ? "warp_drive" : "dense", 1);
+  const Codec codec("none");
+  const auto x = test::input(100, 7);
+  std::vector<float> out(x.size());
+  const Status s = status_of([&] { world().allreduce(x, out, codec); });
+  unsetenv("GCOMP_ALGORITHM");
+  EXPECT_EQ(s, rank() == 0 ? Status::invalid_argument : Status::mismatch);
+  still_works();
+}
+
+TEST(Environment, AlgorithmOverridesAuto) {
+  setenv("GCOMP_ALGORITHM", "sparse_split", 1);
+  const Codec codec("topk:ratio=0.01");
+  const auto x = test::input(10000, 8);
+  std::vector<float> out(x.size());
+  world().allreduce(x, out, codec);
+  EXPECT_EQ(world().last_stats().algorithm, Algorithm::sparse_split);
+  // An explicit option wins over the environment.
+  AllreduceOptions opt;
+  opt.algorithm = Algorithm::sparse_allgather;
+  world().allreduce(x, out, codec, nullptr, opt);
+  EXPECT_EQ(world().last_stats().algorithm, Algorithm::sparse_allgather);
+  unsetenv("GCOMP_ALGORITHM");
+}
+
+TEST(Stats, BytesAreWhatMpiWasHanded) {
+  const Codec codec("topk:ratio=0.01");
+  const std::size_t n = 100000;
+  const auto x = test::input(n, 9);
+  AllreduceOptions opt;
+  opt.algorithm = Algorithm::sparse_allgather;
+  std::vector<float> out(n);
+  world().allreduce(x, out, codec, nullptr, opt);
+  const CallStats& s = world().last_stats();
+  const std::uint64_t payload = codec.max_bytes(n);  // top-k's size is exact
+  const std::uint64_t p = static_cast<std::uint64_t>(size());
+  // The agreement (64 bytes each way), the sizes (8 bytes to each peer), the payload to each.
+  EXPECT_EQ(s.bytes_sent, 2 * 64 + (p - 1) * (8 + payload));
+  EXPECT_EQ(s.bytes_received, 2 * 64 + (p - 1) * (8 + payload));
+  EXPECT_GE(s.comm_seconds, 0.0);
+  EXPECT_GT(s.encode_seconds, 0.0);
+  const std::uint64_t before = world().total_stats().calls;
+  world().allreduce(x, out, codec, nullptr, opt);
+  EXPECT_EQ(world().total_stats().calls, before + 1);
+}
+
+TEST(Buckets, FusedTensorsWithPerTensorErrorFeedback) {
+  const std::vector<std::size_t> sizes = {3, 5000, 100000, 7, 200000, 20000};
+  std::vector<std::vector<float>> data, original;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    data.push_back(test::input(sizes[t], 20 + static_cast<std::uint32_t>(t)));
+  }
+  original = data;
+  std::vector<std::span<float>> spans(data.begin(), data.end());
+  std::vector<ErrorFeedback> mem;
+  for (std::size_t n : sizes) mem.emplace_back(n);
+  std::vector<ErrorFeedback*> efs;
+  for (auto& m : mem) efs.push_back(&m);
+  BucketOptions opt;
+  opt.bucket_bytes = 4 * 150000;  // several buckets
+  const Codec codec("topk:ratio=0.01");
+  world().allreduce_buckets(spans, codec, efs, opt);
+  // What each rank sent for tensor t is v - e_after = x + e_before - e_after (e_before = 0);
+  // small tensors go dense, uncompressed (their residual stays zero).
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<float> sent(sizes[t]);
+    for (std::size_t i = 0; i < sizes[t]; ++i) sent[i] = original[t][i] - mem[t].residual()[i];
+    const auto ref = test::mpi_sum(sent);
+    const auto tol = test::order_tolerance(sent);
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      ASSERT_LE(std::fabs(data[t][i] - ref[i]), tol[i] + 1e-6f) << "tensor " << t << " i " << i;
+    }
+    if (sizes[t] < opt.dense_below) {
+      for (float e : mem[t].residual()) ASSERT_EQ(e, 0.0f);
+    }
+  }
+  // A second step carries the residuals.
+  std::vector<std::vector<float>> before;
+  for (auto& m : mem) before.emplace_back(m.residual().begin(), m.residual().end());
+  data = original;
+  world().allreduce_buckets(spans, codec, efs, opt);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<float> sent(sizes[t]);
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      sent[i] = original[t][i] + before[t][i] - mem[t].residual()[i];
+    }
+    const auto ref = test::mpi_sum(sent);
+    const auto tol = test::order_tolerance(sent);
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      ASSERT_LE(std::fabs(data[t][i] - ref[i]), 2 * tol[i] + 1e-6f) << "tensor " << t;
+    }
+  }
+}
+
+TEST(Buckets, MismatchedLayoutsFailEveryRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<std::vector<float>> data = {test::input(5000, 1),
+                                          test::input(rank() == 1 ? 6000 : 5000, 2)};
+  std::vector<std::span<float>> spans(data.begin(), data.end());
+  EXPECT_EQ(status_of([&] { world().allreduce_buckets(spans, Codec("sign")); }), Status::mismatch);
+  // An empty list on one rank only.
+  std::vector<std::span<float>> none;
+  EXPECT_EQ(status_of([&] {
+              world().allreduce_buckets(rank() == 0 ? std::span<const std::span<float>>(none)
+                                                    : std::span<const std::span<float>>(spans),
+                                        Codec("sign"));
+            }),
+            Status::mismatch);
+  still_works();
+}
+
+TEST(CApi, AllreduceAndStats) {
+  gcomp_codec codec = nullptr;
+  ASSERT_EQ(gcomp_codec_create("topk:ratio=0.1", &codec), GCOMP_OK);
+  const auto x = test::integers(1000, 30);
+  std::vector<float> out(x.size());
+  ASSERT_EQ(gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 5, MPI_COMM_WORLD),
+            GCOMP_OK)
+      << gcomp_last_error();
+  EXPECT_EQ(out, test::mpi_sum(test::contribution(Codec("topk:ratio=0.1"), x, 5)));
+  gcomp_stats st;
+  ASSERT_EQ(gcomp_last_stats(&st), GCOMP_OK);
+  EXPECT_GT(st.bytes_sent, 0u);
+  EXPECT_STRNE(st.algorithm, "");
+  // In place, with error feedback.
+  gcomp_ef ef = nullptr;
+  ASSERT_EQ(gcomp_ef_create(x.size(), &ef), GCOMP_OK);
+  std::vector<float> io = x;
+  ASSERT_EQ(gcomp_allreduce(io.data(), io.data(), io.size(), codec, ef, 5, MPI_COMM_WORLD), GCOMP_OK);
+  // A NULL codec on one rank: that rank gets INVALID_ARGUMENT, the others MISMATCH.
+  const gcomp_status s = gcomp_allreduce(x.data(), out.data(), x.size(), rank() == 0 ? nullptr : codec,
+                                         nullptr, 5, MPI_COMM_WORLD);
+  if (rank() == 0) {
+    EXPECT_EQ(s, GCOMP_ERR_INVALID_ARGUMENT);
+  } else {
+    EXPECT_EQ(s, GCOMP_ERR_MISMATCH);
+  }
+  EXPECT_NE(std::string(gcomp_last_error()), "");
+  // A duplicated communicator gets its own gcomp state, freed with it.
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  EXPECT_EQ(gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 5, dup), GCOMP_OK);
+  MPI_Comm_free(&dup);
+  EXPECT_EQ(gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 5, MPI_COMM_NULL),
+            GCOMP_ERR_INVALID_ARGUMENT);
+  gcomp_ef_destroy(ef);
+  gcomp_codec_destroy(codec);
+}
+
+}  // namespace
+}  // namespace gcomp
