@@ -31,6 +31,8 @@ struct Job {
   std::uint64_t owner_seed = 0; // for re-encoding a reduced chunk
   bool average = false;
   bool majority_vote = false;
+  bool skip_codec = false;      // auto found compression not worth it: send x + e as it is
+  bool out_ready = false;       // out already holds x (+ e), checked finite
   // The whole-tensor payload, when it was made before the agreement (sparse codecs).
   std::vector<std::byte> payload;
   bool have_payload = false;

@@ -12,13 +12,14 @@
 //      rank throws, none waits.
 #include "gcomp/communicator.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 
 #include "algorithms.hpp"
@@ -93,43 +94,6 @@ double bitsd(std::uint64_t v) { return std::bit_cast<double>(v); }
 
 // ---- measurements ----
 
-double measure_reduce_speed() {
-  constexpr std::size_t kN = std::size_t{1} << 20;
-  std::vector<float> a(kN, 1.0f), b(kN, 2.0f);
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const double start = MPI_Wtime();
-    for (std::size_t i = 0; i < kN; ++i) a[i] += b[i];
-    best = std::min(best, MPI_Wtime() - start);
-  }
-  volatile float sink = a[kN / 2];
-  (void)sink;
-  return best / kN;
-}
-
-double measure_merge_speed() {
-  constexpr std::size_t kEntries = 1 << 16;
-  constexpr std::uint64_t kN = std::uint64_t{1} << 24;
-  std::mt19937_64 rng(1);
-  detail::Stream a, b;
-  for (detail::Stream* s : {&a, &b}) {
-    s->n = kN;
-    s->idx.resize(kEntries);
-    for (auto& i : s->idx) i = rng() % kN;
-    std::sort(s->idx.begin(), s->idx.end());
-    s->idx.erase(std::unique(s->idx.begin(), s->idx.end()), s->idx.end());
-    s->val.assign(s->idx.size(), 1.0f);
-  }
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    detail::Stream acc = a;
-    const double start = MPI_Wtime();
-    detail::merge_into(acc, b);
-    best = std::min(best, MPI_Wtime() - start);
-  }
-  return best / static_cast<double>(a.idx.size() + b.idx.size());
-}
-
 NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
   NetworkModel m;
   if (size == 1) return m;
@@ -172,38 +136,27 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     best = std::min(best, MPI_Wtime() - start);
   }
   m.beta = std::max(0.0, best - m.alpha) / static_cast<double>(kBytes);
-  return m;
-}
-
-// Seconds per element of encode and decode_add (per entry for sparse codecs) on a fixed input.
-ComputeModel calibrate(const Codec& codec) {
-  constexpr std::size_t kN = std::size_t{1} << 18;
-  static const std::vector<float> x = [] {
-    std::mt19937 g(7);
-    std::normal_distribution<float> d;
-    std::vector<float> v(kN);
-    for (float& f : v) f = d(g);
-    return v;
-  }();
-  ComputeModel c;
-  std::vector<std::byte> out(codec.max_bytes(kN));
-  std::vector<float> acc(kN, 0.0f);
-  double enc = 1e30, dec = 1e30;
-  std::size_t bytes = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    double start = MPI_Wtime();
-    bytes = codec.encode(x, 1, out);
-    enc = std::min(enc, MPI_Wtime() - start);
-    start = MPI_Wtime();
-    decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
-    dec = std::min(dec, MPI_Wtime() - start);
+  // beta_all: every rank sends 4 MiB spread over all the others, all at once (all-to-all).
+  if (size > 2) {
+    const std::size_t block = kBytes / static_cast<std::size_t>(size - 1);
+    std::vector<std::byte> sbuf(block * static_cast<std::size_t>(size)), rbuf(sbuf.size());
+    best = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      MPI_Request req;
+      GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
+      detail::wait(req);
+      const double start = MPI_Wtime();
+      GCOMP_CHECK_MPI(MPI_Ialltoall_c(sbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE,
+                                      rbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE, comm,
+                                      &req));
+      detail::wait(req);
+      best = std::min(best, MPI_Wtime() - start);
+    }
+    m.beta_all = std::max(0.0, best - m.alpha) / static_cast<double>(block * (size - 1));
+  } else {
+    m.beta_all = m.beta;
   }
-  c.encode = enc / kN;
-  const double units = codec.properties().sparse
-                           ? std::max<double>(1.0, static_cast<double>(codec.selected(kN)))
-                           : static_cast<double>(kN);
-  c.decode = dec / units;
-  return c;
+  return m;
 }
 
 std::uint64_t payload_entries(const Codec& codec, std::span<const std::byte> payload) {
@@ -247,21 +200,44 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
   GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   GCOMP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  // More ranks on this node than cores: waits must yield, or a spinning rank steals the
+  // timeslice of the rank it waits for.
+  {
+    MPI_Comm node;
+    GCOMP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    if (local > cores) detail::set_yielding(true);
+  }
   network_ = given ? *given : measure_network(comm_, rank_, size_);
-  double local[4] = {network_.alpha, network_.beta, measure_reduce_speed(), measure_merge_speed()};
-  double agreed[4];
+  if (network_.beta_all <= 0) network_.beta_all = network_.beta;
+  const ComputeModel rm = measure_reduce_and_merge();
+  double local[5] = {network_.alpha, network_.beta, network_.beta_all, rm.reduce, rm.merge};
+  double agreed[5];
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 4, MPI_DOUBLE, MPI_MAX, comm_, &req));
+  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 5, MPI_DOUBLE, MPI_MAX, comm_, &req));
   detail::wait(req);
-  if (!given) network_ = {agreed[0], agreed[1]};
-  reduce_speed_ = agreed[2];
-  merge_speed_ = agreed[3];
+  if (!given) network_ = {agreed[0], agreed[1], agreed[2]};
+  reduce_speed_ = agreed[3];
+  merge_speed_ = agreed[4];
 }
 
-ComputeModel Communicator::compute_model(const Codec& codec) {
-  const std::string spec = codec.spec();
-  auto it = calibrated_.find(spec);
-  if (it == calibrated_.end()) it = calibrated_.emplace(spec, calibrate(codec)).first;
+namespace {
+// Tensors within a factor of two share a measurement; at most 4M elements are measured.
+std::string calibration_key(const Codec& codec, std::size_t n) {
+  const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 22));
+  return codec.spec() + "|" + std::to_string(log2n);
+}
+}  // namespace
+
+ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
+  const std::string key = calibration_key(codec, n);
+  auto it = calibrated_.find(key);
+  if (it == calibrated_.end()) it = calibrated_.emplace(key, measure_compute(codec, n)).first;
   ComputeModel c = it->second;
   c.reduce = reduce_speed_;
   c.merge = merge_speed_;
@@ -278,7 +254,8 @@ ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, st
   in.ranks = ranks;
   in.network = net;
   in.compute = compute;
-  in.codec_none = codec.kind() == CodecKind::none && !ef;
+  in.codec_none = codec.kind() == CodecKind::none;
+  in.error_feedback = ef;
   in.sparse = codec.properties().sparse;
   in.shared_support = codec.kind() == CodecKind::randomk;
   in.sent = static_cast<double>(sent);
@@ -305,13 +282,22 @@ std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, st
                                                           std::size_t sent) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
   return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
-                                    compute_model(codec), false, false));
+                                    compute_model(codec, n), false, false));
 }
 
-Algorithm Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent) {
+double Communicator::predict_uncompressed(std::size_t n) {
+  static const Codec none("none");
+  return gcomp::predict_uncompressed(model_input(none, n, 0, 4 * n, size_, network_,
+                                                 compute_model(none, n), false, false));
+}
+
+Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
+                            bool allow_uncompressed) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
-  return cheapest(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
-                              compute_model(codec), false, false));
+  ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
+                              compute_model(codec, n), false, false);
+  in.allow_uncompressed = allow_uncompressed;
+  return choose_auto(in);
 }
 
 namespace {
@@ -396,7 +382,8 @@ struct Communicator::Impl {
       descriptor = codec->spec() + "|n=" + std::to_string(in.size()) + "|alg=" +
                    algorithm_name(requested) + "|avg=" + std::to_string(opt.average) +
                    "|maj=" + std::to_string(opt.majority_vote) + "|tensor=" +
-                   std::to_string(opt.tensor) + "|ef=" + std::to_string(ef != nullptr) + "|" +
+                   std::to_string(opt.tensor) + "|ef=" + std::to_string(ef != nullptr) +
+                   "|unc=" + std::to_string(opt.allow_uncompressed) + "|" +
                    std::to_string(extra_signature);
       // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
       const bool shared = codec->kind() == CodecKind::randomk;
@@ -404,13 +391,30 @@ struct Communicator::Impl {
                              shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
       job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
       if (ef) job.ef_next = ef->scratch();
-      compute = self.compute_model(*codec);
+      compute = self.compute_model(*codec, in.size());
       if (codec->properties().sparse) {
         detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
         mine.sent = payload_entries(*codec, job.payload);
         mine.bytes = job.payload.size();
       } else {
-        check_finite(in, ef ? std::span<const float>(ef->residual()) : std::span<const float>());
+        // The uncompressed path reduces out in place, so when it is the likely choice (by this
+        // rank's numbers) the check happens in the copy that path needs anyway.
+        const std::span<const float> e =
+            ef ? std::span<const float>(ef->residual()) : std::span<const float>();
+        bool copy = in.data() != out.data() && !out.empty();
+        if (copy && codec->kind() != CodecKind::none) {
+          ModelInput mi = model_input(*codec, in.size(), 0, codec->max_bytes(in.size()),
+                                      self.size_, self.network_, compute, opt.average,
+                                      ef != nullptr);
+          mi.allow_uncompressed = opt.allow_uncompressed;
+          copy = requested == Algorithm::automatic && !choose_auto(mi).compressed;
+        }
+        if (copy) {
+          copy_checked(in, e, out);
+          job.out_ready = true;
+        } else {
+          check_finite(in, e);
+        }
         mine.bytes = codec->max_bytes(in.size());
       }
       mine.encode = dbits(compute.encode);
@@ -453,11 +457,15 @@ struct Communicator::Impl {
     // 3. The algorithm, from the agreed numbers.
     compute.encode = bitsd(all.encode);
     compute.decode = bitsd(all.decode);
-    self.calibrated_[codec->spec()] = {compute.encode, compute.decode, 0, 0};
+    self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
     Algorithm alg = requested;
     if (alg == Algorithm::automatic) {
-      alg = cheapest(model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
-                                 self.network_, compute, opt.average, ef != nullptr));
+      ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
+                                  self.network_, compute, opt.average, ef != nullptr);
+      mi.allow_uncompressed = opt.allow_uncompressed;
+      const Choice choice = choose_auto(mi);
+      alg = choice.algorithm;
+      job.skip_codec = !choice.compressed;
     }
     switch (alg) {
       case Algorithm::dense: detail::run_dense(job); break;
@@ -477,6 +485,7 @@ struct Communicator::Impl {
     s.comm_seconds = job.traffic.seconds + agree_seconds;
     s.decode_seconds = job.decode_seconds;
     s.algorithm = alg;
+    s.compressed = !job.skip_codec;
     TotalStats& t = self.total_;
     ++t.calls;
     t.bytes_sent += s.bytes_sent;

@@ -3,7 +3,12 @@
 #include "gcomp/cost_model.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <random>
+#include <vector>
+
+#include "stream.hpp"
 
 namespace gcomp {
 
@@ -42,13 +47,94 @@ double t_allgatherv(const ModelInput& in, double bytes) {
 double t_alltoallv(const ModelInput& in, double bytes) {
   if (in.ranks <= 1) return 0;
   const double p = in.ranks;
-  return (log2_ceil(in.ranks) + p - 1) * in.network.alpha + (p - 1) / p * bytes * in.network.beta;
+  const double beta = in.network.beta_all > 0 ? in.network.beta_all : in.network.beta;
+  return (log2_ceil(in.ranks) + p - 1) * in.network.alpha + (p - 1) / p * bytes * beta;
 }
 
 }  // namespace
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+ComputeModel measure_reduce_and_merge() {
+  ComputeModel c;
+  {
+    constexpr std::size_t kN = std::size_t{1} << 22;  // beyond the caches, as large tensors are
+    std::vector<float> a(kN, 1.0f), b(kN, 2.0f);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < kN; ++i) a[i] += b[i];
+      best = std::min(best, seconds_since(start));
+    }
+    volatile float sink = a[kN / 2];
+    (void)sink;
+    c.reduce = best / kN;
+  }
+  {
+    constexpr std::size_t kEntries = 1 << 16;
+    constexpr std::uint64_t kN = std::uint64_t{1} << 24;
+    std::mt19937_64 rng(1);
+    detail::Stream a, b;
+    for (detail::Stream* s : {&a, &b}) {
+      s->n = kN;
+      s->idx.resize(kEntries);
+      for (auto& i : s->idx) i = rng() % kN;
+      std::sort(s->idx.begin(), s->idx.end());
+      s->idx.erase(std::unique(s->idx.begin(), s->idx.end()), s->idx.end());
+      s->val.assign(s->idx.size(), 1.0f);
+    }
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      detail::Stream acc = a;
+      const auto start = std::chrono::steady_clock::now();
+      detail::merge_into(acc, b);
+      best = std::min(best, seconds_since(start));
+    }
+    c.merge = best / static_cast<double>(a.idx.size() + b.idx.size());
+  }
+  return c;
+}
+
+ComputeModel measure_compute(const Codec& codec, std::size_t n) {
+  const std::size_t kN = std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 22);
+  // Roughly normal values, cheaply: a sum of four uniforms from a splitmix64 stream.
+  std::vector<float> x(kN);
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (float& f : x) {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float sum = static_cast<float>(z & 0xffff) + static_cast<float>((z >> 16) & 0xffff) +
+                      static_cast<float>((z >> 32) & 0xffff) + static_cast<float>(z >> 48);
+    f = (sum / 65536.0f - 2.0f) * 1.7320508f;
+  }
+  ComputeModel c;
+  std::vector<std::byte> out(codec.max_bytes(kN));
+  std::vector<float> acc(kN, 0.0f);
+  double enc = 1e30, dec = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {
+    auto start = std::chrono::steady_clock::now();
+    const std::size_t bytes = codec.encode(x, 1, out);
+    enc = std::min(enc, seconds_since(start));
+    start = std::chrono::steady_clock::now();
+    decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
+    dec = std::min(dec, seconds_since(start));
+  }
+  c.encode = enc / kN;
+  const double units = codec.properties().sparse
+                           ? std::max<double>(1.0, static_cast<double>(codec.selected(kN)))
+                           : static_cast<double>(kN);
+  c.decode = dec / units;
+  return c;
+}
+
 NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
-  return {latency_seconds, 8.0 / bits_per_second};
+  return {latency_seconds, 8.0 / bits_per_second, 8.0 / bits_per_second};
 }
 
 bool auto_candidate(Algorithm a, const ModelInput& in) {
@@ -133,6 +219,20 @@ std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
       encode + t_alltoallv(in, in.payload_bytes) + p * decode_one +
       t_allgatherv(in, in.payload_bytes / p) + decode_one * p + write_out;
   return t;
+}
+
+double predict_uncompressed(const ModelInput& in) {
+  const double n = in.n;
+  return t_allreduce(in, 4 * n, n) + (in.error_feedback ? n * in.compute.reduce : 0.0) +
+         (in.average ? n * in.compute.reduce : 0.0);
+}
+
+Choice choose_auto(const ModelInput& in) {
+  const Algorithm best = cheapest(in);
+  if (!in.allow_uncompressed || in.codec_none) return {best, true};
+  const double t = predict(in)[static_cast<int>(best)];
+  if (predict_uncompressed(in) <= t) return {Algorithm::dense, false};
+  return {best, true};
 }
 
 Algorithm cheapest(const ModelInput& in) {

@@ -1,8 +1,8 @@
 // dense: MPI_Allreduce of float32. With codec `none` the input goes to MPI as it is; any other
 // codec first decodes this rank's own payload (what it would have sent), so the sum is the same
 // as every other algorithm's, in float32 on the wire: fp16/bf16 contributions are summed in
-// float32 and cannot overflow the 16-bit range. This is the algorithm auto falls back to when
-// compression cannot win.
+// float32 and cannot overflow the 16-bit range. When auto finds that no compressing algorithm
+// beats a plain allreduce, it runs this one with the codec skipped (x + e goes as it is).
 //
 // Schedule (MPICH's choice inside MPI_Iallreduce): for large messages a reduce-scatter by
 // recursive halving then an allgather by recursive doubling, 2 log2(P) rounds with partner
@@ -18,7 +18,20 @@ void run_dense(Job& job) {
   const std::size_t n = job.in.size();
   std::vector<float> mine;
   const float* send = job.in.data();
-  if (job.codec->kind() != CodecKind::none || job.ef) {
+  if (job.skip_codec || job.codec->kind() == CodecKind::none) {
+    // Uncompressed: x, or with error feedback v = x + e, whose residual then is zero.
+    if (job.ef) std::fill(job.ef_next.begin(), job.ef_next.end(), 0.0f);
+    if (job.out_ready) {
+      send = job.out.data();  // copied and checked before the agreement: reduce in place
+    } else if (job.ef) {
+      const double start = now();
+      mine.resize(n);
+      const auto e = job.ef->residual();
+      for (std::size_t i = 0; i < n; ++i) mine[i] = job.in[i] + e[i];
+      send = mine.data();
+      job.encode_seconds += now() - start;
+    }
+  } else {
     encode_whole(job);
     const double start = now();
     mine.assign(n, 0.0f);

@@ -4,6 +4,8 @@
 
 #include <sched.h>
 
+#include <atomic>
+
 #include <string>
 
 #include "gcomp/error.hpp"
@@ -22,7 +24,18 @@ void throw_mpi(int rc, const char* call, const char* file, int line) {
                                file + ":" + std::to_string(line));
 }
 
+namespace {
+std::atomic<bool> yield_flag{false};
+}
+
+void set_yielding(bool yield) noexcept { yield_flag.store(yield); }
+bool yielding() noexcept { return yield_flag.load(std::memory_order_relaxed); }
+
 void wait(MPI_Request& request) {
+  if (!yielding()) {
+    GCOMP_CHECK_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
+    return;
+  }
   int done = 0;
   while (true) {
     GCOMP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
@@ -32,6 +45,11 @@ void wait(MPI_Request& request) {
 }
 
 void wait_all(std::span<MPI_Request> requests) {
+  if (!yielding()) {
+    GCOMP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                                MPI_STATUSES_IGNORE));
+    return;
+  }
   int done = 0;
   while (true) {
     GCOMP_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
@@ -130,11 +148,15 @@ void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& 
   const double start = now();
   MPI_Message msg;
   MPI_Status status;
-  int found = 0;
-  while (true) {
-    GCOMP_CHECK_MPI(MPI_Improbe(from, kTagPoint, comm, &found, &msg, &status));
-    if (found) break;
-    sched_yield();
+  if (!yielding()) {
+    GCOMP_CHECK_MPI(MPI_Mprobe(from, kTagPoint, comm, &msg, &status));
+  } else {
+    int found = 0;
+    while (true) {
+      GCOMP_CHECK_MPI(MPI_Improbe(from, kTagPoint, comm, &found, &msg, &status));
+      if (found) break;
+      sched_yield();
+    }
   }
   MPI_Count count = 0;
   GCOMP_CHECK_MPI(MPI_Get_count_c(&status, MPI_BYTE, &count));

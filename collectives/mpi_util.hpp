@@ -30,7 +30,11 @@ struct Traffic {
   double seconds = 0;
 };
 
-// Completes requests, polling with MPI_Test and yielding the CPU between polls.
+// Completes requests. When ranks outnumber this node's cores (set_yielding(true), decided by
+// the Communicator), polls with MPI_Test and yields the CPU between polls; otherwise blocks in
+// MPI_Wait, which spins on its own core without the cost of a system call.
+void set_yielding(bool yield) noexcept;
+bool yielding() noexcept;
 void wait(MPI_Request& request);
 void wait_all(std::span<MPI_Request> requests);
 

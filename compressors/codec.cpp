@@ -181,6 +181,32 @@ void check_finite(std::span<const float> x, std::span<const float> residual) {
   detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
 }
 
+void copy_checked(std::span<const float> x, std::span<const float> residual,
+                  std::span<float> out) {
+  if ((!residual.empty() && residual.size() != x.size()) || out.size() != x.size()) {
+    throw Error(Status::invalid_argument, "copy_checked: sizes differ");
+  }
+  std::atomic<bool> bad{false};
+  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
+    std::uint32_t m = detail::kInfBits;
+    if (residual.empty()) {
+      for (std::size_t i = b; i < e; ++i) {
+        out[i] = x[i];
+        m = std::min(m, ~detail::float_bits(x[i]) & detail::kInfBits);
+      }
+    } else {
+      for (std::size_t i = b; i < e; ++i) {
+        out[i] = x[i] + residual[i];
+        m = std::min(m, ~detail::float_bits(out[i]) & detail::kInfBits);
+      }
+    }
+    if (m == 0) bad.store(true, std::memory_order_relaxed);
+  });
+  if (!bad.load()) return;
+  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
+  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+}
+
 ErrorFeedback::ErrorFeedback(std::size_t n) : residual_(n, 0.0f) {}
 
 void ErrorFeedback::reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }

@@ -151,6 +151,11 @@ void sparse_entries(std::span<const std::byte> payload, SparseEntries& out);
 // the same size is given) is NaN or Inf, as encode would; returns quietly otherwise.
 void check_finite(std::span<const float> x, std::span<const float> residual = {});
 
+// out = x (+ residual, when given), checking as it goes: throws Error(nonfinite) like
+// check_finite (out is then partly written). One pass where a copy is needed anyway.
+void copy_checked(std::span<const float> x, std::span<const float> residual,
+                  std::span<float> out);
+
 // A payload's header, validated as decode_add would validate the whole payload.
 struct PayloadInfo {
   CodecKind kind{};

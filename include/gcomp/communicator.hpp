@@ -48,10 +48,13 @@ const char* algorithm_name(Algorithm a) noexcept;
 Algorithm parse_algorithm(std::string_view name);
 
 // The network as the cost model sees it: a message of m bytes between two ranks, while every
-// rank of the communicator is sending too, takes alpha + m * beta seconds.
+// rank of the communicator is sending one too, takes alpha + m * beta seconds. When every rank
+// sends to every other at once (all-to-all) the bytes flow at beta_all instead (0: as beta);
+// shared links and TCP incast make that slower than pairwise exchanges.
 struct NetworkModel {
-  double alpha = 0;  // seconds
-  double beta = 0;   // seconds per byte
+  double alpha = 0;     // seconds
+  double beta = 0;      // seconds per byte, pairwise exchanges
+  double beta_all = 0;  // seconds per byte, all-to-all
 };
 
 // Measured speeds of the local compute steps that the cost model needs.
@@ -70,6 +73,17 @@ struct AllreduceOptions {
   bool majority_vote = false;  // sign codec, allgather: sum of scales * sign(sum of signs)
   std::uint64_t seed = 0;      // the same on every rank; the rank is mixed in (see below)
   std::uint64_t tensor = 0;    // mixed into the seed, so tensors of one step draw differently
+  // automatic only: when the cost model predicts that no compressing algorithm beats a plain
+  // float32 allreduce, send x + e as it is (the codec is skipped, the residual becomes zero),
+  // so that compression never makes a call slower. Off by default: the result is then always
+  // the sum of what the codec sent, as accuracy experiments need.
+  bool allow_uncompressed = false;
+};
+
+// What auto decides: an algorithm, and whether the codec is applied at all.
+struct Choice {
+  Algorithm algorithm = Algorithm::dense;
+  bool compressed = true;
 };
 
 // What one call did, and the running totals.
@@ -80,6 +94,7 @@ struct CallStats {
   double comm_seconds = 0;  // in MPI calls, including the agreement between ranks
   double decode_seconds = 0;
   Algorithm algorithm = Algorithm::dense;
+  bool compressed = true;  // false when auto skipped the codec (see allow_uncompressed)
 };
 struct TotalStats {
   std::uint64_t calls = 0;
@@ -137,12 +152,14 @@ class Communicator {
   // instead of waiting. Returns once they have been told.
   void abandon(Status reason, const std::string& why);
 
-  // The algorithm auto would pick, and the model's time for each algorithm (infinity where it
-  // does not apply), for a codec on n elements whose payloads hold `sent` elements per rank
-  // (sparse codecs; 0 for dense ones).
-  Algorithm choose(const Codec& codec, std::size_t n, std::size_t sent = 0);
+  // What auto would do, and the model's time for each algorithm applying the codec (infinity
+  // where it does not apply) and for the uncompressed allreduce, for a codec on n elements whose
+  // payloads hold `sent` entries per rank (sparse codecs; 0: the codec's k).
+  Choice choose(const Codec& codec, std::size_t n, std::size_t sent = 0,
+                bool allow_uncompressed = false);
   std::array<double, kAlgorithmCount> predict(const Codec& codec, std::size_t n,
                                               std::size_t sent = 0);
+  double predict_uncompressed(std::size_t n);
 
   const CallStats& last_stats() const noexcept { return last_; }
   const TotalStats& total_stats() const noexcept { return total_; }
@@ -154,7 +171,7 @@ class Communicator {
   void run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
                 ErrorFeedback* ef, const AllreduceOptions& options, const Error* abandoned,
                 std::uint64_t extra_signature);
-  ComputeModel compute_model(const Codec& codec);
+  ComputeModel compute_model(const Codec& codec, std::size_t n);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -162,7 +179,8 @@ class Communicator {
   NetworkModel network_;
   double reduce_speed_ = 0;  // seconds per float32 element summed
   double merge_speed_ = 0;   // seconds per sparse entry merged
-  std::map<std::string, ComputeModel> calibrated_;  // per canonical codec spec, this rank
+  // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
+  std::map<std::string, ComputeModel> calibrated_;
   std::map<std::uint64_t, std::vector<float>> owner_memory_;  // per bucket layout
   CallStats last_;
   TotalStats total_;

@@ -25,6 +25,8 @@ struct ModelInput {
   double payload_bytes = 0;      // one rank's whole-tensor payload (the largest rank's)
   double value_bytes = 4;        // sparse: bytes per value on the wire (4, or 2 for fp16)
   bool average = false;
+  bool error_feedback = false;   // for the uncompressed path: forming x + e costs a pass
+  bool allow_uncompressed = false;
 };
 
 inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();
@@ -33,12 +35,24 @@ inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity()
 // does not apply to the codec, and for Algorithm::automatic.
 std::array<double, kAlgorithmCount> predict(const ModelInput& in);
 
-// The algorithms auto chooses among for this codec, and the cheapest of them.
+// A plain float32 allreduce of x (+ e), the codec skipped.
+double predict_uncompressed(const ModelInput& in);
+
+// The algorithms auto chooses among for this codec, and the cheapest of them; with
+// allow_uncompressed, the uncompressed allreduce when it beats them all.
 bool auto_candidate(Algorithm a, const ModelInput& in);
 Algorithm cheapest(const ModelInput& in);
+Choice choose_auto(const ModelInput& in);
+
+// This machine's compute speeds for a codec, measured on n normal floats (capped at 4M; at
+// least 64K): encode and decode_add per element (decode per entry for sparse codecs). Run at the
+// size the calls have, since caches make small tensors faster per element.
+ComputeModel measure_compute(const Codec& codec, std::size_t n = std::size_t{1} << 18);
+// Only the codec-independent parts (reduce, merge).
+ComputeModel measure_reduce_and_merge();
 
 // A network model for a switched network of the given link rate (bits per second) and latency,
-// for extrapolation: beta = 8 / rate.
+// for extrapolation: beta = beta_all = 8 / rate (full bisection bandwidth).
 NetworkModel network_for_rate(double bits_per_second, double latency_seconds);
 
 }  // namespace gcomp

@@ -196,7 +196,8 @@ TEST(Allreduce, AutoFollowsTheCostModel) {
       std::vector<float> out(n);
       world().allreduce(x, out, codec);
       const Algorithm ran = world().last_stats().algorithm;
-      EXPECT_EQ(ran, world().choose(codec, n)) << spec << " n=" << n;
+      EXPECT_EQ(ran, world().choose(codec, n).algorithm) << spec << " n=" << n;
+      EXPECT_TRUE(world().last_stats().compressed);
       const auto t = world().predict(codec, n);
       EXPECT_TRUE(std::isfinite(t[static_cast<int>(ran)])) << spec;
       for (int a = 1; a < kAlgorithmCount; ++a) {  // nothing auto may pick is predicted cheaper
@@ -210,7 +211,37 @@ TEST(Allreduce, AutoFollowsTheCostModel) {
     }
   }
   // `none` is always dense.
-  EXPECT_EQ(world().choose(Codec("none"), 1 << 20), Algorithm::dense);
+  EXPECT_EQ(world().choose(Codec("none"), 1 << 20).algorithm, Algorithm::dense);
+}
+
+// With allow_uncompressed, auto skips the codec exactly when the model says no compressing
+// algorithm beats the plain allreduce; the result is then the exact sum of x + e.
+TEST(Allreduce, AutoMaySkipTheCodecWhenAllowed) {
+  for (const char* spec : {"fp16", "qsgd", "sign", "topk:ratio=0.01", "topk:ratio=0.5"}) {
+    const Codec codec(spec);
+    for (std::size_t n : {1000u, 300000u}) {
+      const auto x = test::integers(n, 12);
+      AllreduceOptions opt;
+      opt.allow_uncompressed = true;
+      std::vector<float> out(n);
+      world().allreduce(x, out, codec, nullptr, opt);
+      const Choice want = world().choose(codec, n, 0, true);
+      EXPECT_EQ(world().last_stats().compressed, want.compressed) << spec << " n=" << n;
+      EXPECT_EQ(world().last_stats().algorithm, want.algorithm) << spec << " n=" << n;
+      if (!want.compressed) {
+        EXPECT_EQ(out, test::mpi_sum(x)) << spec;
+        EXPECT_LE(world().predict_uncompressed(n),
+                  world().predict(codec, n)[static_cast<int>(world().choose(codec, n).algorithm)]);
+      }
+      // With error feedback, an uncompressed call sends x + e exactly: the residual is zero.
+      ErrorFeedback ef(n);
+      world().allreduce(x, out, codec, &ef, opt);
+      if (!world().last_stats().compressed) {
+        for (float e : ef.residual()) ASSERT_EQ(e, 0.0f);
+        EXPECT_EQ(out, test::mpi_sum(x)) << spec;
+      }
+    }
+  }
 }
 
 // compressed_reduce_scatter is unbiased for unbiased codecs: the mean over seeds of its result

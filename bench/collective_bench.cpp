@@ -1,0 +1,318 @@
+// Google Benchmark of gcomp's allreduce algorithms under mpiexec.mpich, next to MPI_Allreduce of
+// the same float32 buffer in the same run. Every rank runs every benchmark; the time of an
+// iteration is the slowest rank's (so all ranks see the same times and run the same iterations),
+// and rank 0 reports.
+//
+// Names: <algorithm>/<codec>/<n>, e.g. sparse_recursive_doubling/topk:ratio=0.01/16777216, and
+// mpi_allreduce/none/<n> for the peer. Counters:
+//   bytes_per_rank  bytes this rank handed to MPI (rank 0's; the stats' bytes_sent)
+//   algbw, busbw    GB/s as nccl-tests defines them: 4n / time, and algbw * 2(P-1)/P
+//   predicted_s     the cost model's time for this algorithm (with the agreed calibration)
+//   chosen          for auto: the algorithm it ran (Algorithm value)
+//   encode_s, comm_s, decode_s   rank 0's split of its last call (CallStats)
+//   ranks
+// Flags besides Google Benchmark's: --sizes=N,N,... (default 1048576,16777216),
+// --set=full|targets|paired (targets: only what the network targets need; paired: auto and
+// MPI_Allreduce alternating, reporting median times and their ratio), --model-table (print the
+// cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit).
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gcomp/communicator.hpp"
+#include "gcomp/cost_model.hpp"
+
+namespace {
+
+int world_rank = 0;
+int world_size = 1;
+gcomp::Communicator* comm = nullptr;
+
+std::vector<float> input(std::size_t n) {
+  std::mt19937 g(1234u + static_cast<unsigned>(world_rank));
+  std::normal_distribution<float> d;
+  std::vector<float> x(n);
+  for (float& v : x) v = d(g);
+  return x;
+}
+
+double slowest(double seconds) {
+  double worst = 0;
+  MPI_Allreduce(&seconds, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+void set_common(benchmark::State& st, std::size_t n, double bytes, double predicted) {
+  const double p = world_size;
+  st.counters["bytes_per_rank"] = bytes;
+  st.counters["algbw"] = benchmark::Counter(4.0 * static_cast<double>(n) * st.iterations() / 1e9,
+                                            benchmark::Counter::kIsRate);
+  st.counters["busbw"] = benchmark::Counter(
+      4.0 * static_cast<double>(n) * st.iterations() / 1e9 * (p > 1 ? 2 * (p - 1) / p : 1),
+      benchmark::Counter::kIsRate);
+  st.counters["predicted_s"] = predicted;
+  st.counters["ranks"] = p;
+}
+
+void bm_mpi_allreduce(benchmark::State& st, std::size_t n) {
+  const auto x = input(n);
+  std::vector<float> out(n);
+  MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  for (auto _ : st) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    st.SetIterationTime(slowest(MPI_Wtime() - start));
+  }
+  const double p = world_size;
+  const auto pred = comm->predict(gcomp::Codec("none"), n);
+  set_common(st, n, 2 * (p - 1) / p * 4.0 * static_cast<double>(n),
+             pred[static_cast<int>(gcomp::Algorithm::dense)]);
+}
+
+void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n) {
+  const gcomp::Codec codec(spec);
+  const auto x = input(n);
+  std::vector<float> out(n);
+  gcomp::AllreduceOptions opt;
+  opt.algorithm = alg;
+  std::uint64_t seed = 1;
+  comm->allreduce(x, out, codec, nullptr, opt);  // warm up: first-use calibration, page faults
+  for (auto _ : st) {
+    opt.seed = seed++;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    comm->allreduce(x, out, codec, nullptr, opt);
+    st.SetIterationTime(slowest(MPI_Wtime() - start));
+  }
+  const gcomp::Algorithm ran = comm->last_stats().algorithm;
+  const auto pred = comm->predict(codec, n);
+  set_common(st, n, static_cast<double>(comm->last_stats().bytes_sent),
+             pred[static_cast<int>(ran)]);
+  st.counters["chosen"] = static_cast<double>(static_cast<int>(ran));
+  st.counters["encode_s"] = comm->last_stats().encode_seconds;
+  st.counters["comm_s"] = comm->last_stats().comm_seconds;
+  st.counters["decode_s"] = comm->last_stats().decode_seconds;
+}
+
+// MPI_Allreduce and gcomp's auto in alternation, iteration by iteration, so that the machine's
+// drift hits both alike; reports the medians and their ratio (auto / MPI_Allreduce). paired_unc:
+// auto with allow_uncompressed (it may skip the codec when compression does not pay).
+void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow_uncompressed) {
+  const gcomp::Codec codec(spec);
+  const auto x = input(n);
+  std::vector<float> out(n);
+  MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  gcomp::AllreduceOptions warm;
+  warm.allow_uncompressed = allow_uncompressed;
+  comm->allreduce(x, out, codec, nullptr, warm);
+  std::vector<double> mpi, ours;
+  std::uint64_t seed = 1;
+  for (auto _ : st) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double start = MPI_Wtime();
+    MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    const double t_mpi = slowest(MPI_Wtime() - start);
+    gcomp::AllreduceOptions opt;
+    opt.seed = seed++;
+    opt.allow_uncompressed = allow_uncompressed;
+    MPI_Barrier(MPI_COMM_WORLD);
+    start = MPI_Wtime();
+    comm->allreduce(x, out, codec, nullptr, opt);
+    const double t_ours = slowest(MPI_Wtime() - start);
+    mpi.push_back(t_mpi);
+    ours.push_back(t_ours);
+    st.SetIterationTime(t_mpi + t_ours);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  st.counters["mpi_median_s"] = median(mpi);
+  st.counters["auto_median_s"] = median(ours);
+  st.counters["ratio"] = median(mpi) > 0 ? median(ours) / median(mpi) : 0;
+  st.counters["chosen"] = static_cast<double>(static_cast<int>(comm->last_stats().algorithm));
+  st.counters["compressed"] = comm->last_stats().compressed ? 1 : 0;
+  st.counters["ranks"] = world_size;
+}
+
+struct Entry {
+  const char* spec;
+  gcomp::Algorithm alg;
+  bool target;  // needed for the network targets
+};
+
+const Entry kEntries[] = {
+    {"none", gcomp::Algorithm::automatic, true},
+    {"none", gcomp::Algorithm::dense, false},
+    {"fp16", gcomp::Algorithm::automatic, false},
+    {"fp16", gcomp::Algorithm::compressed_reduce_scatter, false},
+    {"qsgd:bits=4", gcomp::Algorithm::automatic, true},
+    {"qsgd:bits=4", gcomp::Algorithm::compressed_reduce_scatter, true},
+    {"qsgd:bits=4", gcomp::Algorithm::allgather, false},
+    {"qsgd:bits=4", gcomp::Algorithm::dense, false},
+    {"qsgd:bits=8", gcomp::Algorithm::compressed_reduce_scatter, false},
+    {"terngrad", gcomp::Algorithm::compressed_reduce_scatter, false},
+    {"sign", gcomp::Algorithm::compressed_reduce_scatter, false},
+    {"sign", gcomp::Algorithm::allgather, false},
+    {"topk:ratio=0.01", gcomp::Algorithm::automatic, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_allgather, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_recursive_doubling, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_split, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::dense, false},
+    {"topk:ratio=0.001", gcomp::Algorithm::sparse_allgather, false},
+    {"topk:ratio=0.001", gcomp::Algorithm::sparse_recursive_doubling, false},
+    {"topk:ratio=0.001", gcomp::Algorithm::sparse_split, false},
+    {"topk:ratio=0.1", gcomp::Algorithm::sparse_allgather, false},
+    {"topk:ratio=0.1", gcomp::Algorithm::sparse_recursive_doubling, false},
+    {"topk:ratio=0.1", gcomp::Algorithm::sparse_split, false},
+    {"randomk:ratio=0.01", gcomp::Algorithm::sparse_recursive_doubling, false},
+    {"randomk:ratio=0.01", gcomp::Algorithm::sparse_split, false},
+};
+
+void model_table() {
+  const std::vector<std::pair<const char*, double>> rates = {
+      {"1 Gbit", 1e9}, {"10 Gbit", 1e10}, {"100 Gbit", 1e11}};
+  const std::size_t n = std::size_t{1} << 24;
+  std::printf("| codec | network | ranks | dense | best compressed | algorithm | speedup |\n");
+  std::printf("|---|---|---:|---:|---:|---|---:|\n");
+  for (const char* spec : {"topk:ratio=0.01", "qsgd:bits=4", "sign", "fp16"}) {
+    const gcomp::Codec codec(spec);
+    const gcomp::ComputeModel compute = gcomp::measure_compute(codec);
+    for (const auto& [name, rate] : rates) {
+      for (int p : {2, 4, 8, 16, 64, 256, 1024}) {
+        gcomp::ModelInput in;
+        in.n = static_cast<double>(n);
+        in.ranks = p;
+        in.network = gcomp::network_for_rate(rate, rate <= 1e9 ? 50e-6 : 5e-6);
+        in.compute = compute;
+        in.sparse = codec.properties().sparse;
+        in.sent = static_cast<double>(codec.selected(n));
+        in.payload_bytes = static_cast<double>(codec.max_bytes(n));
+        const auto t = gcomp::predict(in);
+        const gcomp::Algorithm best = gcomp::cheapest(in);
+        double best_comp = 1e30;
+        gcomp::Algorithm comp = gcomp::Algorithm::dense;
+        for (int a = 2; a < gcomp::kAlgorithmCount; ++a) {
+          if (gcomp::auto_candidate(static_cast<gcomp::Algorithm>(a), in) && t[a] < best_comp) {
+            best_comp = t[a];
+            comp = static_cast<gcomp::Algorithm>(a);
+          }
+        }
+        const double dense = t[static_cast<int>(gcomp::Algorithm::dense)];
+        std::printf("| %s | %s | %d | %.4f s | %.4f s | %s | %.1fx%s |\n", spec, name, p, dense,
+                    best_comp, gcomp::algorithm_name(comp), dense / best_comp,
+                    best == gcomp::Algorithm::dense ? " (auto: dense)" : "");
+      }
+    }
+  }
+}
+
+class NullReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  std::vector<std::size_t> sizes = {std::size_t{1} << 20, std::size_t{1} << 24};
+  bool targets_only = false;
+  bool table = false;
+  bool paired = false;
+  std::vector<char*> rest = {argv[0]};
+  bool min_time_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--sizes=", 0) == 0) {
+      sizes.clear();
+      std::string list = a.substr(8);
+      for (std::size_t pos = 0; pos <= list.size();) {
+        const std::size_t comma = list.find(',', pos);
+        sizes.push_back(std::stoull(list.substr(pos, comma - pos)));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else if (a == "--set=targets") {
+      targets_only = true;
+    } else if (a == "--set=full") {
+      targets_only = false;
+    } else if (a == "--set=paired") {
+      paired = true;
+    } else if (a == "--model-table") {
+      table = true;
+    } else {
+      if (a.rfind("--benchmark_min_time", 0) == 0) min_time_given = true;
+      if (world_rank != 0 && a.rfind("--benchmark_out", 0) == 0) continue;  // rank 0 writes
+      rest.push_back(argv[i]);
+    }
+  }
+  if (table) {
+    if (world_rank == 0) model_table();
+    MPI_Finalize();
+    return 0;
+  }
+  static char min_time[] = "--benchmark_min_time=0.3";
+  if (!min_time_given) rest.push_back(min_time);
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  {
+    gcomp::Communicator c(MPI_COMM_WORLD);
+    comm = &c;
+    if (world_rank == 0) {
+      std::printf("ranks %d, network alpha %.2f us, beta %.3f ns/byte (%.2f GB/s per rank)\n",
+                  world_size, c.network().alpha * 1e6, c.network().beta * 1e9,
+                  c.network().beta > 0 ? 1e-9 / c.network().beta : 0.0);
+    }
+    for (std::size_t n : sizes) {
+      if (paired) {
+        for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign", "topk:ratio=0.01"}) {
+          for (const bool unc : {false, true}) {
+            if (unc && std::string(spec) == "none") continue;
+            benchmark::RegisterBenchmark((std::string(unc ? "paired_unc/" : "paired/") + spec +
+                                          "/" + std::to_string(n))
+                                             .c_str(),
+                                         bm_paired, std::string(spec), n, unc)
+                ->UseManualTime()
+                ->Unit(benchmark::kMillisecond);
+          }
+        }
+        continue;
+      }
+      benchmark::RegisterBenchmark(("mpi_allreduce/none/" + std::to_string(n)).c_str(),
+                                   bm_mpi_allreduce, n)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+      for (const Entry& e : kEntries) {
+        if (targets_only && !e.target) continue;
+        const std::string name = std::string(gcomp::algorithm_name(e.alg)) + "/" + e.spec + "/" +
+                                 std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(e.spec), e.alg, n)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+    if (world_rank == 0) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      NullReporter quiet;
+      benchmark::RunSpecifiedBenchmarks(&quiet);
+    }
+    comm = nullptr;
+  }
+  benchmark::Shutdown();
+  MPI_Finalize();
+  return 0;
+}
