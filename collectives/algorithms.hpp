@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gcomp/codec.hpp"
+#include "parallel.hpp"
 #include "gcomp/communicator.hpp"
 #include "mpi_util.hpp"
 
@@ -33,8 +34,9 @@ struct Job {
   bool majority_vote = false;
   bool skip_codec = false;      // auto found compression not worth it: send x + e as it is
   bool out_ready = false;       // out already holds x (+ e), checked finite
-  // The whole-tensor payload, when it was made before the agreement (sparse codecs).
-  std::vector<std::byte> payload;
+  // The whole-tensor payload, when it was made before the agreement (sparse codecs). Buffers
+  // are thread-local and reused: fresh ones would cost a page fault per 4 KiB on every call.
+  std::vector<std::byte>& payload = scratch_vector<std::byte, 100>();
   bool have_payload = false;
 
   Traffic traffic;

@@ -15,14 +15,16 @@ namespace gcomp::detail {
 
 void allgather_payloads(Job& job) {
   encode_whole(job);
-  Gathered all;
+  thread_local Gathered all;
   allgatherv_bytes(job.comm, job.payload, all, job.traffic);
   const double start = now();
   const std::size_t n = job.out.size();
   std::fill(job.out.begin(), job.out.end(), 0.0f);
   if (job.majority_vote && job.codec->kind() == CodecKind::sign) {
-    std::vector<float> one(n);
-    std::vector<int> votes(n, 0);
+    std::vector<float>& one = scratch_vector<float, 102>();
+    std::vector<int>& votes = scratch_vector<int, 103>();
+    one.resize(n);
+    votes.assign(n, 0);
     double scales = 0;
     for (int r = 0; r < job.size; ++r) {
       std::fill(one.begin(), one.end(), 0.0f);

@@ -70,7 +70,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     sum.decode_seconds += s.decode_seconds;
     sum.algorithm = s.algorithm;
   };
-  std::vector<float> fused;
+  thread_local std::vector<float> fused;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     std::size_t len = 0;
     for (std::size_t t : buckets[b]) len += tensors[t].size();

@@ -30,7 +30,9 @@ void run_compressed_reduce_scatter(Job& job) {
 
   // 1. Encode every chunk; each gets its own seed, so chunks do not share random draws.
   double start = now();
-  std::vector<std::vector<std::byte>> to(p), from;
+  auto& to = scratch_vector<std::vector<std::byte>, 104>();
+  auto& from = scratch_vector<std::vector<std::byte>, 105>();
+  to.resize(p);
   for (std::uint64_t c = 0; c < p; ++c) {
     const std::span<const float> x = chunk_of(job.in, c);
     to[c].resize(job.codec->max_bytes(x.size()));
@@ -53,7 +55,8 @@ void run_compressed_reduce_scatter(Job& job) {
   start = now();
   const auto me = static_cast<std::uint64_t>(job.rank);
   const std::uint64_t len = bound[me + 1] - bound[me];
-  std::vector<float> acc(len, 0.0f);
+  std::vector<float>& acc = scratch_vector<float, 106>();
+  acc.assign(len, 0.0f);
   for (std::uint64_t r = 0; r < p; ++r) decode_add(from[r], acc, 1.0f);
   if (job.average && p > 1) {
     const float inv = 1.0f / static_cast<float>(p);
@@ -61,7 +64,8 @@ void run_compressed_reduce_scatter(Job& job) {
   }
   job.decode_seconds += now() - start;
   start = now();
-  std::vector<std::byte> mine(job.codec->max_bytes(len));
+  std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
+  mine.resize(job.codec->max_bytes(len));
   std::vector<float> owner_next;
   try {
     if (job.ef) {
@@ -78,7 +82,7 @@ void run_compressed_reduce_scatter(Job& job) {
   job.encode_seconds += now() - start;
 
   // 4. Every owner's chunk to every rank.
-  Gathered all;
+  thread_local Gathered all;
   allgatherv_bytes(job.comm, mine, all, job.traffic);
   for (std::uint64_t c = 0; c < p; ++c) {
     if (all.sizes[c] == 0) {

@@ -16,7 +16,7 @@ namespace gcomp::detail {
 
 void run_dense(Job& job) {
   const std::size_t n = job.in.size();
-  std::vector<float> mine;
+  std::vector<float>& mine = scratch_vector<float, 101>();
   const float* send = job.in.data();
   if (job.skip_codec || job.codec->kind() == CodecKind::none) {
     // Uncompressed: x, or with error feedback v = x + e, whose residual then is zero.

@@ -116,7 +116,9 @@ void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& t
     rdispls[r] = static_cast<MPI_Aint>(rtotal);
     rtotal += recv_sizes[r];
   }
-  std::vector<std::byte> sbuf(stotal), rbuf(rtotal);
+  thread_local std::vector<std::byte> sbuf, rbuf;  // reused: no page faults per call
+  sbuf.resize(stotal);
+  rbuf.resize(rtotal);
   for (std::size_t r = 0; r < p; ++r) {
     if (!to[r].empty()) std::copy(to[r].begin(), to[r].end(), sbuf.begin() + sdispls[r]);
   }

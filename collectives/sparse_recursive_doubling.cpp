@@ -18,7 +18,7 @@ namespace gcomp::detail {
 
 void run_sparse_recursive_doubling(Job& job) {
   encode_whole(job);
-  Stream s;
+  thread_local Stream s;
   payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const int p = job.size;
@@ -26,8 +26,9 @@ void run_sparse_recursive_doubling(Job& job) {
   int p2 = 1;
   while (p2 * 2 <= p) p2 *= 2;
   const int rem = p - p2;
-  std::vector<std::byte> wire, got;
-  Stream other;
+  std::vector<std::byte>& wire = scratch_vector<std::byte, 111>();
+  std::vector<std::byte>& got = scratch_vector<std::byte, 112>();
+  thread_local Stream other;
   const auto merge_from = [&](const std::vector<std::byte>& bytes) {
     const double start = now();
     deserialize(bytes, n, other);

@@ -16,7 +16,7 @@ namespace gcomp::detail {
 
 void run_sparse_split(Job& job) {
   encode_whole(job);
-  Stream s;
+  thread_local Stream s;
   payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
@@ -25,8 +25,10 @@ void run_sparse_split(Job& job) {
       (static_cast<unsigned __int128>(n) * j) / p);
 
   double start = now();
-  std::vector<std::vector<std::byte>> to(p), from;
-  Stream part;
+  auto& to = scratch_vector<std::vector<std::byte>, 108>();
+  auto& from = scratch_vector<std::vector<std::byte>, 109>();
+  to.resize(p);
+  thread_local Stream part;
   for (std::uint64_t j = 0; j < p; ++j) {
     slice(s, bound[j], bound[j + 1], part);
     serialize(part, to[j]);
@@ -37,17 +39,17 @@ void run_sparse_split(Job& job) {
   start = now();
   const auto me = static_cast<std::size_t>(job.rank);
   const std::uint64_t len = bound[me + 1] - bound[me];
-  Stream acc, piece;
+  thread_local Stream acc, piece;
   deserialize(from[0], len, acc);
   for (std::size_t r = 1; r < p; ++r) {
     deserialize(from[r], len, piece);
     merge_into(acc, piece);
   }
-  std::vector<std::byte> mine;
+  std::vector<std::byte>& mine = scratch_vector<std::byte, 110>();
   serialize(acc, mine);
   job.decode_seconds += now() - start;
 
-  Gathered all;
+  thread_local Gathered all;
   allgatherv_bytes(job.comm, mine, all, job.traffic);
   start = now();
   for (std::uint64_t j = 0; j < p; ++j) {
