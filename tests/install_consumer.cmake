@@ -15,3 +15,6 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=$
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
 run(${WORK_DIR}/build/consumer_c)
+if(EXISTS ${WORK_DIR}/build/consumer_mpi)
+  run(${WORK_DIR}/build/consumer_mpi)
+endif()
