@@ -136,6 +136,20 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     best = std::min(best, MPI_Wtime() - start);
   }
   m.beta = std::max(0.0, best - m.alpha) / static_cast<double>(kBytes);
+  // beta_one: rank 0 sends 4 MiB to rank 1 while the others wait.
+  {
+    MPI_Request req;
+    GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
+    detail::wait(req);
+    double one = 1e30;
+    for (int rep = 0; rep < 2; ++rep) {
+      const double start = MPI_Wtime();
+      if (rank == 0) detail::send_bytes(comm, 1, big, t);
+      if (rank == 1) detail::recv_bytes(comm, 0, got, t);
+      one = std::min(one, MPI_Wtime() - start);
+    }
+    m.beta_one = rank <= 1 ? std::max(0.0, one - m.alpha) / static_cast<double>(kBytes) : 0.0;
+  }
   // beta_all: every rank sends 4 MiB spread over all the others, all at once (all-to-all).
   if (size > 2) {
     const std::size_t block = kBytes / static_cast<std::size_t>(size - 1);
@@ -215,15 +229,17 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
   }
   network_ = given ? *given : measure_network(comm_, rank_, size_);
   if (network_.beta_all <= 0) network_.beta_all = network_.beta;
+  if (network_.beta_one <= 0) network_.beta_one = network_.beta;
   const ComputeModel rm = measure_reduce_and_merge();
-  double local[5] = {network_.alpha, network_.beta, network_.beta_all, rm.reduce, rm.merge};
-  double agreed[5];
+  double local[6] = {network_.alpha,    network_.beta, network_.beta_all,
+                     network_.beta_one, rm.reduce,     rm.merge};
+  double agreed[6];
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 5, MPI_DOUBLE, MPI_MAX, comm_, &req));
+  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 6, MPI_DOUBLE, MPI_MAX, comm_, &req));
   detail::wait(req);
-  if (!given) network_ = {agreed[0], agreed[1], agreed[2]};
-  reduce_speed_ = agreed[3];
-  merge_speed_ = agreed[4];
+  if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3]};
+  reduce_speed_ = agreed[4];
+  merge_speed_ = agreed[5];
 }
 
 namespace {

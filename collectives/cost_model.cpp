@@ -43,6 +43,15 @@ double t_allgatherv(const ModelInput& in, double bytes) {
   return (l + rounds) * in.network.alpha + (p - 1) * bytes * in.network.beta;
 }
 
+// Seconds per byte when `flows` of the P ranks send at once: from beta_one (one flow) to beta
+// (all P), in proportion.
+double beta_for(const ModelInput& in, double flows) {
+  const auto& net = in.network;
+  const double one = net.beta_one > 0 ? net.beta_one : net.beta;
+  if (in.ranks <= 1) return net.beta;
+  return one + (net.beta - one) * std::clamp((flows - 1) / (in.ranks - 1), 0.0, 1.0);
+}
+
 // An all-to-all where each rank sends `bytes` in all, spread evenly, after one of the sizes.
 double t_alltoallv(const ModelInput& in, double bytes) {
   if (in.ranks <= 1) return 0;
@@ -134,7 +143,7 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
 }
 
 NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
-  return {latency_seconds, 8.0 / bits_per_second, 8.0 / bits_per_second};
+  return {latency_seconds, 8.0 / bits_per_second, 8.0 / bits_per_second, 8.0 / bits_per_second};
 }
 
 bool auto_candidate(Algorithm a, const ModelInput& in) {
@@ -189,19 +198,22 @@ std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
     const auto merge_cost = [&](double a, double b) {
       return (a + b) * entry >= 4 * n ? n * c.reduce : (a + b) * c.merge;
     };
+    // Folding and unfolding move P - p2 messages at once, the rounds p2.
+    const double fold_beta = beta_for(in, in.ranks - p2);
+    const double round_beta = beta_for(in, p2);
     double total = encode + in.sent * c.decode + write_out + avg;
     double s = in.sent;
     if (fold) {
-      total += net.alpha + stream_bytes(s) * net.beta + merge_cost(s, s);
+      total += net.alpha + stream_bytes(s) * fold_beta + merge_cost(s, s);
       s = union_size(n, in.sent, 2, in.shared_support);
     }
     double m = fold ? 2 : 1;
     for (int step = 1; step < p2; step *= 2) {
-      total += net.alpha + stream_bytes(s) * net.beta + merge_cost(s, s);
+      total += net.alpha + stream_bytes(s) * round_beta + merge_cost(s, s);
       m *= 2;
       s = union_size(n, in.sent, m, in.shared_support);
     }
-    if (fold) total += net.alpha + stream_bytes(s) * net.beta;
+    if (fold) total += net.alpha + stream_bytes(s) * fold_beta;
     t[static_cast<int>(Algorithm::sparse_recursive_doubling)] = total;
   }
 

@@ -49,12 +49,14 @@ Algorithm parse_algorithm(std::string_view name);
 
 // The network as the cost model sees it: a message of m bytes between two ranks, while every
 // rank of the communicator is sending one too, takes alpha + m * beta seconds. When every rank
-// sends to every other at once (all-to-all) the bytes flow at beta_all instead (0: as beta);
-// shared links and TCP incast make that slower than pairwise exchanges.
+// sends to every other at once (all-to-all) the bytes flow at beta_all instead (shared links and
+// TCP incast make that slower), and a single message alone at beta_one (on a switched network
+// about beta; on a shared one, such as an emulated loopback, about beta / P). 0 means "as beta".
 struct NetworkModel {
   double alpha = 0;     // seconds
-  double beta = 0;      // seconds per byte, pairwise exchanges
+  double beta = 0;      // seconds per byte, every rank sending to one other
   double beta_all = 0;  // seconds per byte, all-to-all
+  double beta_one = 0;  // seconds per byte, one message alone
 };
 
 // Measured speeds of the local compute steps that the cost model needs.
