@@ -36,49 +36,26 @@ constexpr const char* kAlgorithmNames[kAlgorithmCount] = {
 
 // ---- the agreement ----
 
+// Every field is combined with MPI_MAX on int64 (a built-in operation MPICH runs on its fast
+// path) and kept in [0, 2^63): Debian's MPICH 4.0.2 compares MPI_UINT64_T as signed in MPI_MAX.
+// The fields: a 63-bit hash and its 63-bit complement (their maxima are each other's complements
+// iff all ranks hold the same hash), the complement of the first failure (status << 32 | rank,
+// so the MAX of the complement is the MIN of the failure; zero when the rank is fine), and the
+// maxima of the payload sizes and of the codec speeds (non-negative doubles order like their
+// bits, whose top bit is zero).
 struct Agreement {
-  std::uint64_t sig_and;
-  std::uint64_t sig_or;
-  std::uint64_t fail;       // MIN of (status << 32 | rank); all ones when the rank is fine
-  std::uint64_t sent;       // MAX of the entries a sparse payload holds
-  std::uint64_t bytes;      // MAX of the whole-tensor payload bytes
-  std::uint64_t encode;     // MAX of the codec's encode seconds per element (double bits)
-  std::uint64_t decode;     // MAX of decode seconds per element or entry (double bits)
+  std::uint64_t sig;
+  std::uint64_t not_sig;
+  std::uint64_t not_fail;
+  std::uint64_t sent;    // entries a sparse payload holds
+  std::uint64_t bytes;   // whole-tensor payload bytes
+  std::uint64_t encode;  // the codec's encode seconds per element (double bits)
+  std::uint64_t decode;  // decode seconds per element or entry (double bits)
   std::uint64_t reserved;
 };
 constexpr int kAgreementWords = sizeof(Agreement) / 8;
+constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
 static_assert(sizeof(Agreement) % 8 == 0);
-
-void combine(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const Agreement*>(in);
-  auto* b = static_cast<Agreement*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    b[i].sig_and &= a[i].sig_and;
-    b[i].sig_or |= a[i].sig_or;
-    b[i].fail = std::min(b[i].fail, a[i].fail);
-    b[i].sent = std::max(b[i].sent, a[i].sent);
-    b[i].bytes = std::max(b[i].bytes, a[i].bytes);
-    // Non-negative doubles order like their bit patterns.
-    b[i].encode = std::max(b[i].encode, a[i].encode);
-    b[i].decode = std::max(b[i].decode, a[i].decode);
-  }
-}
-
-struct AgreementMpi {
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_Op op = MPI_OP_NULL;
-};
-
-const AgreementMpi& agreement_mpi() {
-  static const AgreementMpi m = [] {
-    AgreementMpi r;
-    GCOMP_CHECK_MPI(MPI_Type_contiguous(kAgreementWords, MPI_UINT64_T, &r.type));
-    GCOMP_CHECK_MPI(MPI_Type_commit(&r.type));
-    GCOMP_CHECK_MPI(MPI_Op_create(&combine, 1, &r.op));
-    return r;
-  }();
-  return m;
-}
 
 std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -173,10 +150,10 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
   return m;
 }
 
-std::uint64_t payload_entries(const Codec& codec, std::span<const std::byte> payload) {
+// Entries in a sparse payload: its index section over the index width.
+std::uint64_t payload_entries(std::span<const std::byte> payload) {
   const PayloadInfo info = inspect(payload);
   const std::uint64_t ib = info.elements <= (std::uint64_t{1} << 32) ? 4 : 8;
-  (void)codec;
   return info.sections[0] / ib;
 }
 
@@ -337,7 +314,6 @@ struct Communicator::Impl {
   static void run(Communicator& self, std::span<const float> in, std::span<float> out,
                   const Codec* codec, ErrorFeedback* ef, const AllreduceOptions& opt,
                   const Error* abandoned, std::uint64_t extra_signature) {
-    const double call_start = MPI_Wtime();
     detail::Job job;
     job.comm = self.comm_;
     job.rank = self.rank_;
@@ -351,7 +327,6 @@ struct Communicator::Impl {
 
     // 1. Local work that may fail.
     Agreement mine{};
-    mine.fail = ~std::uint64_t{0};
     std::string descriptor;
     Algorithm requested = opt.algorithm;
     std::exception_ptr local;
@@ -408,23 +383,41 @@ struct Communicator::Impl {
       job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
       if (ef) job.ef_next = ef->scratch();
       compute = self.compute_model(*codec, in.size());
-      if (codec->properties().sparse) {
+      // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
+      bool likely_uncompressed = false;
+      if (requested == Algorithm::automatic && opt.allow_uncompressed &&
+          codec->kind() != CodecKind::none) {
+        const std::uint64_t s0 = default_sent(*codec, in.size());
+        ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
+                                    self.size_, self.network_, compute, opt.average,
+                                    ef != nullptr);
+        mi.allow_uncompressed = true;
+        likely_uncompressed = !choose_auto(mi).compressed;
+      }
+      if (codec->properties().sparse && !likely_uncompressed) {
         detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
-        mine.sent = payload_entries(*codec, job.payload);
+        mine.sent = payload_entries(job.payload);
         mine.bytes = job.payload.size();
+      } else if (codec->properties().sparse) {
+        // Not encoded yet (the plain allreduce is the likely choice): check now, encode after the
+        // agreement if the agreed choice compresses after all. Threshold's count is unknown.
+        const std::span<const float> e =
+            ef ? std::span<const float>(ef->residual()) : std::span<const float>();
+        if (in.data() != out.data() && !out.empty()) {
+          copy_checked(in, e, out);
+          job.out_ready = true;
+        } else {
+          check_finite(in, e);
+        }
+        mine.sent = default_sent(*codec, in.size());
+        mine.bytes = default_bytes(*codec, in.size(), mine.sent);
       } else {
         // The uncompressed path reduces out in place, so when it is the likely choice (by this
         // rank's numbers) the check happens in the copy that path needs anyway.
         const std::span<const float> e =
             ef ? std::span<const float>(ef->residual()) : std::span<const float>();
-        bool copy = in.data() != out.data() && !out.empty();
-        if (copy && codec->kind() != CodecKind::none) {
-          ModelInput mi = model_input(*codec, in.size(), 0, codec->max_bytes(in.size()),
-                                      self.size_, self.network_, compute, opt.average,
-                                      ef != nullptr);
-          mi.allow_uncompressed = opt.allow_uncompressed;
-          copy = requested == Algorithm::automatic && !choose_auto(mi).compressed;
-        }
+        const bool copy = in.data() != out.data() && !out.empty() &&
+                          (codec->kind() == CodecKind::none || likely_uncompressed);
         if (copy) {
           copy_checked(in, e, out);
           job.out_ready = true;
@@ -437,34 +430,37 @@ struct Communicator::Impl {
       mine.decode = dbits(compute.decode);
     } catch (const Error& e) {
       local = std::current_exception();
-      mine.fail = (static_cast<std::uint64_t>(e.code()) << 32) | static_cast<std::uint32_t>(self.rank_);
+      mine.not_fail = k63 & ~((static_cast<std::uint64_t>(e.code()) << 32) |
+                              static_cast<std::uint32_t>(self.rank_));
     } catch (const std::bad_alloc&) {
       local = std::current_exception();
-      mine.fail = (static_cast<std::uint64_t>(Status::internal) << 32) | static_cast<std::uint32_t>(self.rank_);
+      mine.not_fail = k63 & ~((static_cast<std::uint64_t>(Status::internal) << 32) |
+                              static_cast<std::uint32_t>(self.rank_));
     }
-    const std::uint64_t sig = fnv1a(descriptor);
-    mine.sig_and = sig;
-    mine.sig_or = sig;
+    const std::uint64_t sig = fnv1a(descriptor) & k63;
+    mine.sig = sig;
+    mine.not_sig = k63 & ~sig;
 
     // 2. The agreement.
     Agreement all{};
     const double agree_start = MPI_Wtime();
     {
-      const AgreementMpi& a = agreement_mpi();
       MPI_Request req;
-      GCOMP_CHECK_MPI(MPI_Iallreduce(&mine, &all, 1, a.type, a.op, self.comm_, &req));
+      GCOMP_CHECK_MPI(MPI_Iallreduce(&mine, &all, kAgreementWords, MPI_INT64_T, MPI_MAX,
+                                     self.comm_, &req));
       detail::wait(req);
     }
     const double agree_seconds = MPI_Wtime() - agree_start;
     if (abandoned) return;
     if (local) std::rethrow_exception(local);
-    if (all.fail != ~std::uint64_t{0}) {
-      const auto who = static_cast<int>(all.fail & 0xffffffffu);
-      const auto why = static_cast<Status>(all.fail >> 32);
+    if (all.not_fail != 0) {
+      const std::uint64_t fail = k63 & ~all.not_fail;
+      const auto who = static_cast<int>(fail & 0xffffffffu);
+      const auto why = static_cast<Status>(fail >> 32);
       throw Error(Status::mismatch, "allreduce abandoned: rank " + std::to_string(who) +
                                         " failed (" + status_name(why) + ")");
     }
-    if (all.sig_and != all.sig_or) {
+    if (all.sig != (k63 & ~all.not_sig)) {
       throw Error(Status::mismatch,
                   "ranks disagree on the allreduce (codec spec, element count, algorithm or "
                   "options); this rank: " + descriptor);
@@ -510,7 +506,6 @@ struct Communicator::Impl {
     t.comm_seconds += s.comm_seconds;
     t.decode_seconds += s.decode_seconds;
     ++t.by_algorithm[static_cast<int>(alg)];
-    (void)call_start;
   }
 };
 
