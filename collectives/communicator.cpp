@@ -52,6 +52,8 @@ struct Agreement {
   std::uint64_t encode;  // the codec's encode seconds per element (double bits)
   std::uint64_t decode;  // decode seconds per element or entry (double bits)
   std::uint64_t reserved;
+  std::uint64_t learned_key;     // the previous call's (codec, algorithm, size) key
+  std::uint64_t learned_seconds; // and its seconds on this rank (double bits)
 };
 constexpr int kAgreementWords = sizeof(Agreement) / 8;
 constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
@@ -126,6 +128,25 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
       one = std::min(one, MPI_Wtime() - start);
     }
     m.beta_one = rank <= 1 ? std::max(0.0, one - m.alpha) / static_cast<double>(kBytes) : 0.0;
+  }
+  // beta_allreduce: MPI's own allreduce of 1M floats, fitted to its bandwidth term.
+  {
+    constexpr std::size_t kFloats = std::size_t{1} << 20;
+    std::vector<float> a(kFloats, 1.0f), b(kFloats);
+    double ar = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      MPI_Request req;
+      GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
+      detail::wait(req);
+      const double start = MPI_Wtime();
+      GCOMP_CHECK_MPI(MPI_Iallreduce(a.data(), b.data(), static_cast<int>(kFloats), MPI_FLOAT,
+                                     MPI_SUM, comm, &req));
+      detail::wait(req);
+      ar = std::min(ar, MPI_Wtime() - start);
+    }
+    const double p = size;
+    const double rounds = 2 * std::ceil(std::log2(p));
+    m.beta_allreduce = std::max(0.0, ar - rounds * m.alpha) / (2 * (p - 1) / p * 4.0 * kFloats);
   }
   // beta_all: every rank sends 4 MiB spread over all the others, all at once (all-to-all).
   if (size > 2) {
@@ -208,15 +229,15 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
   if (network_.beta_all <= 0) network_.beta_all = network_.beta;
   if (network_.beta_one <= 0) network_.beta_one = network_.beta;
   const ComputeModel rm = measure_reduce_and_merge();
-  double local[6] = {network_.alpha,    network_.beta, network_.beta_all,
-                     network_.beta_one, rm.reduce,     rm.merge};
-  double agreed[6];
+  double local[7] = {network_.alpha,    network_.beta, network_.beta_all,
+                     network_.beta_one, network_.beta_allreduce, rm.reduce, rm.merge};
+  double agreed[7];
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 6, MPI_DOUBLE, MPI_MAX, comm_, &req));
+  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 7, MPI_DOUBLE, MPI_MAX, comm_, &req));
   detail::wait(req);
-  if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3]};
-  reduce_speed_ = agreed[4];
-  merge_speed_ = agreed[5];
+  if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4]};
+  reduce_speed_ = agreed[5];
+  merge_speed_ = agreed[6];
 }
 
 namespace {
@@ -284,13 +305,46 @@ double Communicator::predict_uncompressed(std::size_t n) {
                                                  compute_model(none, n), false, false));
 }
 
+namespace {
+std::uint64_t learned_key(const Codec& codec, std::size_t n, Algorithm a, bool compressed) {
+  const int size_class = std::bit_width(n);
+  return fnv1a(codec.spec() + "|" + algorithm_name(a) + "|" + (compressed ? "c" : "u") + "|" +
+               std::to_string(size_class)) & k63;
+}
+}  // namespace
+
+Choice Communicator::choose_learned(const Codec& codec, std::size_t n,
+                                    const ModelInput& in) const {
+  const auto t = gcomp::predict(in);
+  const auto seconds = [&](Algorithm a, bool compressed, double model) {
+    const auto it = measured_.find(learned_key(codec, n, a, compressed));
+    return it != measured_.end() ? it->second : model;
+  };
+  Choice best{Algorithm::dense, true};
+  double best_t = seconds(Algorithm::dense, true, t[static_cast<int>(Algorithm::dense)]);
+  for (int a = 1; a < kAlgorithmCount; ++a) {
+    const auto alg = static_cast<Algorithm>(a);
+    if (!auto_candidate(alg, in)) continue;
+    const double ta = seconds(alg, true, t[a]);
+    if (ta < best_t) {
+      best_t = ta;
+      best = {alg, true};
+    }
+  }
+  if (in.allow_uncompressed && !in.codec_none &&
+      seconds(Algorithm::dense, false, gcomp::predict_uncompressed(in)) <= best_t) {
+    best = {Algorithm::dense, false};
+  }
+  return best;
+}
+
 Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
                             bool allow_uncompressed) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
   ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
                               compute_model(codec, n), false, false);
   in.allow_uncompressed = allow_uncompressed;
-  return choose_auto(in);
+  return choose_learned(codec, n, in);
 }
 
 namespace {
@@ -437,6 +491,9 @@ struct Communicator::Impl {
       mine.not_fail = k63 & ~((static_cast<std::uint64_t>(Status::internal) << 32) |
                               static_cast<std::uint32_t>(self.rank_));
     }
+    mine.learned_key = self.pending_key_;
+    mine.learned_seconds = dbits(self.pending_seconds_);
+    self.pending_key_ = 0;
     const std::uint64_t sig = fnv1a(descriptor) & k63;
     mine.sig = sig;
     mine.not_sig = k63 & ~sig;
@@ -467,6 +524,7 @@ struct Communicator::Impl {
     }
 
     // 3. The algorithm, from the agreed numbers.
+    if (all.learned_key != 0) self.measured_[all.learned_key] = bitsd(all.learned_seconds);
     compute.encode = bitsd(all.encode);
     compute.decode = bitsd(all.decode);
     self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
@@ -475,10 +533,11 @@ struct Communicator::Impl {
       ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
                                   self.network_, compute, opt.average, ef != nullptr);
       mi.allow_uncompressed = opt.allow_uncompressed;
-      const Choice choice = choose_auto(mi);
+      const Choice choice = self.choose_learned(*codec, in.size(), mi);
       alg = choice.algorithm;
       job.skip_codec = !choice.compressed;
     }
+    const double run_start = MPI_Wtime();
     switch (alg) {
       case Algorithm::dense: detail::run_dense(job); break;
       case Algorithm::sparse_allgather: detail::run_sparse_allgather(job); break;
@@ -489,6 +548,10 @@ struct Communicator::Impl {
       case Algorithm::automatic: break;
     }
     if (ef) ef->commit();
+    if (requested == Algorithm::automatic) {
+      self.pending_key_ = learned_key(*codec, in.size(), alg, !job.skip_codec);
+      self.pending_seconds_ = MPI_Wtime() - run_start;
+    }
 
     CallStats& s = self.last_;
     s.bytes_sent = job.traffic.sent + 2 * sizeof(Agreement);

@@ -30,6 +30,7 @@ double t_allreduce(const ModelInput& in, double bytes, double elements) {
   const auto& net = in.network;
   if (in.ranks <= 1) return 0;
   if (bytes <= 2048) return l * (net.alpha + bytes * net.beta + elements * in.compute.reduce);
+  if (net.beta_allreduce > 0) return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * net.beta_allreduce;
   return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * net.beta +
          (p - 1) / p * elements * in.compute.reduce;
 }
@@ -143,7 +144,7 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
 }
 
 NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
-  return {latency_seconds, 8.0 / bits_per_second, 8.0 / bits_per_second, 8.0 / bits_per_second};
+  return {latency_seconds, 8.0 / bits_per_second, 8.0 / bits_per_second, 8.0 / bits_per_second, 0.0};
 }
 
 bool auto_candidate(Algorithm a, const ModelInput& in) {

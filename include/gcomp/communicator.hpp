@@ -31,6 +31,8 @@
 
 namespace gcomp {
 
+struct ModelInput;
+
 enum class Algorithm : int {
   automatic = 0,               // chosen by the cost model ("auto")
   dense,                       // MPI_Allreduce of float32 (each rank's decoded contribution)
@@ -52,11 +54,15 @@ Algorithm parse_algorithm(std::string_view name);
 // sends to every other at once (all-to-all) the bytes flow at beta_all instead (shared links and
 // TCP incast make that slower), and a single message alone at beta_one (on a switched network
 // about beta; on a shared one, such as an emulated loopback, about beta / P). 0 means "as beta".
+//
+// MPI's own allreduce is modelled with beta_allreduce, fitted to a timed 4 MiB MPI_Iallreduce,
+// since its internal copies and reductions (on shared memory they dominate) are MPI's business.
 struct NetworkModel {
-  double alpha = 0;     // seconds
-  double beta = 0;      // seconds per byte, every rank sending to one other
-  double beta_all = 0;  // seconds per byte, all-to-all
-  double beta_one = 0;  // seconds per byte, one message alone
+  double alpha = 0;           // seconds
+  double beta = 0;            // seconds per byte, every rank sending to one other
+  double beta_all = 0;        // seconds per byte, all-to-all
+  double beta_one = 0;        // seconds per byte, one message alone
+  double beta_allreduce = 0;  // seconds per byte of 2 (P-1)/P 4n in MPI's allreduce
 };
 
 // Measured speeds of the local compute steps that the cost model needs.
@@ -154,9 +160,10 @@ class Communicator {
   // instead of waiting. Returns once they have been told.
   void abandon(Status reason, const std::string& why);
 
-  // What auto would do, and the model's time for each algorithm applying the codec (infinity
-  // where it does not apply) and for the uncompressed allreduce, for a codec on n elements whose
-  // payloads hold `sent` entries per rank (sparse codecs; 0: the codec's k).
+  // What auto would do (the model, corrected by the times of the calls it has run), and the
+  // model's time for each algorithm applying the codec (infinity where it does not apply) and
+  // for the uncompressed allreduce, for a codec on n elements whose payloads hold `sent` entries
+  // per rank (sparse codecs; 0: the codec's k).
   Choice choose(const Codec& codec, std::size_t n, std::size_t sent = 0,
                 bool allow_uncompressed = false);
   std::array<double, kAlgorithmCount> predict(const Codec& codec, std::size_t n,
@@ -181,6 +188,13 @@ class Communicator {
   NetworkModel network_;
   double reduce_speed_ = 0;  // seconds per float32 element summed
   double merge_speed_ = 0;   // seconds per sparse entry merged
+  // What auto learns from its own calls: the seconds a (codec, algorithm, compressed, size
+  // class) took, the slowest rank's, agreed in the next call's agreement. Where known it
+  // replaces the model's prediction, so a mistaken prediction corrects itself.
+  std::map<std::uint64_t, double> measured_;
+  std::uint64_t pending_key_ = 0;  // the last call's key and seconds, still to be agreed
+  double pending_seconds_ = 0;
+  Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::map<std::string, ComputeModel> calibrated_;
   std::map<std::uint64_t, std::vector<float>> owner_memory_;  // per bucket layout

@@ -186,7 +186,8 @@ TEST(Allreduce, MajorityVote) {
   }
 }
 
-// auto runs what the cost model predicts cheapest, from the agreed numbers.
+// auto runs what the cost model (corrected by the times of calls it has run) predicts cheapest,
+// from the agreed numbers; the first call at a size follows the model alone.
 TEST(Allreduce, AutoFollowsTheCostModel) {
   for (const char* spec : {"none", "fp16", "qsgd", "qsgd:bits=8", "terngrad", "sign",
                            "topk:ratio=0.01", "topk:ratio=0.001", "randomk:ratio=0.01"}) {
@@ -200,14 +201,6 @@ TEST(Allreduce, AutoFollowsTheCostModel) {
       EXPECT_TRUE(world().last_stats().compressed);
       const auto t = world().predict(codec, n);
       EXPECT_TRUE(std::isfinite(t[static_cast<int>(ran)])) << spec;
-      for (int a = 1; a < kAlgorithmCount; ++a) {  // nothing auto may pick is predicted cheaper
-        ModelInput in;
-        in.sparse = codec.properties().sparse;
-        in.codec_none = codec.kind() == CodecKind::none;
-        if (auto_candidate(static_cast<Algorithm>(a), in)) {
-          EXPECT_GE(t[a], t[static_cast<int>(ran)]) << spec << " " << a;
-        }
-      }
     }
   }
   // `none` is always dense.
@@ -216,6 +209,25 @@ TEST(Allreduce, AutoFollowsTheCostModel) {
 
 // With allow_uncompressed, auto skips the codec exactly when the model says no compressing
 // algorithm beats the plain allreduce; the result is then the exact sum of x + e.
+// The first choice for a fresh (codec, size) is the model's own minimum.
+TEST(Allreduce, FirstChoiceIsTheModelsMinimum) {
+  const Codec codec("qsgd:bits=5,bucket=256");  // a spec no other test uses
+  const std::size_t n = 77777;
+  const auto x = test::input(n, 40);
+  std::vector<float> out(n);
+  world().allreduce(x, out, codec);
+  // Its own time is not learned until the next call's agreement: choose() is still the model's.
+  const Choice c = world().choose(codec, n);
+  EXPECT_EQ(world().last_stats().algorithm, c.algorithm);
+  const auto t = world().predict(codec, n);
+  ModelInput in;
+  for (int a = 1; a < kAlgorithmCount; ++a) {
+    if (auto_candidate(static_cast<Algorithm>(a), in)) {
+      EXPECT_GE(t[a], t[static_cast<int>(c.algorithm)]) << algorithm_name(static_cast<Algorithm>(a));
+    }
+  }
+}
+
 TEST(Allreduce, AutoMaySkipTheCodecWhenAllowed) {
   for (const char* spec : {"fp16", "qsgd", "sign", "topk:ratio=0.01", "topk:ratio=0.5"}) {
     const Codec codec(spec);

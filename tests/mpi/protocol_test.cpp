@@ -151,9 +151,9 @@ TEST(Stats, BytesAreWhatMpiWasHanded) {
   const CallStats& s = world().last_stats();
   const std::uint64_t payload = codec.max_bytes(n);  // top-k's size is exact
   const std::uint64_t p = static_cast<std::uint64_t>(size());
-  // The agreement (64 bytes each way), the sizes (8 bytes to each peer), the payload to each.
-  EXPECT_EQ(s.bytes_sent, 2 * 64 + (p - 1) * (8 + payload));
-  EXPECT_EQ(s.bytes_received, 2 * 64 + (p - 1) * (8 + payload));
+  // The agreement (ten int64 each way), the sizes (8 bytes to each peer), the payload to each.
+  EXPECT_EQ(s.bytes_sent, 2 * 80 + (p - 1) * (8 + payload));
+  EXPECT_EQ(s.bytes_received, 2 * 80 + (p - 1) * (8 + payload));
   EXPECT_GE(s.comm_seconds, 0.0);
   EXPECT_GT(s.encode_seconds, 0.0);
   const std::uint64_t before = world().total_stats().calls;
