@@ -70,7 +70,8 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
       return set_last_error(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_allreduce: " + bad);
     }
     gcomp::AllreduceOptions opt;
-    opt.seed = seed;  // allow_uncompressed stays off: the codec is always applied, as documented
+    opt.seed = seed;
+    opt.allow_uncompressed = false;  // the codec is always applied, as gcomp_mpi.h documents
     c.allreduce({sendbuf, count}, {recvbuf, count}, codec->codec, ef ? &ef->ef : nullptr, opt);
     const gcomp::CallStats& s = c.last_stats();
     last_stats.bytes_sent = s.bytes_sent;

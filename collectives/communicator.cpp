@@ -3,10 +3,10 @@
 // Every allreduce runs in three steps:
 //   1. local work that can fail (argument checks, the sparse codecs' encode, the dense codecs'
 //      check for NaN/Inf, a first calibration of the codec's speed);
-//   2. the agreement: one small MPI_Iallreduce with a user-defined operation over a struct that
-//      carries a hash of (spec, n, options, requested algorithm) as AND and OR (they differ iff
-//      some rank disagrees), the first failing rank and its status (MIN), the largest payload
-//      and entry counts and the slowest codec speeds (MAX): every rank learns the same things;
+//   2. the agreement: one small MPI_Iallreduce (MPI_MAX over int64, see Agreement) that carries
+//      a hash of (spec, n, options, requested algorithm), the first failing rank and its status,
+//      the largest payload and entry counts, the slowest codec speeds and the previous call's
+//      measured time: every rank learns the same things;
 //   3. if every rank is fine and all agree, the algorithm (the requested one, or the cost
 //      model's choice from the agreed numbers: the same on every rank) runs; otherwise every
 //      rank throws, none waits.
@@ -51,7 +51,6 @@ struct Agreement {
   std::uint64_t bytes;   // whole-tensor payload bytes
   std::uint64_t encode;  // the codec's encode seconds per element (double bits)
   std::uint64_t decode;  // decode seconds per element or entry (double bits)
-  std::uint64_t reserved;
   std::uint64_t learned_key;     // the previous call's (codec, algorithm, size) key
   std::uint64_t learned_seconds; // and its seconds on this rank (double bits)
 };

@@ -81,11 +81,12 @@ struct AllreduceOptions {
   bool majority_vote = false;  // sign codec, allgather: sum of scales * sign(sum of signs)
   std::uint64_t seed = 0;      // the same on every rank; the rank is mixed in (see below)
   std::uint64_t tensor = 0;    // mixed into the seed, so tensors of one step draw differently
-  // automatic only: when the cost model predicts that no compressing algorithm beats a plain
-  // float32 allreduce, send x + e as it is (the codec is skipped, the residual becomes zero),
-  // so that compression never makes a call slower. Off by default: the result is then always
-  // the sum of what the codec sent, as accuracy experiments need.
-  bool allow_uncompressed = false;
+  // automatic only: when no compressing algorithm is predicted (or was measured) to beat a
+  // plain float32 allreduce, send x + e as it is: auto's `dense` is then MPI_Allreduce with
+  // codec none (CallStats::compressed says false; the residual becomes zero), so compression
+  // never makes a call slower. Set false when the result must always be the sum of what the codec
+  // sent (accuracy experiments, and the C API, whose contract says so).
+  bool allow_uncompressed = true;
 };
 
 // What auto decides: an algorithm, and whether the codec is applied at all.
@@ -165,7 +166,7 @@ class Communicator {
   // for the uncompressed allreduce, for a codec on n elements whose payloads hold `sent` entries
   // per rank (sparse codecs; 0: the codec's k).
   Choice choose(const Codec& codec, std::size_t n, std::size_t sent = 0,
-                bool allow_uncompressed = false);
+                bool allow_uncompressed = true);
   std::array<double, kAlgorithmCount> predict(const Codec& codec, std::size_t n,
                                               std::size_t sent = 0);
   double predict_uncompressed(std::size_t n);

