@@ -1,0 +1,76 @@
+// Data-parallel minibatch SGD with momentum through gcomp's collectives. Every rank holds the
+// whole model; each step, the global batch (ranks x local batch samples of a shuffled epoch
+// order shared by all ranks) is split so that rank r takes its r-th slice; the local gradients
+// are averaged over ranks by Communicator::allreduce_buckets with the chosen codec and per-tensor
+// error feedback, and every rank applies the same update, so the replicas stay identical.
+//
+// DGC (Lin et al., ICLR 2018) lives here because it needs the optimizer's momentum: the local
+// gradient is clipped to clip / sqrt(ranks) in norm, momentum is corrected (u = m u + g,
+// v = v + u), the top entries of v are sent (the rest stay in v), u and v are zeroed where sent
+// (momentum factor masking), and the sparsity warms up over the first epochs: 75%, 93.75%,
+// 98.4375%, 99.6%, then the target.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gcomp/communicator.hpp"
+#include "idx.hpp"
+#include "model.hpp"
+
+namespace gcomp::train {
+
+struct Config {
+  std::string model = "mlp";
+  std::string codec = "none";  // any gcomp codec spec, or dgc:ratio=R[,clip=C]
+  bool error_feedback = true;
+  int epochs = 10;
+  std::size_t batch = 32;  // per rank; the global batch is ranks x batch
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0;
+  int warmup_epochs = 0;          // epochs without compression first
+  std::size_t dense_below = 1024; // smaller tensors (biases) are summed uncompressed
+  std::size_t bucket_bytes = 25u << 20;
+  std::size_t subset = 0;         // train on the first N samples only (0: all)
+  std::size_t test_subset = 0;    // evaluate on the first N test samples only (0: all)
+  unsigned seed = 1;
+  Algorithm algorithm = Algorithm::automatic;
+};
+
+struct EpochRecord {
+  int epoch = 0;
+  double train_loss = 0;
+  double test_accuracy = 0;         // in [0, 1]
+  double bytes_sent_per_rank = 0;   // cumulative, mean over ranks
+  double dense_bytes_per_rank = 0;  // cumulative: what a float32 ring allreduce would send
+  double compute_seconds = 0;       // cumulative, this rank
+  double encode_seconds = 0;
+  double comm_seconds = 0;
+  double decode_seconds = 0;
+  double wall_seconds = 0;          // cumulative, training only (not evaluation)
+  double sparsity = 0;              // DGC: the fraction not sent this epoch
+};
+
+struct History {
+  std::size_t parameters = 0;
+  int ranks = 1;
+  std::vector<EpochRecord> epochs;
+};
+
+// Checks a configuration (codec spec, DGC spec, numbers); throws gcomp::Error(invalid_argument).
+void validate(const Config& c);
+
+// Trains model (built by the caller with Config::model and seed, identical on every rank) on
+// train, evaluating on test after every epoch; on_epoch is called on every rank with each
+// finished record, on_step with (step, steps per epoch). Collective over comm. Throws
+// gcomp::Error on every rank if any rank's step fails.
+History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,
+            Model& model, const std::function<void(const EpochRecord&)>& on_epoch = {},
+            const std::function<void(std::size_t, std::size_t)>& on_step = {});
+
+// The DGC sparsity warm-up: the fraction of entries sent in epoch e (0-based) for target ratio.
+double dgc_ratio(int epoch, double target);
+
+}  // namespace gcomp::train
