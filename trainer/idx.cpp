@@ -58,7 +58,7 @@ std::uint32_t be32(const std::vector<std::uint8_t>& b, std::size_t at) {
 // Checks the header and returns the dimensions.
 std::vector<std::uint32_t> header(const std::string& path, const std::vector<std::uint8_t>& b,
                                   std::uint32_t dims) {
-  if (b.size() < 4 + 4 * dims) fail(path, "shorter than its IDX header");
+  if (b.size() < 4) fail(path, "shorter than its IDX header");
   const std::uint32_t magic = be32(b, 0);
   const std::uint32_t want = 0x00000800u | dims;
   if (magic != want) {
@@ -67,6 +67,7 @@ std::vector<std::uint32_t> header(const std::string& path, const std::vector<std
     fail(path, std::string(text) + " (not an IDX file of unsigned bytes with " +
                    std::to_string(dims) + " dimensions)");
   }
+  if (b.size() < 4 + 4 * dims) fail(path, "shorter than its IDX header");
   std::vector<std::uint32_t> d(dims);
   std::uint64_t total = 1;
   for (std::uint32_t i = 0; i < dims; ++i) {
@@ -127,8 +128,14 @@ FashionMnist load_fashion_mnist(const std::string& dir) {
                                           "Fashion-MNIST IDX files)");
   };
   FashionMnist f;
-  f.train = read_idx(find("train-images-idx3-ubyte"), find("train-labels-idx1-ubyte"));
-  f.test = read_idx(find("t10k-images-idx3-ubyte"), find("t10k-labels-idx1-ubyte"));
+  // One at a time, so a missing file is named in this order whatever the compiler's order of
+  // evaluating arguments.
+  const std::string train_images = find("train-images-idx3-ubyte");
+  const std::string train_labels = find("train-labels-idx1-ubyte");
+  const std::string test_images = find("t10k-images-idx3-ubyte");
+  const std::string test_labels = find("t10k-labels-idx1-ubyte");
+  f.train = read_idx(train_images, train_labels);
+  f.test = read_idx(test_images, test_labels);
   if (f.train.rows != f.test.rows || f.train.cols != f.test.cols) {
     throw Error(Status::invalid_argument, dir + ": train and test images differ in size");
   }

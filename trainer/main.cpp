@@ -44,6 +44,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"global_batch", c.batch * static_cast<std::size_t>(ranks)},
           {"ranks", ranks},
           {"lr", c.lr},
+          {"schedule", c.schedule},
           {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},
           {"warmup_epochs", c.warmup_epochs},
@@ -97,6 +98,9 @@ int run(int argc, char** argv) {
   app.add_option("--epochs", c.epochs, "epochs")->capture_default_str();
   app.add_option("--batch", c.batch, "samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "learning rate")->capture_default_str();
+  app.add_option("--schedule", c.schedule,
+                 "learning-rate schedule: cosine (decays to 0 over the run) or constant")
+      ->capture_default_str();
   app.add_option("--momentum", c.momentum, "momentum")->capture_default_str();
   app.add_option("--weight-decay", c.weight_decay, "L2 weight decay")->capture_default_str();
   app.add_option("--warmup-epochs", c.warmup_epochs, "epochs without compression first")
@@ -152,7 +156,7 @@ int run(int argc, char** argv) {
   if (rank == 0 && !quiet) {
     std::printf("gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs\n",
                 c.model.c_str(), model.parameter_count(), c.codec.c_str(),
-                c.error_feedback ? " + EF" : "", ranks, c.batch, c.epochs);
+                c.error_feedback && c.codec != "none" ? " + EF" : "", ranks, c.batch, c.epochs);
     std::fflush(stdout);
   }
   int epoch_now = 1;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <string>
@@ -98,6 +99,12 @@ double dgc_ratio(int epoch, double target) {
   return epoch < 4 ? std::max(warm[epoch], target) : target;
 }
 
+double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps) {
+  if (c.schedule == "constant" || total_steps == 0) return c.lr;
+  const double t = static_cast<double>(step) / static_cast<double>(total_steps);
+  return c.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+}
+
 void validate(const Config& c) {
   const auto bad = [](const std::string& why) { throw Error(Status::invalid_argument, why); };
   if (c.model != "mlp" && c.model != "cnn") bad("unknown model '" + c.model + "' (mlp or cnn)");
@@ -105,6 +112,9 @@ void validate(const Config& c) {
   if (c.epochs < 1) bad("epochs must be at least 1");
   if (c.batch < 1) bad("batch must be at least 1");
   if (!(c.lr > 0) || !std::isfinite(c.lr)) bad("lr must be positive");
+  if (c.schedule != "cosine" && c.schedule != "constant") {
+    bad("unknown schedule '" + c.schedule + "' (cosine or constant)");
+  }
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("momentum must be in [0, 1)");
   if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) bad("weight decay must be >= 0");
   if (c.warmup_epochs < 0) bad("warm-up epochs must be >= 0");
@@ -160,6 +170,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   Matrix x(static_cast<Eigen::Index>(f), static_cast<Eigen::Index>(c.batch));
   std::vector<std::uint8_t> labels(c.batch);
   std::uint64_t step_counter = 0;
+  const std::uint64_t total_steps = static_cast<std::uint64_t>(c.epochs) * steps;
   const double dense_step_bytes =
       p > 1 ? 2.0 * (p - 1) / p * 4.0 * static_cast<double>(h.parameters) : 0.0;
 
@@ -180,6 +191,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         labels[j] = train.labels[id];
       }
       loss_sum += model.train_step(x, labels.data());
+      const double lr_now = learning_rate(c, step_counter, total_steps);
       if (c.weight_decay > 0) {
         for (Param* q : params) {
           for (std::size_t i = 0; i < q->value.size(); ++i) {
@@ -199,7 +211,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         Param& q = *params[i];
         std::vector<float>& m = velocity[i];
         const auto mu = static_cast<float>(c.momentum);
-        const auto lr = static_cast<float>(c.lr);
+        const auto lr = static_cast<float>(lr_now);
         for (std::size_t k = 0; k < q.value.size(); ++k) {
           m[k] = mu * m[k] + q.grad[k];
           q.value[k] -= lr * m[k];
@@ -285,7 +297,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
           total.compute_seconds += now() - t0;
           comm.allreduce(q.grad, select, nullptr, opt);
           add_stats(comm.last_stats());
-          const auto lr = static_cast<float>(c.lr);
+          const auto lr = static_cast<float>(lr_now);
           for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
         }
       }

@@ -28,6 +28,7 @@ struct Config {
   int epochs = 10;
   std::size_t batch = 32;  // per rank; the global batch is ranks x batch
   double lr = 0.05;
+  std::string schedule = "cosine";  // lr * (1 + cos(pi t / T)) / 2 over the T steps; or constant
   double momentum = 0.9;
   double weight_decay = 0;
   int warmup_epochs = 0;          // epochs without compression first
@@ -69,6 +70,9 @@ void validate(const Config& c);
 History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,
             Model& model, const std::function<void(const EpochRecord&)>& on_epoch = {},
             const std::function<void(std::size_t, std::size_t)>& on_step = {});
+
+// The learning rate of step (0-based) of total_steps under c.schedule.
+double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps);
 
 // The DGC sparsity warm-up: the fraction of entries sent in epoch e (0-based) for target ratio.
 double dgc_ratio(int epoch, double target);
