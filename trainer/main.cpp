@@ -53,7 +53,8 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"subset", c.subset},
           {"test_subset", c.test_subset},
           {"seed", c.seed},
-          {"algorithm", gcomp::algorithm_name(c.algorithm)},
+          {"algorithm", gcomp::algorithm_name(
+                            c.algorithm.value_or(gcomp::train::fewest_bytes_algorithm(c.codec)))},
           {"data", data}};
 }
 
@@ -89,7 +90,7 @@ int run(int argc, char** argv) {
   Config c;
   std::string data = gcomp::train::kDefaultDataDir;
   std::string out;
-  std::string algorithm = "auto";
+  std::string algorithm = "bytes";
   bool quiet = false;
   app.add_option("--model", c.model, "mlp (784-512-256-10) or cnn")->capture_default_str();
   app.add_option("--codec", c.codec, "a gcomp codec spec (gcomp list), or dgc:ratio=R[,clip=C]")
@@ -113,15 +114,15 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the initialisation and the sample order")
       ->capture_default_str();
-  app.add_option("--algorithm", algorithm, "allreduce algorithm (auto, dense, sparse_allgather, "
-                                           "sparse_recursive_doubling, sparse_split, allgather, "
-                                           "compressed_reduce_scatter)")->capture_default_str();
+  app.add_option("--algorithm", algorithm, "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), "
+                 "auto (gcomp chooses by time), dense, sparse_allgather, "
+                 "sparse_recursive_doubling, sparse_split, allgather, compressed_reduce_scatter")->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");
   try {
     app.parse(argc, argv);
-    c.algorithm = gcomp::parse_algorithm(algorithm);
+    if (algorithm != "bytes") c.algorithm = gcomp::parse_algorithm(algorithm);
     gcomp::train::validate(c);
   } catch (const CLI::CallForHelp& e) {
     if (rank == 0) app.exit(e);
@@ -145,6 +146,14 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "gcomp-train (rank %d): %s\n", rank,
                  load_error.empty() ? "another rank could not load the data set" : load_error.c_str());
     return 2;
+  }
+
+  // The record is written at the end: find out now, not after the training, if it cannot be.
+  bool out_ok = true;
+  if (rank == 0 && !out.empty()) out_ok = static_cast<bool>(std::ofstream(out));
+  if (!all_ok(out_ok)) {
+    if (rank == 0) std::fprintf(stderr, "gcomp-train: %s: cannot write\n", out.c_str());
+    return 1;
   }
 
   gcomp::Communicator comm(MPI_COMM_WORLD);

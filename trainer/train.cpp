@@ -99,6 +99,14 @@ double dgc_ratio(int epoch, double target) {
   return epoch < 4 ? std::max(warm[epoch], target) : target;
 }
 
+Algorithm fewest_bytes_algorithm(const std::string& codec) {
+  if (parse_dgc(codec).on) return Algorithm::sparse_recursive_doubling;
+  const Codec k(codec);
+  if (k.kind() == CodecKind::none) return Algorithm::dense;
+  return k.properties().sparse ? Algorithm::sparse_recursive_doubling
+                               : Algorithm::compressed_reduce_scatter;
+}
+
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps) {
   if (c.schedule == "constant" || total_steps == 0) return c.lr;
   const double t = static_cast<double>(step) / static_cast<double>(total_steps);
@@ -158,7 +166,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   bucket.bucket_bytes = c.bucket_bytes;
   bucket.dense_below = c.dense_below;
   bucket.allreduce.average = true;
-  bucket.allreduce.algorithm = c.algorithm;
+  bucket.allreduce.algorithm = c.algorithm.value_or(fewest_bytes_algorithm(c.codec));
   bucket.allreduce.allow_uncompressed = false;  // an accuracy experiment measures the codec
   bucket.allreduce.seed = c.seed;
 
@@ -183,126 +191,139 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
     double loss_sum = 0;
     const double epoch_start = now();
     for (std::size_t s = 0; s < steps; ++s) {
-      double t0 = now();
-      for (std::size_t j = 0; j < c.batch; ++j) {
-        const std::size_t id = order[s * global_batch + rank * c.batch + j];
-        x.col(static_cast<Eigen::Index>(j)) = Eigen::Map<const Eigen::VectorXf>(
-            train.images.data() + id * f, static_cast<Eigen::Index>(f));
-        labels[j] = train.labels[id];
-      }
-      loss_sum += model.train_step(x, labels.data());
-      const double lr_now = learning_rate(c, step_counter, total_steps);
-      if (c.weight_decay > 0) {
-        for (Param* q : params) {
-          for (std::size_t i = 0; i < q->value.size(); ++i) {
-            q->grad[i] += static_cast<float>(c.weight_decay) * q->value[i];
-          }
+      try {
+        double t0 = now();
+        for (std::size_t j = 0; j < c.batch; ++j) {
+          const std::size_t id = order[s * global_batch + rank * c.batch + j];
+          x.col(static_cast<Eigen::Index>(j)) = Eigen::Map<const Eigen::VectorXf>(
+              train.images.data() + id * f, static_cast<Eigen::Index>(f));
+          labels[j] = train.labels[id];
         }
-      }
-      total.compute_seconds += now() - t0;
-
-      const auto add_stats = [&](const CallStats& st) {
-        total.bytes_sent_per_rank += static_cast<double>(st.bytes_sent);
-        total.encode_seconds += st.encode_seconds;
-        total.comm_seconds += st.comm_seconds;
-        total.decode_seconds += st.decode_seconds;
-      };
-      const auto momentum_update = [&](std::size_t i) {
-        Param& q = *params[i];
-        std::vector<float>& m = velocity[i];
-        const auto mu = static_cast<float>(c.momentum);
-        const auto lr = static_cast<float>(lr_now);
-        for (std::size_t k = 0; k < q.value.size(); ++k) {
-          m[k] = mu * m[k] + q.grad[k];
-          q.value[k] -= lr * m[k];
-        }
-      };
-
-      AllreduceOptions opt = bucket.allreduce;
-      opt.seed = derive_seed(c.seed, 0, step_counter, 0);
-      BucketOptions bo = bucket;
-      bo.allreduce = opt;
-      if (!compress) {
-        comm.allreduce_buckets(grads, none, {}, bo);
-        add_stats(comm.last_stats());
-        t0 = now();
-        for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
-        total.compute_seconds += now() - t0;
-      } else if (!dgc.on) {
-        comm.allreduce_buckets(grads, codec, efs, bo);
-        add_stats(comm.last_stats());
-        t0 = now();
-        for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
-        total.compute_seconds += now() - t0;
-      } else {
-        // DGC. Local clipping of the whole gradient to clip / sqrt(ranks).
-        t0 = now();
-        if (dgc.clip > 0) {
-          double norm = 0;
+        loss_sum += model.train_step(x, labels.data());
+        const double lr_now = learning_rate(c, step_counter, total_steps);
+        if (c.weight_decay > 0) {
           for (Param* q : params) {
-            for (float g : q->grad) norm += static_cast<double>(g) * g;
-          }
-          norm = std::sqrt(norm);
-          const double limit = dgc.clip / std::sqrt(static_cast<double>(p));
-          if (norm > limit) {
-            const auto scale = static_cast<float>(limit / norm);
-            for (Param* q : params) {
-              for (float& g : q->grad) g *= scale;
+            for (std::size_t i = 0; i < q->value.size(); ++i) {
+              q->grad[i] += static_cast<float>(c.weight_decay) * q->value[i];
             }
           }
         }
-        // Small tensors: a dense average and plain momentum.
-        std::vector<std::span<float>> small;
-        std::vector<std::size_t> small_ids;
-        for (std::size_t i = 0; i < params.size(); ++i) {
-          if (params[i]->value.size() < c.dense_below) {
-            small.emplace_back(params[i]->grad);
-            small_ids.push_back(i);
-          }
-        }
         total.compute_seconds += now() - t0;
-        if (!small.empty()) {
-          BucketOptions dense = bo;
-          dense.dense_below = 0;
-          comm.allreduce_buckets(small, none, {}, dense);
-          add_stats(comm.last_stats());
-        }
-        t0 = now();
-        for (std::size_t i : small_ids) momentum_update(i);
-        total.compute_seconds += now() - t0;
-        // Large tensors: momentum correction, accumulation, top-k, masking.
-        for (std::size_t i = 0; i < params.size(); ++i) {
+
+        const auto add_stats = [&](const CallStats& st) {
+          total.bytes_sent_per_rank += static_cast<double>(st.bytes_sent);
+          total.encode_seconds += st.encode_seconds;
+          total.comm_seconds += st.comm_seconds;
+          total.decode_seconds += st.decode_seconds;
+        };
+        const auto momentum_update = [&](std::size_t i) {
           Param& q = *params[i];
-          if (q.value.size() < c.dense_below) continue;
-          t0 = now();
-          std::vector<float>& u = velocity[i];
-          std::vector<float>& v = dgc_v[i];
+          std::vector<float>& m = velocity[i];
           const auto mu = static_cast<float>(c.momentum);
-          for (std::size_t k = 0; k < u.size(); ++k) {
-            u[k] = mu * u[k] + q.grad[k];
-            v[k] += u[k];
+          const auto lr = static_cast<float>(lr_now);
+          for (std::size_t k = 0; k < q.value.size(); ++k) {
+            m[k] = mu * m[k] + q.grad[k];
+            q.value[k] -= lr * m[k];
           }
-          const auto k = std::max<std::size_t>(
-              1, static_cast<std::size_t>(std::llround(ratio * static_cast<double>(v.size()))));
-          const Codec select("topk:k=" + std::to_string(k));
-          SparseEntries e;
-          sparse_entries(select.encode(v, 0), e);
-          std::fill(q.grad.begin(), q.grad.end(), 0.0f);  // reused as the sent tensor
-          for (std::size_t j = 0; j < e.indices.size(); ++j) {
-            const auto at = static_cast<std::size_t>(e.indices[j]);
-            q.grad[at] = v[at];
-            v[at] = 0.0f;
-            u[at] = 0.0f;
+        };
+
+        AllreduceOptions opt = bucket.allreduce;
+        opt.seed = derive_seed(c.seed, 0, step_counter, 0);
+        BucketOptions bo = bucket;
+        bo.allreduce = opt;
+        if (!compress) {
+          comm.allreduce_buckets(grads, none, {}, bo);
+          add_stats(comm.last_stats());
+          t0 = now();
+          for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
+          total.compute_seconds += now() - t0;
+        } else if (!dgc.on) {
+          comm.allreduce_buckets(grads, codec, efs, bo);
+          add_stats(comm.last_stats());
+          t0 = now();
+          for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
+          total.compute_seconds += now() - t0;
+        } else {
+          // DGC. Local clipping of the whole gradient to clip / sqrt(ranks).
+          t0 = now();
+          if (dgc.clip > 0) {
+            double norm = 0;
+            for (Param* q : params) {
+              for (float g : q->grad) norm += static_cast<double>(g) * g;
+            }
+            norm = std::sqrt(norm);
+            const double limit = dgc.clip / std::sqrt(static_cast<double>(p));
+            if (norm > limit) {
+              const auto scale = static_cast<float>(limit / norm);
+              for (Param* q : params) {
+                for (float& g : q->grad) g *= scale;
+              }
+            }
+          }
+          // Small tensors: a dense average and plain momentum.
+          std::vector<std::span<float>> small;
+          std::vector<std::size_t> small_ids;
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            if (params[i]->value.size() < c.dense_below) {
+              small.emplace_back(params[i]->grad);
+              small_ids.push_back(i);
+            }
           }
           total.compute_seconds += now() - t0;
-          comm.allreduce(q.grad, select, nullptr, opt);
-          add_stats(comm.last_stats());
-          const auto lr = static_cast<float>(lr_now);
-          for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
+          if (!small.empty()) {
+            BucketOptions dense = bo;
+            dense.dense_below = 0;
+          dense.allreduce.algorithm = Algorithm::dense;
+            comm.allreduce_buckets(small, none, {}, dense);
+            add_stats(comm.last_stats());
+          }
+          t0 = now();
+          for (std::size_t i : small_ids) momentum_update(i);
+          total.compute_seconds += now() - t0;
+          // Large tensors: momentum correction, accumulation, top-k, masking.
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            Param& q = *params[i];
+            if (q.value.size() < c.dense_below) continue;
+            t0 = now();
+            std::vector<float>& u = velocity[i];
+            std::vector<float>& v = dgc_v[i];
+            const auto mu = static_cast<float>(c.momentum);
+            for (std::size_t k = 0; k < u.size(); ++k) {
+              u[k] = mu * u[k] + q.grad[k];
+              v[k] += u[k];
+            }
+            const auto k = std::max<std::size_t>(
+                1, static_cast<std::size_t>(std::llround(ratio * static_cast<double>(v.size()))));
+            const Codec select("topk:k=" + std::to_string(k));
+            SparseEntries e;
+            sparse_entries(select.encode(v, 0), e);
+            std::fill(q.grad.begin(), q.grad.end(), 0.0f);  // reused as the sent tensor
+            for (std::size_t j = 0; j < e.indices.size(); ++j) {
+              const auto at = static_cast<std::size_t>(e.indices[j]);
+              q.grad[at] = v[at];
+              v[at] = 0.0f;
+              u[at] = 0.0f;
+            }
+            total.compute_seconds += now() - t0;
+            comm.allreduce(q.grad, select, nullptr, opt);
+            add_stats(comm.last_stats());
+            const auto lr = static_cast<float>(lr_now);
+            for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
+          }
         }
+        ++step_counter;
+        if (on_step) on_step(s + 1, steps);
+      } catch (const Error& e) {
+        // Every rank throws here (the collectives agree on failures): say where, and for a
+        // non-finite gradient what usually causes it.
+        const std::string where =
+            "epoch " + std::to_string(epoch + 1) + ", step " + std::to_string(s + 1) + ": ";
+        if (e.code() == Status::nonfinite) {
+          throw Error(Status::nonfinite, "the model diverged in " + where + e.what() +
+                                             " (a gradient is not finite; try a smaller --lr)");
+        }
+        throw Error(e.code(), where + e.what());
       }
-      ++step_counter;
-      if (on_step) on_step(s + 1, steps);
     }
     total.wall_seconds += now() - epoch_start;
     total.dense_bytes_per_rank += dense_step_bytes * static_cast<double>(steps);

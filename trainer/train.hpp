@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,9 @@ struct Config {
   std::size_t subset = 0;         // train on the first N samples only (0: all)
   std::size_t test_subset = 0;    // evaluate on the first N test samples only (0: all)
   unsigned seed = 1;
-  Algorithm algorithm = Algorithm::automatic;
+  // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
+  // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
+  std::optional<Algorithm> algorithm;
 };
 
 struct EpochRecord {
@@ -70,6 +73,12 @@ void validate(const Config& c);
 History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,
             Model& model, const std::function<void(const EpochRecord&)>& on_epoch = {},
             const std::function<void(std::size_t, std::size_t)>& on_step = {});
+
+// The algorithm that sends the fewest bytes for codec (a gcomp spec; dgc uses a sparse one):
+// dense for none, sparse_recursive_doubling for sparse codecs (never more bytes than an
+// allgather of the payloads, fewer where ranks select the same indices), and
+// compressed_reduce_scatter for the dense codecs (2 (P-1)/P payloads per rank, like a ring).
+Algorithm fewest_bytes_algorithm(const std::string& codec);
 
 // The learning rate of step (0-based) of total_steps under c.schedule.
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps);
