@@ -48,6 +48,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},
           {"warmup_epochs", c.warmup_epochs},
+          {"ef_on", c.ef_on_velocity ? "velocity" : "gradient"},
           {"dense_below", c.dense_below},
           {"bucket_bytes", c.bucket_bytes},
           {"subset", c.subset},
@@ -92,10 +93,15 @@ int run(int argc, char** argv) {
   std::string out;
   std::string algorithm = "bytes";
   bool quiet = false;
+  std::string ef_on = "velocity";
   app.add_option("--model", c.model, "mlp (784-512-256-10) or cnn")->capture_default_str();
   app.add_option("--codec", c.codec, "a gcomp codec spec (gcomp list), or dgc:ratio=R[,clip=C]")
       ->capture_default_str();
   app.add_flag("--ef,!--no-ef", c.error_feedback, "error feedback (default on)");
+  app.add_option("--ef-on", ef_on,
+                 "with error feedback, what each rank compresses: velocity (its momentum, the "
+                 "step being the average sent) or gradient (momentum applied to the average)")
+      ->capture_default_str();
   app.add_option("--epochs", c.epochs, "epochs")->capture_default_str();
   app.add_option("--batch", c.batch, "samples per rank per step")->capture_default_str();
   app.add_option("--lr", c.lr, "learning rate")->capture_default_str();
@@ -108,6 +114,9 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--dense-below", c.dense_below,
                  "tensors with fewer elements are sent uncompressed")->capture_default_str();
+  app.add_option("--bucket-bytes", c.bucket_bytes,
+                 "tensors are fused into buckets of up to this many bytes, each compressed as one "
+                 "vector (0: one bucket per tensor)")->capture_default_str();
   app.add_option("--subset", c.subset, "train on the first N samples (0: all)")
       ->capture_default_str();
   app.add_option("--test-subset", c.test_subset, "evaluate on the first N test samples (0: all)")
@@ -122,6 +131,11 @@ int run(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "no per-epoch lines");
   try {
     app.parse(argc, argv);
+    if (ef_on != "velocity" && ef_on != "gradient") {
+      throw gcomp::Error(gcomp::Status::invalid_argument,
+                         "--ef-on: " + ef_on + " is neither velocity nor gradient");
+    }
+    c.ef_on_velocity = ef_on == "velocity";
     if (algorithm != "bytes") c.algorithm = gcomp::parse_algorithm(algorithm);
     gcomp::train::validate(c);
   } catch (const CLI::CallForHelp& e) {

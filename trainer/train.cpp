@@ -157,6 +157,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   if (dgc.on) {
     for (std::size_t i = 0; i < params.size(); ++i) dgc_v[i].assign(params[i]->value.size(), 0.0f);
   }
+  const bool velocity_ef = !memories.empty() && c.ef_on_velocity;
   const Codec none("none");
   const Codec codec(dgc.on ? "none" : c.codec);
   std::vector<std::span<float>> grads;
@@ -237,11 +238,34 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
           t0 = now();
           for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
           total.compute_seconds += now() - t0;
-        } else if (!dgc.on) {
+        } else if (!dgc.on && !velocity_ef) {
           comm.allreduce_buckets(grads, codec, efs, bo);
           add_stats(comm.last_stats());
           t0 = now();
           for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
+          total.compute_seconds += now() - t0;
+        } else if (!dgc.on) {
+          // Error feedback on the velocity: each rank's momentum m_r = mu m_r + g_r is what is
+          // compressed (with its residual), and the average of the sent velocities is the step.
+          // Without compression this is exactly the momentum of the averaged gradient.
+          t0 = now();
+          const auto mu = static_cast<float>(c.momentum);
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            std::vector<float>& m = velocity[i];
+            std::vector<float>& g = params[i]->grad;
+            for (std::size_t k = 0; k < m.size(); ++k) {
+              m[k] = mu * m[k] + g[k];
+              g[k] = m[k];
+            }
+          }
+          total.compute_seconds += now() - t0;
+          comm.allreduce_buckets(grads, codec, efs, bo);
+          add_stats(comm.last_stats());
+          t0 = now();
+          const auto lr = static_cast<float>(lr_now);
+          for (Param* q : params) {
+            for (std::size_t k = 0; k < q->value.size(); ++k) q->value[k] -= lr * q->grad[k];
+          }
           total.compute_seconds += now() - t0;
         } else {
           // DGC. Local clipping of the whole gradient to clip / sqrt(ranks).

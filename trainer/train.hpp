@@ -38,6 +38,11 @@ struct Config {
   std::size_t subset = 0;         // train on the first N samples only (0: all)
   std::size_t test_subset = 0;    // evaluate on the first N test samples only (0: all)
   unsigned seed = 1;
+  // With error feedback: what each rank compresses. true (the default): its momentum velocity
+  // m_r = mu m_r + g_r, the step being the average of what was sent (EF-SGD with momentum; a
+  // residual released late is not amplified by momentum a second time). false: its gradient, the
+  // average then feeding one global momentum. Identical without compression.
+  bool ef_on_velocity = true;
   // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
   // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
   std::optional<Algorithm> algorithm;

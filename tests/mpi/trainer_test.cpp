@@ -69,6 +69,29 @@ TEST(Trainer, RanksMatchOneRankWithTheSameGlobalBatch) {
   EXPECT_LE(worst, 1e-5 * scale) << "largest parameter difference " << worst;
 }
 
+// Error feedback on each rank's velocity: the average of the ranks' momenta is the momentum of
+// the averaged gradient, so without compression both placements train the same model.
+TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
+  const Dataset train = synthetic(480, 8), test = synthetic(100, 9);
+  Config c;
+  c.codec = "none";
+  c.epochs = 2;
+  c.batch = 8;
+  c.algorithm = Algorithm::dense;
+  Model a(c.model, 28, 28, 4), b(c.model, 28, 28, 4);
+  c.ef_on_velocity = true;
+  run(c, train, test, test::world(), a);
+  c.ef_on_velocity = false;
+  run(c, train, test, test::world(), b);
+  const auto x = flat(a), y = flat(b);
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale) << "largest parameter difference " << worst;
+}
+
 TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks";
   const Dataset train = synthetic(64 * static_cast<std::size_t>(size()), 4), test = synthetic(50, 5);
