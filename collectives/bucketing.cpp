@@ -2,8 +2,12 @@
 // bucket_bytes of float32 and each bucket is allreduced as one tensor, so small layers share
 // one collective's latency. Tensors with fewer than dense_below elements (biases, norms) are
 // fused into one more bucket that is summed uncompressed. Error feedback stays per tensor: each
-// tensor's residual is copied into the bucket's before the call and back after it, and
-// compressed_reduce_scatter's owner-side memory is kept per bucket layout.
+// tensor's residual is copied into the bucket's before the call and back after it, and so is
+// compressed_reduce_scatter's owner-side memory: this rank owns one chunk of each bucket, and
+// each tensor's ErrorFeedback::secondary keeps the part of that chunk that falls in the tensor.
+// All the state of error feedback thus lives in the caller's ErrorFeedback objects: new objects
+// start a new run from zero, whatever this communicator did before.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -88,13 +92,48 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
       off += x.size();
     }
     const std::uint64_t bucket_sig = sig ^ (0x9e3779b97f4a7c15ull * (b + 1));
-    if (with_ef) bucket_ef.secondary().swap(owner_memory_[bucket_sig]);
+    // The owner-side memory of this rank's chunk [lo, hi) of the bucket (the chunks of
+    // compressed_reduce_scatter), gathered from the tensors' shares of it: all there and of
+    // the right sizes, or it starts from zero.
+    const auto p = static_cast<std::uint64_t>(size_), me = static_cast<std::uint64_t>(rank_);
+    const auto lo = static_cast<std::size_t>(static_cast<unsigned __int128>(len) * me / p);
+    const auto hi = static_cast<std::size_t>(static_cast<unsigned __int128>(len) * (me + 1) / p);
+    const auto share = [&](std::size_t begin, std::size_t n) {
+      const std::size_t a = std::max(begin, lo), z = std::min(begin + n, hi);
+      return std::pair<std::size_t, std::size_t>{a, z > a ? z - a : 0};
+    };
+    if (with_ef) {
+      std::vector<float>& owner = bucket_ef.secondary();
+      owner.assign(hi - lo, 0.0f);
+      bool whole = true;
+      off = 0;
+      for (std::size_t t : buckets[b]) {
+        const auto [at, n] = share(off, tensors[t].size());
+        off += tensors[t].size();
+        if (n == 0 || !efs[t]) continue;  // a tensor without memory contributes zeros
+        if (efs[t]->secondary().size() != n) {
+          whole = false;
+          break;
+        }
+        std::memcpy(owner.data() + (at - lo), efs[t]->secondary().data(), 4 * n);
+      }
+      if (!whole) owner.clear();  // sized (to zeros) by the algorithm on first use
+    }
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
     run_call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr,
               bucket_sig);
     add(last_);
-    if (with_ef) bucket_ef.secondary().swap(owner_memory_[bucket_sig]);
+    if (with_ef && bucket_ef.secondary().size() == hi - lo) {
+      off = 0;
+      for (std::size_t t : buckets[b]) {
+        const auto [at, n] = share(off, tensors[t].size());
+        off += tensors[t].size();
+        if (n == 0 || !efs[t]) continue;
+        efs[t]->secondary().assign(bucket_ef.secondary().begin() + static_cast<std::ptrdiff_t>(at - lo),
+                                   bucket_ef.secondary().begin() + static_cast<std::ptrdiff_t>(at - lo + n));
+      }
+    }
     off = 0;
     for (std::size_t t : buckets[b]) {
       const std::span<float> x = tensors[t];

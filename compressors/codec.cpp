@@ -209,7 +209,10 @@ void copy_checked(std::span<const float> x, std::span<const float> residual,
 
 ErrorFeedback::ErrorFeedback(std::size_t n) : residual_(n, 0.0f) {}
 
-void ErrorFeedback::reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+void ErrorFeedback::reset() {
+  std::fill(residual_.begin(), residual_.end(), 0.0f);
+  secondary_.clear();
+}
 
 std::span<float> ErrorFeedback::scratch() {
   scratch_.resize(residual_.size());

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <random>
 
+#include <unistd.h>
+
 #include "gcomp/error.hpp"
 #include "idx.hpp"
 #include "layers.hpp"
@@ -197,7 +199,11 @@ TEST(Schedule, CosineDecaysToZeroAndConstantStays) {
 
 class Idx : public ::testing::Test {
  protected:
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / "gcomp_idx_test";
+  // One directory per test and process: ctest runs the tests of this fixture in parallel.
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("gcomp_idx_test_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+       "_" + std::to_string(::getpid()));
   void SetUp() override {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);

@@ -11,6 +11,18 @@ void he_init(Param& p, std::size_t fan_in, std::mt19937& rng) {
   std::normal_distribution<float> d(0.0f, std::sqrt(2.0f / static_cast<float>(fan_in)));
   for (float& v : p.value) v = d(rng);
 }
+
+// out[i] = sum over j of m(i, j), added in column order. Eigen's rowwise().sum() is not used:
+// its vectorisation depends on the address of the destination (a std::vector's, aligned as the
+// heap happens to be), so the rounding, and the trained model, would change from run to run.
+void row_sums(const Matrix& m, float* out) {
+  const Eigen::Index rows = m.rows();
+  for (Eigen::Index i = 0; i < rows; ++i) out[i] = 0.0f;
+  for (Eigen::Index j = 0; j < m.cols(); ++j) {
+    const float* col = m.col(j).data();
+    for (Eigen::Index i = 0; i < rows; ++i) out[i] += col[i];
+  }
+}
 }  // namespace
 
 Dense::Dense(std::size_t in, std::size_t out, std::mt19937& rng, const std::string& name)
@@ -37,9 +49,8 @@ void Dense::backward(const Matrix& dy, Matrix& dx) {
   const auto out = static_cast<Eigen::Index>(out_);
   const auto in = static_cast<Eigen::Index>(in_);
   Eigen::Map<Matrix> dw(w_.grad.data(), out, in);
-  Eigen::Map<Eigen::VectorXf> db(b_.grad.data(), out);
   dw.noalias() = dy * x_.transpose();
-  db = dy.rowwise().sum();
+  row_sums(dy, b_.grad.data());
   const Eigen::Map<const Matrix> w(w_.value.data(), out, in);
   dx.noalias() = w.transpose() * dy;
 }
@@ -124,9 +135,8 @@ void Conv2d::backward(const Matrix& dy, Matrix& dx) {
   }
   const auto kk = static_cast<Eigen::Index>(cin_ * k_ * k_);
   Eigen::Map<Matrix> dw(w_.grad.data(), static_cast<Eigen::Index>(cout_), kk);
-  Eigen::Map<Eigen::VectorXf> db(b_.grad.data(), static_cast<Eigen::Index>(cout_));
   dw.noalias() = dyc * cols_.transpose();
-  db = dyc.rowwise().sum();
+  row_sums(dyc, b_.grad.data());
   const Eigen::Map<const Matrix> w(w_.value.data(), static_cast<Eigen::Index>(cout_), kk);
   const Matrix dcols = w.transpose() * dyc;
   // col2im: every column entry goes back to the input pixel it was copied from.

@@ -55,7 +55,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"test_subset", c.test_subset},
           {"seed", c.seed},
           {"algorithm", gcomp::algorithm_name(
-                            c.algorithm.value_or(gcomp::train::fewest_bytes_algorithm(c.codec)))},
+                            c.algorithm.value_or(gcomp::train::fewest_bytes_algorithm(c.codec, ranks)))},
           {"data", data}};
 }
 

@@ -99,12 +99,14 @@ double dgc_ratio(int epoch, double target) {
   return epoch < 4 ? std::max(warm[epoch], target) : target;
 }
 
-Algorithm fewest_bytes_algorithm(const std::string& codec) {
+Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks) {
   if (parse_dgc(codec).on) return Algorithm::sparse_recursive_doubling;
   const Codec k(codec);
   if (k.kind() == CodecKind::none) return Algorithm::dense;
-  return k.properties().sparse ? Algorithm::sparse_recursive_doubling
-                               : Algorithm::compressed_reduce_scatter;
+  if (k.properties().sparse) return Algorithm::sparse_recursive_doubling;
+  // An allgather sends (P-1) B, compressed_reduce_scatter 2 (P-1)/P B: the same at two ranks,
+  // where the allgather's single compression is the better of the two.
+  return ranks <= 2 ? Algorithm::allgather : Algorithm::compressed_reduce_scatter;
 }
 
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps) {
@@ -167,7 +169,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   bucket.bucket_bytes = c.bucket_bytes;
   bucket.dense_below = c.dense_below;
   bucket.allreduce.average = true;
-  bucket.allreduce.algorithm = c.algorithm.value_or(fewest_bytes_algorithm(c.codec));
+  bucket.allreduce.algorithm = c.algorithm.value_or(fewest_bytes_algorithm(c.codec, p));
   bucket.allreduce.allow_uncompressed = false;  // an accuracy experiment measures the codec
   bucket.allreduce.seed = c.seed;
 

@@ -79,11 +79,12 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
             Model& model, const std::function<void(const EpochRecord&)>& on_epoch = {},
             const std::function<void(std::size_t, std::size_t)>& on_step = {});
 
-// The algorithm that sends the fewest bytes for codec (a gcomp spec; dgc uses a sparse one):
-// dense for none, sparse_recursive_doubling for sparse codecs (never more bytes than an
-// allgather of the payloads, fewer where ranks select the same indices), and
-// compressed_reduce_scatter for the dense codecs (2 (P-1)/P payloads per rank, like a ring).
-Algorithm fewest_bytes_algorithm(const std::string& codec);
+// The algorithm that sends the fewest bytes for codec (a gcomp spec; dgc uses a sparse one) on
+// ranks ranks: dense for none, sparse_recursive_doubling for sparse codecs (never more bytes than
+// an allgather of the payloads, fewer where ranks select the same indices), and for the dense
+// codecs compressed_reduce_scatter (2 (P-1)/P payloads per rank, like a ring), except at two
+// ranks, where an allgather sends as much and compresses once instead of twice.
+Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks);
 
 // The learning rate of step (0-based) of total_steps under c.schedule.
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps);

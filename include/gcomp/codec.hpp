@@ -115,10 +115,11 @@ class ErrorFeedback {
   // The current residual e (valid until the next encode_ef with this memory).
   std::span<const float> residual() const noexcept { return residual_; }
   std::span<float> residual() noexcept { return residual_; }
-  void reset();  // e = 0
+  void reset();  // e = 0, and the secondary residual forgotten
 
   // A second residual, for collectives that compress twice: compressed_reduce_scatter keeps the
-  // owner side of its chunk here. Empty until a collective sizes it.
+  // owner side of its chunk here (in allreduce_buckets, this tensor's share of the owner's chunk
+  // of its bucket). Empty until a collective sizes it; resized to zeros when the layout changes.
   std::vector<float>& secondary() noexcept { return secondary_; }
 
   // For the codecs: the buffer a new residual is written into, committed by commit() only when

@@ -198,7 +198,6 @@ class Communicator {
   Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::map<std::string, ComputeModel> calibrated_;
-  std::map<std::uint64_t, std::vector<float>> owner_memory_;  // per bucket layout
   CallStats last_;
   TotalStats total_;
 };

@@ -1,6 +1,7 @@
 // The call protocol: ranks that disagree, or one whose own step fails, make every rank throw
 // (never hang: the watchdog in mpi_main.cpp and CTest's timeout would fail the run), and the
 // communicator works again afterwards. Also buckets, stats and the C API.
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 
@@ -209,6 +210,63 @@ TEST(Buckets, FusedTensorsWithPerTensorErrorFeedback) {
       ASSERT_LE(std::fabs(data[t][i] - ref[i]), 2 * tol[i] + 1e-6f) << "tensor " << t;
     }
   }
+}
+
+// compressed_reduce_scatter compresses twice; in buckets, the owner side's residual lives in the
+// tensors' ErrorFeedback objects (each keeps its share of this rank's chunk), not in the
+// communicator: fresh objects start from zero, and the memory is what makes the second step.
+TEST(Buckets, OwnerMemoryLivesInTheTensorsFeedback) {
+  const std::vector<std::size_t> sizes = {30000, 2000, 50000, 7};
+  BucketOptions opt;
+  opt.bucket_bytes = 4 * 40000;  // buckets {30000, 2000} and {50000}; 7 goes dense
+  opt.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
+  const Codec codec("sign");
+  struct Run {
+    std::vector<ErrorFeedback> mem;
+    std::vector<ErrorFeedback*> efs;
+    std::vector<std::vector<float>> step(const std::vector<std::size_t>& sizes, const Codec& codec,
+                                         const BucketOptions& opt) {
+      std::vector<std::vector<float>> data;
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        data.push_back(test::input(sizes[t], 40 + static_cast<std::uint32_t>(t)));
+      }
+      std::vector<std::span<float>> spans(data.begin(), data.end());
+      world().allreduce_buckets(spans, codec, efs, opt);
+      return data;
+    }
+  };
+  const auto make = [&] {
+    Run r;
+    for (std::size_t n : sizes) r.mem.emplace_back(n);
+    for (auto& m : r.mem) r.efs.push_back(&m);
+    return r;
+  };
+  Run a = make();
+  const auto a1 = a.step(sizes, codec, opt);
+  const auto a2 = a.step(sizes, codec, opt);
+  // Each tensor holds its share of this rank's chunk [len r / P, len (r+1) / P) of its bucket.
+  const auto p = static_cast<std::size_t>(size()), r = static_cast<std::size_t>(rank());
+  const auto share = [&](std::size_t len, std::size_t begin, std::size_t n) {
+    const std::size_t lo = len * r / p, hi = len * (r + 1) / p;
+    const std::size_t x = std::max(begin, lo), z = std::min(begin + n, hi);
+    return z > x ? z - x : std::size_t{0};
+  };
+  EXPECT_EQ(a.mem[0].secondary().size(), share(32000, 0, 30000));
+  EXPECT_EQ(a.mem[1].secondary().size(), share(32000, 30000, 2000));
+  EXPECT_EQ(a.mem[2].secondary().size(), share(50000, 0, 50000));
+  EXPECT_TRUE(a.mem[3].secondary().empty());
+  // A new run through the same communicator: the same two steps.
+  Run b = make();
+  EXPECT_EQ(b.step(sizes, codec, opt), a1);
+  const auto b2 = b.step(sizes, codec, opt);
+  EXPECT_EQ(b2, a2);
+  // Forgetting only the owner side changes the second step (not on one rank: there the owner
+  // re-encodes its own scaled signs, exactly, and its residual stays zero).
+  if (size() == 1) return;
+  Run c = make();
+  c.step(sizes, codec, opt);
+  for (auto& m : c.mem) m.secondary().clear();
+  EXPECT_NE(c.step(sizes, codec, opt), a2);
 }
 
 TEST(Buckets, MismatchedLayoutsFailEveryRank) {
