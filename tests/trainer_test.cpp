@@ -182,6 +182,26 @@ TEST(Gradients, WholeModels) {
   }
 }
 
+TEST(Config, WarnsOfFeedbackThatCannotContract) {
+  Config c;
+  c.codec = "qsgd:bits=4";  // s = 7, d = 512: min(512 / 49, sqrt(512) / 7) = 3.23
+  const std::string w = feedback_warning(c);
+  EXPECT_NE(w.find("3.23"), std::string::npos) << w;
+  EXPECT_NE(w.find("--no-ef"), std::string::npos) << w;
+  c.codec = "qsgd:bits=8";  // s = 127: 0.18
+  EXPECT_EQ(feedback_warning(c), "");
+  c.codec = "qsgd:bits=2,bucket=1";  // s = 1, d = 1: exactly 1, the edge counts
+  EXPECT_NE(feedback_warning(c), "");
+  c.codec = "qsgd:bits=4";
+  c.error_feedback = false;
+  EXPECT_EQ(feedback_warning(c), "");
+  c.error_feedback = true;
+  for (const char* spec : {"terngrad", "sign", "topk:ratio=0.01", "none", "dgc:ratio=0.01"}) {
+    c.codec = spec;
+    EXPECT_EQ(feedback_warning(c), "") << spec;
+  }
+}
+
 TEST(Schedule, CosineDecaysToZeroAndConstantStays) {
   Config c;
   c.lr = 0.08;

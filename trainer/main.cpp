@@ -182,6 +182,9 @@ int run(int argc, char** argv) {
                 c.error_feedback && c.codec != "none" ? " + EF" : "", ranks, c.batch, c.epochs);
     std::fflush(stdout);
   }
+  if (const std::string w = gcomp::train::feedback_warning(c); rank == 0 && !w.empty()) {
+    std::fprintf(stderr, "gcomp-train: warning: %s\n", w.c_str());
+  }
   int epoch_now = 1;
   const auto on_step = [&](std::size_t step, std::size_t steps) {
     if (!bar || (step % 10 != 0 && step != steps)) return;

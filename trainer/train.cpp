@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <numeric>
 #include <random>
@@ -107,6 +108,28 @@ Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks) {
   // An allgather sends (P-1) B, compressed_reduce_scatter 2 (P-1)/P B: the same at two ranks,
   // where the allgather's single compression is the better of the two.
   return ranks <= 2 ? Algorithm::allgather : Algorithm::compressed_reduce_scatter;
+}
+
+std::string feedback_warning(const Config& c) {
+  if (!c.error_feedback || parse_dgc(c.codec).on) return {};
+  const Codec k(c.codec);
+  if (k.kind() != CodecKind::qsgd) return {};
+  // The canonical spec spells every key: "qsgd:bits=B,bucket=D".
+  const std::string spec = k.spec();
+  const auto value = [&](const std::string& key) {
+    const std::size_t at = spec.find(key + "=");
+    return std::stod(spec.substr(at + key.size() + 1));
+  };
+  const double s = std::exp2(value("bits") - 1) - 1, d = value("bucket");
+  const double omega = std::min(d / (s * s), std::sqrt(d) / s);  // QSGD's variance bound
+  if (omega < 1) return {};
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "error feedback with %s: QSGD's variance bound is %.2f x |x|^2 (>= 1), so it is "
+                "not a contraction and the residual can grow until the run diverges; QSGD is "
+                "unbiased and meant to run without it (--no-ef)",
+                spec.c_str(), omega);
+  return buf;
 }
 
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps) {

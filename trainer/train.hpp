@@ -86,6 +86,10 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
 // ranks, where an allgather sends as much and compresses once instead of twice.
 Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks);
 
+// A warning for settings that train but are known to go wrong (error feedback with a QSGD whose
+// variance bound min(d / s^2, sqrt(d) / s) is >= 1), or "" when there is none.
+std::string feedback_warning(const Config& c);
+
 // The learning rate of step (0-based) of total_steps under c.schedule.
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps);
 
