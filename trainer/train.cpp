@@ -258,7 +258,9 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         BucketOptions bo = bucket;
         bo.allreduce = opt;
         if (!compress) {
-          comm.allreduce_buckets(grads, none, {}, bo);
+          BucketOptions dense = bo;  // warm-up: float32, whatever algorithm the codec would use
+          dense.allreduce.algorithm = Algorithm::dense;
+          comm.allreduce_buckets(grads, none, {}, dense);
           add_stats(comm.last_stats());
           t0 = now();
           for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);

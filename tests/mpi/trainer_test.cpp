@@ -142,6 +142,30 @@ TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
                        static_cast<double>(p) * 4 * static_cast<double>(weights + biases));
 }
 
+TEST(Trainer, WarmUpEpochsAreDense) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Dataset train = synthetic(64 * static_cast<std::size_t>(size()), 12), test = synthetic(50, 13);
+  Config c;
+  c.codec = "topk:ratio=0.01";
+  c.epochs = 2;
+  c.warmup_epochs = 1;
+  c.batch = 16;
+  c.algorithm = Algorithm::sparse_allgather;
+  Model model(c.model, 28, 28, 6);
+  const History h = run(c, train, test, test::world(), model);
+  const std::uint64_t p = static_cast<std::uint64_t>(size());
+  const std::uint64_t weights = 784 * 512 + 512 * 256 + 256 * 10, biases = 512 + 256 + 10;
+  const std::uint64_t steps = train.count / (c.batch * p);
+  // Epoch 1: both buckets dense, uncompressed (2 (P-1)/P * 4n each, rounded down).
+  const std::uint64_t dense = (144 + 2 * (p - 1) * 4 * weights / p) + (144 + 2 * (p - 1) * 4 * biases / p);
+  EXPECT_EQ(h.epochs[0].bytes_sent_per_rank, static_cast<double>(steps * dense));
+  // Epoch 2: the weights compressed.
+  const std::uint64_t topk = Codec(c.codec).max_bytes(weights);
+  const std::uint64_t sparse = (144 + (p - 1) * (8 + topk)) + (144 + 2 * (p - 1) * 4 * biases / p);
+  EXPECT_EQ(h.epochs[1].bytes_sent_per_rank - h.epochs[0].bytes_sent_per_rank,
+            static_cast<double>(steps * sparse));
+}
+
 TEST(Trainer, LearnsFashionMnistInOneShortEpoch) {
   if (size() != 2) GTEST_SKIP() << "the quick run is defined for two ranks";
   if (!std::filesystem::exists(kDefaultDataDir)) {
