@@ -26,6 +26,21 @@ namespace {
 
 constexpr float kEps = 1e-2f;
 
+// f() with v at v + eps and at v - eps; v is restored.
+struct Sides {
+  double up, down;
+};
+template <typename F>
+Sides nudge(float& v, float eps, F&& f) {
+  const float keep = v;
+  v = keep + eps;
+  const double up = f();
+  v = keep - eps;
+  const double down = f();
+  v = keep;
+  return {up, down};
+}
+
 // L = sum(R .* layer(x)), in double.
 double probe(Layer& l, const Matrix& x, const Matrix& r) {
   Matrix y;
@@ -54,24 +69,14 @@ void gradcheck(Layer& l, Matrix x, const std::string& name, std::uint32_t seed) 
   std::vector<std::vector<float>> grads;
   for (Param* p : l.params()) grads.push_back(p->grad);
   for (Eigen::Index i = 0; i < x.size(); ++i) {
-    const float keep = x.data()[i];
-    x.data()[i] = keep + kEps;
-    const double up = probe(l, x, r);
-    x.data()[i] = keep - kEps;
-    const double down = probe(l, x, r);
-    x.data()[i] = keep;
+    const auto [up, down] = nudge(x.data()[i], kEps, [&] { return probe(l, x, r); });
     expect_close((up - down) / (2 * kEps), dx.data()[i], name + " dx[" + std::to_string(i) + "]");
   }
   const auto params = l.params();
   for (std::size_t k = 0; k < params.size(); ++k) {
     std::vector<float>& v = params[k]->value;
     for (std::size_t i = 0; i < v.size(); ++i) {
-      const float keep = v[i];
-      v[i] = keep + kEps;
-      const double up = probe(l, x, r);
-      v[i] = keep - kEps;
-      const double down = probe(l, x, r);
-      v[i] = keep;
+      const auto [up, down] = nudge(v[i], kEps, [&] { return probe(l, x, r); });
       expect_close((up - down) / (2 * kEps), grads[k][i], params[k]->name + "[" + std::to_string(i) + "]");
     }
   }
@@ -126,12 +131,8 @@ TEST(Gradients, SoftmaxCrossEntropy) {
   Matrix dz, tmp;
   softmax_cross_entropy(z, labels, dz);
   for (Eigen::Index i = 0; i < z.size(); ++i) {
-    const float keep = z.data()[i];
-    z.data()[i] = keep + kEps;
-    const double up = softmax_cross_entropy(z, labels, tmp);
-    z.data()[i] = keep - kEps;
-    const double down = softmax_cross_entropy(z, labels, tmp);
-    z.data()[i] = keep;
+    const auto [up, down] =
+        nudge(z.data()[i], kEps, [&] { return softmax_cross_entropy(z, labels, tmp); });
     expect_close((up - down) / (2 * kEps), dz.data()[i], "softmax dz[" + std::to_string(i) + "]");
   }
 }
@@ -160,12 +161,7 @@ TEST(Gradients, WholeModels) {
       std::vector<float>& v = params[k]->value;
       for (int trial = 0; trial < 6; ++trial) {
         const std::size_t i = g() % v.size();
-        const float keep = v[i];
-        v[i] = keep + c.eps;
-        const double up = m.train_step(x, labels);
-        v[i] = keep - c.eps;
-        const double down = m.train_step(x, labels);
-        v[i] = keep;
+        const auto [up, down] = nudge(v[i], c.eps, [&] { return m.train_step(x, labels); });
         const double mid = m.train_step(x, labels);
         ++tried;
         // A kink (ReLU or max-pool switch) at distance a < eps shifts the central difference

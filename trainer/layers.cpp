@@ -77,10 +77,12 @@ Conv2d::Conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t he
   b_.grad.assign(cout_, 0.0f);
 }
 
-void Conv2d::im2col(const Matrix& x) {
+template <typename F>
+void Conv2d::for_each_tap(F&& f) const {
+  // Every (column-matrix entry, input pixel) pair of the padded convolution: row (c, ki, kj) of
+  // cols_, column (sample, output pixel), and the input pixel (channel c, shifted by the tap).
   const std::size_t hw = h_ * w_size_;
   const auto pad = static_cast<std::ptrdiff_t>(k_ / 2);
-  cols_.setZero(static_cast<Eigen::Index>(cin_ * k_ * k_), static_cast<Eigen::Index>(hw * batch_));
   for (std::size_t s = 0; s < batch_; ++s) {
     for (std::size_t c = 0; c < cin_; ++c) {
       for (std::size_t ki = 0; ki < k_; ++ki) {
@@ -92,16 +94,24 @@ void Conv2d::im2col(const Matrix& x) {
             for (std::size_t j = 0; j < w_size_; ++j) {
               const std::ptrdiff_t sj = static_cast<std::ptrdiff_t>(j + kj) - pad;
               if (sj < 0 || sj >= static_cast<std::ptrdiff_t>(w_size_)) continue;
-              cols_(row, static_cast<Eigen::Index>(s * hw + i * w_size_ + j)) =
-                  x(static_cast<Eigen::Index>(c * hw + static_cast<std::size_t>(si) * w_size_ +
-                                              static_cast<std::size_t>(sj)),
-                    static_cast<Eigen::Index>(s));
+              f(row, static_cast<Eigen::Index>(s * hw + i * w_size_ + j),
+                static_cast<Eigen::Index>(c * hw + static_cast<std::size_t>(si) * w_size_ +
+                                          static_cast<std::size_t>(sj)),
+                static_cast<Eigen::Index>(s));
             }
           }
         }
       }
     }
   }
+}
+
+void Conv2d::im2col(const Matrix& x) {
+  cols_.setZero(static_cast<Eigen::Index>(cin_ * k_ * k_),
+                static_cast<Eigen::Index>(h_ * w_size_ * batch_));
+  for_each_tap([&](Eigen::Index row, Eigen::Index col, Eigen::Index pixel, Eigen::Index sample) {
+    cols_(row, col) = x(pixel, sample);
+  });
 }
 
 void Conv2d::forward(const Matrix& x, Matrix& y) {
@@ -141,28 +151,9 @@ void Conv2d::backward(const Matrix& dy, Matrix& dx) {
   const Matrix dcols = w.transpose() * dyc;
   // col2im: every column entry goes back to the input pixel it was copied from.
   dx.setZero(static_cast<Eigen::Index>(cin_ * hw), static_cast<Eigen::Index>(batch_));
-  const auto pad = static_cast<std::ptrdiff_t>(k_ / 2);
-  for (std::size_t s = 0; s < batch_; ++s) {
-    for (std::size_t c = 0; c < cin_; ++c) {
-      for (std::size_t ki = 0; ki < k_; ++ki) {
-        for (std::size_t kj = 0; kj < k_; ++kj) {
-          const auto row = static_cast<Eigen::Index>((c * k_ + ki) * k_ + kj);
-          for (std::size_t i = 0; i < h_; ++i) {
-            const std::ptrdiff_t si = static_cast<std::ptrdiff_t>(i + ki) - pad;
-            if (si < 0 || si >= static_cast<std::ptrdiff_t>(h_)) continue;
-            for (std::size_t j = 0; j < w_size_; ++j) {
-              const std::ptrdiff_t sj = static_cast<std::ptrdiff_t>(j + kj) - pad;
-              if (sj < 0 || sj >= static_cast<std::ptrdiff_t>(w_size_)) continue;
-              dx(static_cast<Eigen::Index>(c * hw + static_cast<std::size_t>(si) * w_size_ +
-                                           static_cast<std::size_t>(sj)),
-                 static_cast<Eigen::Index>(s)) +=
-                  dcols(row, static_cast<Eigen::Index>(s * hw + i * w_size_ + j));
-            }
-          }
-        }
-      }
-    }
-  }
+  for_each_tap([&](Eigen::Index row, Eigen::Index col, Eigen::Index pixel, Eigen::Index sample) {
+    dx(pixel, sample) += dcols(row, col);
+  });
 }
 
 void MaxPool2::forward(const Matrix& x, Matrix& y) {

@@ -69,6 +69,8 @@ class Conv2d final : public Layer {
   std::size_t out_features() const override { return cout_ * h_ * w_size_; }
 
  private:
+  template <typename F>
+  void for_each_tap(F&& f) const;
   void im2col(const Matrix& x);
   std::size_t cin_, cout_, h_, w_size_, k_;
   Param w_, b_;    // w: cout x (cin k k)

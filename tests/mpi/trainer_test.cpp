@@ -38,6 +38,30 @@ std::vector<float> flat(Model& m) {
   return all;
 }
 
+// The largest difference between two models' parameters, and the largest parameter of b.
+struct Difference {
+  double worst = 0, scale = 0;
+};
+Difference difference(Model& a, Model& b) {
+  const auto x = flat(a), y = flat(b);
+  Difference d;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    d.worst = std::max(d.worst, static_cast<double>(std::fabs(x[i] - y[i])));
+    d.scale = std::max(d.scale, static_cast<double>(std::fabs(y[i])));
+  }
+  return d;
+}
+
+// Bytes one rank hands to MPI per step for the MLP: the weights' bucket (fc1, fc2, fc3) and the
+// biases' bucket, each with its agreement, an allreduce of 72 bytes counted as 2 * 72. A dense
+// bucket of n floats counts the volume of a bandwidth-optimal allreduce, 2 (P-1)/P * 4n rounded
+// down; a sparse_allgather one sends its payload to each peer after its 8-byte size.
+constexpr std::uint64_t kWeights = 784 * 512 + 512 * 256 + 256 * 10, kBiases = 512 + 256 + 10;
+std::uint64_t dense_bucket(std::uint64_t n, std::uint64_t p) { return 144 + 2 * (p - 1) * 4 * n / p; }
+std::uint64_t gathered_bucket(std::uint64_t payload, std::uint64_t p) {
+  return 144 + (p - 1) * (8 + payload);
+}
+
 TEST(Trainer, RanksMatchOneRankWithTheSameGlobalBatch) {
   const Dataset train = synthetic(960, 1), test = synthetic(200, 2);
   Config c;
@@ -51,23 +75,19 @@ TEST(Trainer, RanksMatchOneRankWithTheSameGlobalBatch) {
   // The same global batch on one rank: a communicator of this rank alone.
   MPI_Comm self;
   MPI_Comm_split(MPI_COMM_WORLD, rank(), 0, &self);
-  double worst = 0, scale = 0;
+  Difference d;
   {
     Communicator alone(self);
     Config one = c;
     one.batch = c.batch * static_cast<std::size_t>(size());
     Model single(c.model, 28, 28, c.seed);
     run(one, train, test, alone, single);
-    const auto a = flat(model), b = flat(single);
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-    }
+    d = difference(model, single);
   }
   MPI_Comm_free(&self);
   // Only the order of float sums differs (a mean over ranks of means over local batches against
   // one mean): a few ulps per step, 240 steps.
-  EXPECT_LE(worst, 1e-5 * scale) << "largest parameter difference " << worst;
+  EXPECT_LE(d.worst, 1e-5 * d.scale) << "largest parameter difference " << d.worst;
 }
 
 // The same seed trains the same model, bit for bit, wherever the heap puts the tensors: two runs
@@ -108,13 +128,8 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
   run(c, train, test, test::world(), a);
   c.ef_on_velocity = false;
   run(c, train, test, test::world(), b);
-  const auto x = flat(a), y = flat(b);
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(y[i])));
-  }
-  EXPECT_LE(worst, 1e-5 * scale) << "largest parameter difference " << worst;
+  const Difference d = difference(a, b);
+  EXPECT_LE(d.worst, 1e-5 * d.scale) << "largest parameter difference " << d.worst;
 }
 
 TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
@@ -127,19 +142,15 @@ TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
   c.algorithm = Algorithm::sparse_allgather;
   Model model(c.model, 28, 28, 1);
   const History h = run(c, train, test, test::world(), model);
-  // Per step: the weights' bucket (fc1, fc2, fc3: 535040 floats, one top-k payload sent to each
-  // peer after its 8-byte size) and the biases' bucket (778 floats, dense: the volume of a
-  // bandwidth-optimal allreduce, 2 (P-1)/P * 4n rounded down), each with its agreement, an
-  // allreduce of 72 bytes counted as 2 * 72.
+  // Per step: the weights (535040 floats) as one top-k payload, the biases (778) dense.
   const std::uint64_t p = static_cast<std::uint64_t>(size());
-  const std::uint64_t weights = 784 * 512 + 512 * 256 + 256 * 10, biases = 512 + 256 + 10;
-  const std::uint64_t topk = Codec(c.codec).max_bytes(weights);
-  const std::uint64_t per_step = (144 + (p - 1) * (8 + topk)) + (144 + 2 * (p - 1) * 4 * biases / p);
+  const std::uint64_t per_step =
+      gathered_bucket(Codec(c.codec).max_bytes(kWeights), p) + dense_bucket(kBiases, p);
   const std::uint64_t steps = train.count / (c.batch * p);
   EXPECT_EQ(h.epochs.back().bytes_sent_per_rank, static_cast<double>(steps * per_step));
   EXPECT_DOUBLE_EQ(h.epochs.back().dense_bytes_per_rank,
                    static_cast<double>(steps) * 2 * static_cast<double>(p - 1) /
-                       static_cast<double>(p) * 4 * static_cast<double>(weights + biases));
+                       static_cast<double>(p) * 4 * static_cast<double>(kWeights + kBiases));
 }
 
 TEST(Trainer, WarmUpEpochsAreDense) {
@@ -154,14 +165,13 @@ TEST(Trainer, WarmUpEpochsAreDense) {
   Model model(c.model, 28, 28, 6);
   const History h = run(c, train, test, test::world(), model);
   const std::uint64_t p = static_cast<std::uint64_t>(size());
-  const std::uint64_t weights = 784 * 512 + 512 * 256 + 256 * 10, biases = 512 + 256 + 10;
   const std::uint64_t steps = train.count / (c.batch * p);
-  // Epoch 1: both buckets dense, uncompressed (2 (P-1)/P * 4n each, rounded down).
-  const std::uint64_t dense = (144 + 2 * (p - 1) * 4 * weights / p) + (144 + 2 * (p - 1) * 4 * biases / p);
+  // Epoch 1: both buckets dense, uncompressed.
+  const std::uint64_t dense = dense_bucket(kWeights, p) + dense_bucket(kBiases, p);
   EXPECT_EQ(h.epochs[0].bytes_sent_per_rank, static_cast<double>(steps * dense));
   // Epoch 2: the weights compressed.
-  const std::uint64_t topk = Codec(c.codec).max_bytes(weights);
-  const std::uint64_t sparse = (144 + (p - 1) * (8 + topk)) + (144 + 2 * (p - 1) * 4 * biases / p);
+  const std::uint64_t sparse =
+      gathered_bucket(Codec(c.codec).max_bytes(kWeights), p) + dense_bucket(kBiases, p);
   EXPECT_EQ(h.epochs[1].bytes_sent_per_rank - h.epochs[0].bytes_sent_per_rank,
             static_cast<double>(steps * sparse));
 }
