@@ -102,9 +102,7 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
   const int prev = (rank + size - 1) % size;
   double best = 1e30;
   for (int rep = 0; rep < 2; ++rep) {
-    MPI_Request req;
-    GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
-    detail::wait(req);
+    detail::barrier(comm);
     const double start = MPI_Wtime();
     MPI_Request reqs[2];
     got.resize(kBytes);
@@ -116,9 +114,7 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
   m.beta = std::max(0.0, best - m.alpha) / static_cast<double>(kBytes);
   // beta_one: rank 0 sends 4 MiB to rank 1 while the others wait.
   {
-    MPI_Request req;
-    GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
-    detail::wait(req);
+    detail::barrier(comm);
     double one = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
       const double start = MPI_Wtime();
@@ -134,9 +130,8 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     std::vector<float> a(kFloats, 1.0f), b(kFloats);
     double ar = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
+      detail::barrier(comm);
       MPI_Request req;
-      GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
-      detail::wait(req);
       const double start = MPI_Wtime();
       GCOMP_CHECK_MPI(MPI_Iallreduce(a.data(), b.data(), static_cast<int>(kFloats), MPI_FLOAT,
                                      MPI_SUM, comm, &req));
@@ -153,9 +148,8 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     std::vector<std::byte> sbuf(block * static_cast<std::size_t>(size)), rbuf(sbuf.size());
     best = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
+      detail::barrier(comm);
       MPI_Request req;
-      GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
-      detail::wait(req);
       const double start = MPI_Wtime();
       GCOMP_CHECK_MPI(MPI_Ialltoall_c(sbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE,
                                       rbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE, comm,

@@ -45,6 +45,12 @@ void wait(MPI_Request& request) {
   }
 }
 
+void barrier(MPI_Comm comm) {
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Ibarrier(comm, &req));
+  wait(req);
+}
+
 void wait_all(std::span<MPI_Request> requests) {
   if (!yielding()) {
     GCOMP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),

@@ -37,6 +37,8 @@ void set_yielding(bool yield) noexcept;
 bool yielding() noexcept;
 void wait(MPI_Request& request);
 void wait_all(std::span<MPI_Request> requests);
+// MPI_Ibarrier, then wait() (so a barrier yields like every other wait).
+void barrier(MPI_Comm comm);
 
 // Every rank's bytes, concatenated in rank order; offsets[r] and sizes[r] locate rank r's.
 struct Gathered {
