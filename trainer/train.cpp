@@ -253,20 +253,19 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
           }
         };
 
-        AllreduceOptions opt = bucket.allreduce;
-        opt.seed = derive_seed(c.seed, 0, step_counter, 0);
         BucketOptions bo = bucket;
-        bo.allreduce = opt;
-        if (!compress) {
-          BucketOptions dense = bo;  // warm-up: float32, whatever algorithm the codec would use
-          dense.allreduce.algorithm = Algorithm::dense;
-          comm.allreduce_buckets(grads, none, {}, dense);
-          add_stats(comm.last_stats());
-          t0 = now();
-          for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
-          total.compute_seconds += now() - t0;
-        } else if (!dgc.on && !velocity_ef) {
-          comm.allreduce_buckets(grads, codec, efs, bo);
+        bo.allreduce.seed = derive_seed(c.seed, 0, step_counter, 0);
+        const AllreduceOptions& opt = bo.allreduce;
+        if (!compress || (!dgc.on && !velocity_ef)) {
+          // The gradient averaged, then one momentum. Warm-up: float32, whatever algorithm the
+          // codec would use.
+          BucketOptions o = bo;
+          if (!compress) o.allreduce.algorithm = Algorithm::dense;
+          if (compress) {
+            comm.allreduce_buckets(grads, codec, efs, o);
+          } else {
+            comm.allreduce_buckets(grads, none, {}, o);
+          }
           add_stats(comm.last_stats());
           t0 = now();
           for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
