@@ -9,6 +9,7 @@
 #include "bytes.hpp"
 #include "chunks.hpp"
 #include "codec_impl.hpp"
+#include "device_backend.hpp"
 #include "nonfinite.hpp"
 #include "parallel.hpp"
 #include "philox.hpp"
@@ -158,6 +159,66 @@ std::size_t Codec::encode_ef(std::span<const float> x, std::span<const float> e_
                        out.size());
 }
 
+namespace {
+
+// The backend and stream of a call whose views must all be in one memory; nullptr for host.
+template <class... V>
+const detail::DeviceBackend* one_place(const char* what, const V&... views) {
+  const detail::DeviceBackend* backend = nullptr;
+  void* stream = nullptr;
+  bool first = true;
+  bool mixed = false;
+  bool streams = false;
+  auto visit = [&](const auto& v) {
+    if (first) {
+      backend = v.backend();
+      stream = v.stream();
+      first = false;
+      return;
+    }
+    if (v.backend() != backend) mixed = true;
+    if (v.stream() != stream) streams = true;
+  };
+  (visit(views), ...);
+  if (mixed) {
+    throw Error(Status::invalid_argument,
+                std::string(what) + ": the views are in different memories (host and device); "
+                                    "copy them to one side first");
+  }
+  if (streams) {
+    throw Error(Status::invalid_argument,
+                std::string(what) + ": the device views name different CUDA streams");
+  }
+  return backend;
+}
+
+}  // namespace
+
+std::size_t Codec::encode(TensorView<const float> x, std::uint64_t seed,
+                          TensorView<std::byte> out) const {
+  const detail::DeviceBackend* dev = one_place("encode", x, out);
+  if (!dev) return encode(x.host(), seed, out.host());
+  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  return dev->encode(*impl_, x.data(), nullptr, nullptr, x.size(), seed, out.data(), out.size(),
+                     x.stream());
+}
+
+std::size_t Codec::encode_ef(TensorView<const float> x, TensorView<const float> e_old,
+                             TensorView<float> e_new, std::uint64_t seed,
+                             TensorView<std::byte> out) const {
+  const detail::DeviceBackend* dev = one_place("encode_ef", x, e_old, e_new, out);
+  if (!dev) return encode_ef(x.host(), e_old.host(), e_new.host(), seed, out.host());
+  if (e_old.size() != x.size() || e_new.size() != x.size()) {
+    throw Error(Status::invalid_argument,
+                "error-feedback buffers of " + std::to_string(e_old.size()) + " and " +
+                    std::to_string(e_new.size()) + " elements for an input of " +
+                    std::to_string(x.size()));
+  }
+  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  return dev->encode(*impl_, x.data(), e_old.data(), e_new.data(), x.size(), seed, out.data(),
+                     out.size(), x.stream());
+}
+
 void check_finite(std::span<const float> x, std::span<const float> residual) {
   if (!residual.empty() && residual.size() != x.size()) {
     throw Error(Status::invalid_argument, "residual of " + std::to_string(residual.size()) +
@@ -236,6 +297,18 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
   if (acc.data() == nullptr && !acc.empty())
     throw Error(Status::invalid_argument, "accumulator is null");
   e->decode_add(p, acc.data(), alpha);
+}
+
+void decode_add(TensorView<const std::byte> payload, TensorView<float> acc, float alpha) {
+  const detail::DeviceBackend* dev = one_place("decode_add", payload, acc);
+  if (!dev) return decode_add(payload.host(), acc.host(), alpha);
+  if (payload.data() == nullptr && !payload.empty()) {
+    throw Error(Status::invalid_argument, "payload is null");
+  }
+  if (acc.data() == nullptr && !acc.empty())
+    throw Error(Status::invalid_argument, "accumulator is null");
+  if (!std::isfinite(alpha)) throw Error(Status::invalid_argument, "alpha is not finite");
+  dev->decode_add(payload.data(), payload.size(), acc.data(), acc.size(), alpha, acc.stream());
 }
 
 void sparse_entries(std::span<const std::byte> payload, SparseEntries& out) {

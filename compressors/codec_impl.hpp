@@ -13,6 +13,13 @@
 
 namespace gcomp::detail {
 
+// A codec's parameters as plain numbers, for the CUDA backend (0 where a codec has none).
+struct CodecParams {
+  int bits = 0;               // qsgd
+  std::uint64_t bucket = 0;   // qsgd
+  double clip = 0;            // terngrad
+};
+
 class CodecImpl {
  public:
   virtual ~CodecImpl() = default;
@@ -21,6 +28,7 @@ class CodecImpl {
   virtual CodecProperties properties() const = 0;
   virtual std::size_t selected(std::size_t /*n*/) const { return 0; }
   virtual std::size_t max_bytes(std::size_t n) const = 0;
+  virtual CodecParams params() const { return {}; }
 
   // Writes the payload of x[0..n) into out[0..cap) and returns its size. Throws Error.
   // With error feedback (e_old != nullptr) it encodes v = x + e_old instead and writes
@@ -44,6 +52,9 @@ struct CodecEntry {
   void (*decode_add)(const Payload& p, float* acc, float alpha);
   // "bits=4,bucket=512" for inspect.
   std::string (*describe)(const Payload& p);
+  // The part of validate that reads only the header and parameters (section sizes against n),
+  // for payloads whose sections are in device memory; validate includes it.
+  void (*validate_layout)(const Payload& p);
 };
 
 const CodecEntry* find_codec(CodecKind kind) noexcept;

@@ -177,13 +177,18 @@ class DenseCodec final : public CodecImpl {
 
 // ---- payloads ----
 
-void validate_dense(const Payload& p) {
+void validate_dense_layout(const Payload& p) {
   const std::uint64_t w = p.kind == CodecKind::none ? 4 : 2;
   if (p.n > p.sections[0].size / w || p.sections[0].size != p.n * w) {
     bad_payload(std::string(codec_name(p.kind)) + " values section is " +
                 std::to_string(p.sections[0].size) + " bytes, expected " + std::to_string(w) +
                 " x " + std::to_string(p.n));
   }
+}
+
+void validate_dense(const Payload& p) {
+  validate_dense_layout(p);
+  const std::uint64_t w = p.kind == CodecKind::none ? 4 : 2;
   const std::byte* d = p.sections[0].data;
   std::atomic<std::size_t> first_bad{p.n};
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
@@ -254,7 +259,8 @@ const CodecEntry& dense_none_entry() {
                             make_dense<CodecKind::none>,
                             validate_dense,
                             decode_add_dense,
-                            describe_dense};
+                            describe_dense,
+                            validate_dense_layout};
   return e;
 }
 const CodecEntry& dense_fp16_entry() {
@@ -265,7 +271,8 @@ const CodecEntry& dense_fp16_entry() {
                             make_dense<CodecKind::fp16>,
                             validate_dense,
                             decode_add_dense,
-                            describe_dense};
+                            describe_dense,
+                            validate_dense_layout};
   return e;
 }
 const CodecEntry& dense_bf16_entry() {
@@ -276,7 +283,8 @@ const CodecEntry& dense_bf16_entry() {
                             make_dense<CodecKind::bf16>,
                             validate_dense,
                             decode_add_dense,
-                            describe_dense};
+                            describe_dense,
+                            validate_dense_layout};
   return e;
 }
 

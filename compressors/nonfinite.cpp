@@ -25,21 +25,27 @@ std::string show(float v) {
 }
 }  // namespace
 
+void throw_nonfinite_at(std::size_t i, float xi) {
+  throw Error(Status::nonfinite,
+              "non-finite input: element " + std::to_string(i) + " is " + show(xi));
+}
+
+void throw_nonfinite_sum_at(std::size_t i, float xi, float ei) {
+  throw Error(Status::nonfinite, "non-finite input: element " + std::to_string(i) +
+                                     " plus its error-feedback residual overflows (" + show(xi) +
+                                     " + " + show(ei) + ")");
+}
+
 void throw_nonfinite(const float* x, std::size_t n, std::size_t base) {
   const std::size_t i = first_nonfinite(x, n);
   if (i == n) throw Error(Status::internal, "non-finite value reported but none found");
-  throw Error(Status::nonfinite,
-              "non-finite input: element " + std::to_string(base + i) + " is " + show(x[i]));
+  throw_nonfinite_at(base + i, x[i]);
 }
 
 void throw_nonfinite_sum(const float* x, const float* e, std::size_t n) {
   if (first_nonfinite(x, n) != n) throw_nonfinite(x, n);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i] + e[i])) {
-      throw Error(Status::nonfinite, "non-finite input: element " + std::to_string(i) +
-                                         " plus its error-feedback residual overflows (" +
-                                         show(x[i]) + " + " + show(e[i]) + ")");
-    }
+    if (!std::isfinite(x[i] + e[i])) throw_nonfinite_sum_at(i, x[i], e[i]);
   }
   throw Error(Status::internal, "non-finite sum reported but none found");
 }

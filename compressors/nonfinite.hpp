@@ -12,6 +12,11 @@ std::size_t first_nonfinite(const float* x, std::size_t n) noexcept;
 // Throws Error(nonfinite) naming the first NaN/Inf of x; `base` is added to the index shown.
 [[noreturn]] void throw_nonfinite(const float* x, std::size_t n, std::size_t base = 0);
 
+// The messages themselves, for a first bad element found elsewhere (the CUDA backend): x[i] is
+// NaN/Inf, or x[i] and e[i] are finite and their sum is not.
+[[noreturn]] void throw_nonfinite_at(std::size_t i, float xi);
+[[noreturn]] void throw_nonfinite_sum_at(std::size_t i, float xi, float ei);
+
 // For error feedback: x and e are finite but x + e is not (or x is not); names the element.
 [[noreturn]] void throw_nonfinite_sum(const float* x, const float* e, std::size_t n);
 

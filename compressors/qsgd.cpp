@@ -291,6 +291,12 @@ class QsgdCodec final : public CodecImpl {
   std::size_t max_bytes(std::size_t n) const override {
     return header_bytes(Layout{8, 2}) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
   }
+  CodecParams params() const override {
+    CodecParams p;
+    p.bits = bits;
+    p.bucket = bucket;
+    return p;
+  }
 
   std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
                      std::uint64_t seed, std::byte* out, std::size_t cap) const override {
@@ -369,7 +375,7 @@ QsgdLayout qsgd_params(const Payload& p) {
   return {static_cast<int>(p.params[0]), load_le<std::uint32_t>(p.params + 4)};
 }
 
-void validate_qsgd(const Payload& p) {
+void validate_qsgd_layout(const Payload& p) {
   const QsgdLayout l = qsgd_params(p);
   if (l.bits < 2 || l.bits > 8) bad_payload("qsgd bits " + std::to_string(l.bits) + " not in 2..8");
   if (p.params[1] != std::byte{0})
@@ -386,6 +392,13 @@ void validate_qsgd(const Payload& p) {
                 std::to_string(p.sections[1].size) + " bytes, expected " + std::to_string(4 * nb) +
                 " and " + std::to_string(code_bytes) + " for " + std::to_string(p.n) + " elements");
   }
+}
+
+void validate_qsgd(const Payload& p) {
+  validate_qsgd_layout(p);
+  const QsgdLayout l = qsgd_params(p);
+  const std::uint64_t nb = ceil_div(p.n, l.bucket);
+  const std::uint64_t code_bytes = ceil_div(p.n * static_cast<std::uint64_t>(l.bits), 8);
   for (std::uint64_t j = 0; j < nb; ++j) {
     const std::uint32_t u = load_le<std::uint32_t>(p.sections[0].data + 4 * j);
     if ((u & kInfBits) == kInfBits || (u >> 31) != 0) {
@@ -439,7 +452,8 @@ const CodecEntry& qsgd_entry() {
       make_qsgd,
       validate_qsgd,
       decode_add_qsgd,
-      describe_qsgd};
+      describe_qsgd,
+      validate_qsgd_layout};
   return e;
 }
 

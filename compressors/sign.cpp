@@ -99,12 +99,16 @@ std::unique_ptr<CodecImpl> make_sign(SpecReader& spec) {
   return std::make_unique<SignCodec>();
 }
 
-void validate_sign(const Payload& p) {
+void validate_sign_layout(const Payload& p) {
   if (p.sections[0].size != 4 || p.sections[1].size != ceil_div(p.n, 8)) {
     bad_payload("sign sections of " + std::to_string(p.sections[0].size) + " and " +
                 std::to_string(p.sections[1].size) + " bytes, expected 4 and " +
                 std::to_string(ceil_div(p.n, 8)) + " for " + std::to_string(p.n) + " elements");
   }
+}
+
+void validate_sign(const Payload& p) {
+  validate_sign_layout(p);
   const std::uint32_t s = load_le<std::uint32_t>(p.sections[0].data);
   if ((s & kInfBits) == kInfBits || (s >> 31) != 0)
     bad_payload("sign scale is negative, NaN or Inf");
@@ -148,7 +152,8 @@ const CodecEntry& sign_entry() {
                             make_sign,
                             validate_sign,
                             decode_add_sign,
-                            describe_sign};
+                            describe_sign,
+                            validate_sign_layout};
   return e;
 }
 

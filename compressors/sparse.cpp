@@ -290,7 +290,7 @@ std::unique_ptr<CodecImpl> make_sparse(SpecReader& spec, Mode mode, CodecKind ki
 
 // ---- payloads ----
 
-void validate_sparse(const Payload& p) {
+void validate_sparse_layout(const Payload& p) {
   const std::byte* pr = p.params;
   const auto values = static_cast<std::uint8_t>(pr[0]);
   const auto ib = static_cast<std::uint8_t>(pr[1]);
@@ -317,6 +317,13 @@ void validate_sparse(const Payload& p) {
                 std::to_string(p.sections[1].size) + " bytes do not hold " + std::to_string(nnz) +
                 " entries");
   }
+}
+
+void validate_sparse(const Payload& p) {
+  validate_sparse_layout(p);
+  const auto ib = static_cast<std::uint8_t>(p.params[1]);
+  const auto nnz = load_le<std::uint64_t>(p.params + 8);
+  const std::uint64_t vb = static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? 2 : 4;
   const std::byte* ip = p.sections[0].data;
   std::uint64_t prev = 0;
   for (std::uint64_t j = 0; j < nnz; ++j) {
@@ -407,7 +414,8 @@ const CodecEntry& topk_entry() {
                             make_topk,
                             validate_sparse,
                             decode_add_sparse,
-                            describe_sparse};
+                            describe_sparse,
+                            validate_sparse_layout};
   return e;
 }
 const CodecEntry& randomk_entry() {
@@ -421,7 +429,8 @@ const CodecEntry& randomk_entry() {
                             make_randomk,
                             validate_sparse,
                             decode_add_sparse,
-                            describe_sparse};
+                            describe_sparse,
+                            validate_sparse_layout};
   return e;
 }
 const CodecEntry& threshold_entry() {
@@ -432,7 +441,8 @@ const CodecEntry& threshold_entry() {
                             make_threshold,
                             validate_sparse,
                             decode_add_sparse,
-                            describe_sparse};
+                            describe_sparse,
+                            validate_sparse_layout};
   return e;
 }
 

@@ -151,6 +151,11 @@ class TernGradCodec final : public CodecImpl {
   std::size_t max_bytes(std::size_t n) const override {
     return header_bytes(Layout{4, 2}) + 4 + ceil_div(2 * static_cast<std::uint64_t>(n), 8);
   }
+  CodecParams params() const override {
+    CodecParams p;
+    p.clip = clip;
+    return p;
+  }
 
   std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
                      std::uint64_t seed, std::byte* out, std::size_t cap) const override {
@@ -217,7 +222,7 @@ std::unique_ptr<CodecImpl> make_terngrad(SpecReader& spec) {
   return c;
 }
 
-void validate_terngrad(const Payload& p) {
+void validate_terngrad_layout(const Payload& p) {
   const float clip = load_le<float>(p.params);
   if (!(clip >= 0) || !std::isfinite(clip))
     bad_payload("terngrad clip parameter is not a finite value >= 0");
@@ -228,6 +233,11 @@ void validate_terngrad(const Payload& p) {
                 std::to_string(p.sections[1].size) + " bytes, expected 4 and " +
                 std::to_string(code_bytes) + " for " + std::to_string(p.n) + " elements");
   }
+}
+
+void validate_terngrad(const Payload& p) {
+  validate_terngrad_layout(p);
+  const std::uint64_t code_bytes = ceil_div(2 * p.n, 8);
   const std::uint32_t s = load_le<std::uint32_t>(p.sections[0].data);
   if ((s & kInfBits) == kInfBits || (s >> 31) != 0)
     bad_payload("terngrad scaler is negative, NaN or Inf");
@@ -299,7 +309,8 @@ const CodecEntry& terngrad_entry() {
       make_terngrad,
       validate_terngrad,
       decode_add_terngrad,
-      describe_terngrad};
+      describe_terngrad,
+      validate_terngrad_layout};
   return e;
 }
 

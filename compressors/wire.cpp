@@ -72,12 +72,15 @@ std::byte* write_header(std::byte* out, CodecKind kind, std::uint64_t n, const s
 }
 
 Payload parse_payload(std::span<const std::byte> bytes) {
-  const std::size_t size = bytes.size();
+  return parse_payload_head(bytes.data(), bytes.size());
+}
+
+Payload parse_payload_head(const std::byte* head, std::size_t size) {
   if (size < kFixedHeader) {
     bad_payload(std::to_string(size) + " bytes is shorter than the " +
                 std::to_string(kFixedHeader) + "-byte header");
   }
-  const std::byte* b = bytes.data();
+  const std::byte* b = head;
   for (int i = 0; i < 4; ++i) {
     if (b[i] != kMagic[i]) bad_payload("no 'GCMP' magic at the start");
   }

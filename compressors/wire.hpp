@@ -68,8 +68,16 @@ std::byte* write_header(std::byte* out, CodecKind kind, std::uint64_t n, const s
                         std::initializer_list<std::uint64_t> section_sizes);
 
 // Checks magic, version, codec id, parameter and section counts, and that the section lengths
-// add up to the payload's size exactly. Throws Error(bad_payload).
+// add up to the payload's size exactly. Throws Error(bad_payload). Reads only the header bytes.
 Payload parse_payload(std::span<const std::byte> bytes);
+
+// The longest header of any codec (topk: 16 + 16 parameter bytes + 2 sections + CRC).
+inline constexpr std::size_t kMaxHeaderBytes = 52;
+
+// parse_payload for a payload of `size` bytes of which only the first min(size, kMaxHeaderBytes)
+// are at `head` (a host copy of a device payload's start); section pointers point into head's
+// address range, so subtract head to get offsets.
+Payload parse_payload_head(const std::byte* head, std::size_t size);
 
 [[noreturn]] void bad_payload(const std::string& why);
 

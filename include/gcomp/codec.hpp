@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gcomp/error.hpp"
+#include "gcomp/tensor.hpp"
 
 namespace gcomp {
 
@@ -101,6 +102,19 @@ class Codec {
                         std::span<float> e_new, std::uint64_t seed,
                         std::span<std::byte> out) const;
 
+  // The same three on a host or a device view (tensor.hpp): host views run the CPU codec, device
+  // views (gcomp::cuda::view, library gcomp_cuda) its CUDA kernels, which write the same bytes.
+  // All views of one call live in the same memory, device views on the same stream. Device work
+  // is queued on that stream after what is already there, in a workspace cached per stream (no
+  // allocation once it is big enough); the call returns when the payload is complete, since its
+  // size and the finite check come back to the host. Errors as above; with a device view a CUDA
+  // failure is Error(cuda).
+  std::size_t encode(TensorView<const float> x, std::uint64_t seed,
+                     TensorView<std::byte> out) const;
+  std::size_t encode_ef(TensorView<const float> x, TensorView<const float> e_old,
+                        TensorView<float> e_new, std::uint64_t seed,
+                        TensorView<std::byte> out) const;
+
   const detail::CodecImpl& impl() const noexcept { return *impl_; }
 
  private:
@@ -138,6 +152,9 @@ class ErrorFeedback {
 // on any error acc is unchanged. acc.size() must equal the payload's element count
 // (Error(mismatch) otherwise).
 void decode_add(std::span<const std::byte> payload, std::span<float> acc, float alpha = 1.0f);
+// The same for a payload and an accumulator both in host or both in device memory (a device
+// payload is validated on the device as fully as a host one; acc is unchanged on any error).
+void decode_add(TensorView<const std::byte> payload, TensorView<float> acc, float alpha = 1.0f);
 
 // The entries of a sparse payload (topk, randomk, threshold), validated as decode_add validates
 // them: indices strictly increasing and below `elements`, values as float32.

@@ -1,0 +1,26 @@
+// The interface through which gcomp_core hands device tensors to the CUDA backend (gcomp_cuda
+// implements it; a device TensorView carries a pointer to it, so the core never links CUDA).
+// Arguments are checked by the core first (sizes, nulls, one memory, one stream); the backend
+// checks capacity and payloads as the CPU codecs do and throws the same gcomp::Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "codec_impl.hpp"
+
+namespace gcomp::detail {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  // As CodecImpl::encode, with x, e_old, e_new and out in device memory, ordered on `stream`.
+  virtual std::size_t encode(const CodecImpl& codec, const float* x, const float* e_old,
+                             float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,
+                             std::size_t cap, void* stream) const = 0;
+  // acc[0..n) += alpha * decode(payload[0..bytes)), both in device memory, ordered on `stream`.
+  virtual void decode_add(const std::byte* payload, std::size_t bytes, float* acc,
+                          std::size_t n, float alpha, void* stream) const = 0;
+};
+
+}  // namespace gcomp::detail
