@@ -1,0 +1,135 @@
+// The CUDA backend behind device TensorViews: encode and decode_add dispatched to the codec
+// families' kernels, the views themselves, and device memory helpers.
+#include <string>
+
+#include "codecs.cuh"
+#include "device_backend.hpp"
+#include "gcomp/cuda.hpp"
+
+namespace gcomp::cuda {
+
+namespace detail {
+
+unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len) {
+  write_small(c.out, small_bytes(reinterpret_cast<const std::byte*>(host_header), len),
+              c.ws->stream());
+  return c.out + len;
+}
+
+namespace {
+
+class CudaBackend final : public gcomp::detail::DeviceBackend {
+ public:
+  std::size_t encode(const gcomp::detail::CodecImpl& codec, const float* x, const float* e_old,
+                     float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,
+                     std::size_t cap, void* stream) const override {
+    Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
+    std::lock_guard<std::mutex> lock(ws.mutex());
+    const EncodeCall c{&codec, x, e_old, e_new, n, seed, reinterpret_cast<unsigned char*>(out),
+                       cap, &ws};
+    switch (codec.kind()) {
+      case CodecKind::none:
+      case CodecKind::fp16:
+      case CodecKind::bf16:
+        return encode_dense(c);
+      case CodecKind::sign:
+        return encode_sign(c);
+      case CodecKind::terngrad:
+        return encode_terngrad(c);
+      case CodecKind::qsgd:
+        return encode_qsgd(c);
+      default:
+        break;
+    }
+    throw Error(Status::invalid_argument, std::string("the CUDA backend has no ") +
+                                              codec_name(codec.kind()) +
+                                              " encoder yet; encode it from host memory");
+  }
+
+  void decode_add(const std::byte* payload, std::size_t bytes, float* acc, std::size_t n,
+                  float alpha, void* stream) const override {
+    Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
+    std::lock_guard<std::mutex> lock(ws.mutex());
+    // The header comes to the host (after the work already on the stream), is checked there by
+    // the CPU's code, and the sections are checked on the device.
+    std::byte head[gcomp::detail::kMaxHeaderBytes] = {};
+    const std::size_t h = bytes < sizeof head ? bytes : sizeof head;
+    if (h > 0) {
+      GCOMP_CUDA(cudaMemcpyAsync(head, payload, h, cudaMemcpyDeviceToHost, ws.stream()));
+      GCOMP_CUDA(cudaStreamSynchronize(ws.stream()));
+    }
+    DecodeCall d{};
+    d.p = gcomp::detail::parse_payload_head(head, bytes);
+    const gcomp::detail::CodecEntry* e = gcomp::detail::find_codec(d.p.kind);
+    e->validate_layout(d.p);
+    if (d.p.n != n) {
+      throw Error(Status::mismatch, "payload holds " + std::to_string(d.p.n) +
+                                        " elements but the accumulator has " + std::to_string(n));
+    }
+    for (std::size_t i = 0; i < d.p.section_count; ++i) {
+      d.sections[i] = reinterpret_cast<const unsigned char*>(payload) +
+                      (d.p.sections[i].data - head);
+    }
+    d.acc = acc;
+    d.alpha = alpha;
+    d.ws = &ws;
+    switch (d.p.kind) {
+      case CodecKind::none:
+      case CodecKind::fp16:
+      case CodecKind::bf16:
+        return decode_dense(d);
+      case CodecKind::sign:
+        return decode_sign(d);
+      case CodecKind::terngrad:
+        return decode_terngrad(d);
+      case CodecKind::qsgd:
+        return decode_qsgd(d);
+      default:
+        break;
+    }
+    throw Error(Status::invalid_argument, std::string("the CUDA backend has no ") +
+                                              codec_name(d.p.kind) +
+                                              " decoder yet; decode it from host memory");
+  }
+};
+
+const CudaBackend* backend() {
+  static const CudaBackend b;
+  return &b;
+}
+
+}  // namespace
+}  // namespace detail
+
+TensorView<float> view(float* data, std::size_t n, void* stream) {
+  return TensorView<float>::device(data, n, stream, detail::backend());
+}
+TensorView<const float> view(const float* data, std::size_t n, void* stream) {
+  return TensorView<const float>::device(data, n, stream, detail::backend());
+}
+TensorView<std::byte> view(std::byte* data, std::size_t n, void* stream) {
+  return TensorView<std::byte>::device(data, n, stream, detail::backend());
+}
+TensorView<const std::byte> view(const std::byte* data, std::size_t n, void* stream) {
+  return TensorView<const std::byte>::device(data, n, stream, detail::backend());
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  GCOMP_CUDA(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void device_free(void* p) noexcept {
+  if (p) cudaFree(p);
+}
+
+void copy(void* dst, const void* src, std::size_t bytes) {
+  GCOMP_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void synchronize(void* stream) {
+  GCOMP_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace gcomp::cuda

@@ -1,0 +1,51 @@
+// The CUDA codecs, one file per family as in compressors/: each encodes into a device payload
+// byte-identical to the CPU codec's, and validates and decode_adds a device payload as the CPU
+// does (same checks, same messages). backend.cu dispatches to them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "codec_impl.hpp"
+#include "common.cuh"
+#include "wire.hpp"
+
+namespace gcomp::cuda::detail {
+
+struct EncodeCall {
+  const gcomp::detail::CodecImpl* codec;
+  const float* x;
+  const float* e_old;  // null without error feedback
+  float* e_new;
+  std::size_t n;
+  std::uint64_t seed;
+  unsigned char* out;
+  std::size_t cap;
+  Workspace* ws;
+};
+
+// A payload in device memory whose header was parsed and layout-validated on the host:
+// sections[i] is the device address of section i.
+struct DecodeCall {
+  gcomp::detail::Payload p;
+  const unsigned char* sections[gcomp::detail::kMaxSections];
+  float* acc;
+  float alpha;
+  Workspace* ws;
+};
+
+// Writes the header (computed on the host by the CPU's write_header) at the payload's start and
+// returns the device address of the first section.
+unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len);
+
+std::size_t encode_dense(const EncodeCall& c);     // none, fp16, bf16
+std::size_t encode_sign(const EncodeCall& c);
+std::size_t encode_terngrad(const EncodeCall& c);
+std::size_t encode_qsgd(const EncodeCall& c);
+
+void decode_dense(const DecodeCall& d);
+void decode_sign(const DecodeCall& d);
+void decode_terngrad(const DecodeCall& d);
+void decode_qsgd(const DecodeCall& d);
+
+}  // namespace gcomp::cuda::detail

@@ -1,0 +1,196 @@
+// Shared pieces of the CUDA codecs: error checks, the per-stream workspace, the report a kernel
+// leaves for the host, little-endian byte stores at any alignment, the canonical 16-lane double
+// sums of compressors/reduce.hpp and Philox on the device with the CPU's stream layout
+// (compressors/philox.hpp).
+//
+// Bytes match the CPU because every floating-point operation that reaches the wire is the same
+// IEEE operation in the same order: the library is compiled with --fmad=false (no fused
+// multiply-add contraction, as the CPU's -ffp-contract=off), divisions and square roots are the
+// correctly rounded ones (no fast math), and sums follow the canonical order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <Random123/philox.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "gcomp/error.hpp"
+
+namespace gcomp::cuda::detail {
+
+// Throws Error(cuda) with the runtime's name and text of e.
+void check(cudaError_t e, const char* what);
+#define GCOMP_CUDA(call) ::gcomp::cuda::detail::check((call), #call)
+// After a launch: a bad configuration shows here, a fault at the next synchronization.
+#define GCOMP_LAUNCHED(name) ::gcomp::cuda::detail::check(cudaGetLastError(), name)
+
+inline constexpr int kThreads = 256;
+inline constexpr std::size_t kReduceBlock = 4096;  // compressors/reduce.hpp
+inline constexpr std::uint32_t kInfBits = 0x7f800000u;
+
+// Blocks for a grid-stride loop over `work` items of `per_block` each, capped so that a launch
+// stays a few waves deep.
+inline unsigned grid_for(std::uint64_t work, std::uint64_t per_block = kThreads) {
+  const std::uint64_t b = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(b == 0 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+// What the kernels of one call report: codes the host turns into gcomp::Error after the stream
+// synchronizes. `first` holds the lowest offending index (atomicMin), `count` a device-computed
+// size (threshold's selected entries).
+enum ReportCode : unsigned { kOk = 0, kNonfinite = 1, kBadPayload = 2 };
+struct Report {
+  unsigned code;
+  unsigned what;             // bit c set: the codec's payload check c failed
+  unsigned long long first;  // the lowest index where the codec's indexed check failed
+  unsigned long long count;
+};
+
+// The scratch memory of one stream: device bytes that grow to the largest request and are then
+// reused (so a steady state allocates nothing), a device Report and its pinned host mirror.
+// Calls on one stream are serialized by the lock (they are ordered on the stream anyway).
+class Workspace {
+ public:
+  explicit Workspace(cudaStream_t s) : stream_(s) {}
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  std::mutex& mutex() { return mu_; }
+  cudaStream_t stream() const { return stream_; }
+  // Device memory of at least `bytes` (256-byte aligned), valid until the next reserve().
+  void* reserve(std::size_t bytes);
+  Report* report() { return report_dev_; }
+  // Clears the device report (on the stream).
+  void reset_report();
+  // Copies the report back and waits for the stream; returns the host copy.
+  const Report& finish();
+
+ private:
+  void ensure_report();
+  std::mutex mu_;
+  cudaStream_t stream_;
+  void* dev_ = nullptr;
+  std::size_t bytes_ = 0;
+  Report* report_dev_ = nullptr;
+  Report* report_host_ = nullptr;
+};
+
+// The workspace of `stream` on the current device (created on first use, kept for the process).
+Workspace& workspace_for(cudaStream_t stream);
+
+// Carves aligned pieces out of one workspace: first sized with a null base (two-phase, as CUB),
+// then placed.
+class Carve {
+ public:
+  explicit Carve(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  template <class T>
+  T* take(std::size_t count) {
+    off_ = (off_ + 255) & ~std::size_t{255};
+    T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
+    off_ += count * sizeof(T);
+    return p;
+  }
+  std::size_t bytes() const { return off_ + 256; }
+
+ private:
+  char* base_;
+  std::size_t off_ = 0;
+};
+
+// Up to 64 bytes written to device memory by a kernel whose argument carries them (so nothing on
+// the host has to outlive the launch): the payload header.
+struct SmallBytes {
+  unsigned char b[64];
+  unsigned len;
+};
+void write_small(unsigned char* dst, const SmallBytes& bytes, cudaStream_t s);
+SmallBytes small_bytes(const std::byte* p, std::size_t len);
+
+// Finds the first non-finite x[i] (or, when none and e is given, the first non-finite x[i] + e[i])
+// and throws the CPU's Error(nonfinite) message for it. Synchronizes the stream.
+[[noreturn]] void throw_nonfinite(const float* x, const float* e, std::size_t n, Workspace& ws);
+
+// ---- device helpers ----
+
+__device__ __forceinline__ void store_u16(unsigned char* p, std::uint32_t v) {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+}
+__device__ __forceinline__ void store_u32(unsigned char* p, std::uint32_t v) {
+  p[0] = static_cast<unsigned char>(v);
+  p[1] = static_cast<unsigned char>(v >> 8);
+  p[2] = static_cast<unsigned char>(v >> 16);
+  p[3] = static_cast<unsigned char>(v >> 24);
+}
+__device__ __forceinline__ std::uint32_t load_u16(const unsigned char* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8);
+}
+__device__ __forceinline__ std::uint32_t load_u32(const unsigned char* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+         (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+__device__ __forceinline__ bool nonfinite(float v) {
+  return (__float_as_uint(v) & kInfBits) == kInfBits;
+}
+// A failed payload check `check` (at `index`, for the codec's one indexed check).
+__device__ __forceinline__ void report_bad(Report* r, unsigned check,
+                                           unsigned long long index = ~0ull) {
+  atomicMin(&r->first, index);  // ~0 (the reset value) for the checks without an index
+  atomicOr(&r->what, 1u << check);
+  atomicExch(&r->code, static_cast<unsigned>(kBadPayload));
+}
+__device__ __forceinline__ void report_nonfinite(Report* r) {
+  atomicExch(&r->code, static_cast<unsigned>(kNonfinite));
+}
+
+// Folds the 16 lanes of a half-warp as fold16 (lane[j] += lane[j + w], w = 8, 4, 2, 1); the
+// result is in the group's lane 0. All 32 lanes of the warp must call it.
+__device__ __forceinline__ double fold16(double v) {
+  for (int w = 8; w >= 1; w /= 2) v = v + __shfl_down_sync(0xffffffffu, v, w, 16);
+  return v;
+}
+
+// Words 0..3 of Philox block `block` of the stream (seed, codec): S[32g + 8w + j] is word w of
+// block 8g + j (compressors/philox.hpp).
+__device__ __forceinline__ uint4 philox_block(std::uint32_t k0, std::uint32_t k1,
+                                              std::uint32_t codec, std::uint64_t block) {
+  r123::Philox4x32 rng;
+  const r123::Philox4x32::ctr_type ctr = {
+      {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), codec, 0u}};
+  const r123::Philox4x32::key_type key = {{k0, k1}};
+  const r123::Philox4x32::ctr_type r = rng(ctr, key);
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// The pairwise fold of compressors/reduce.hpp's tree_sum over s[0..count) by one block, with t
+// (count elements) as the other half of a ping-pong; the total lands in *out (0 for count 0).
+// Every thread of the block must call it; s and t are overwritten.
+__device__ __forceinline__ void tree_sum_block(double* s, double* t, std::size_t count,
+                                               double* out) {
+  double* a = s;
+  double* b = t;
+  while (count > 1) {
+    const std::size_t half = count / 2;
+    for (std::size_t j = threadIdx.x; j < half; j += blockDim.x) b[j] = a[2 * j] + a[2 * j + 1];
+    if ((count & 1) && threadIdx.x == 0) b[half] = a[count - 1];
+    __syncthreads();
+    count = half + (count & 1);
+    double* tmp = a;
+    a = b;
+    b = tmp;
+  }
+  if (threadIdx.x == 0) *out = count == 0 ? 0.0 : a[0];
+  __syncthreads();
+}
+
+// Grid-stride loop over [0, n).
+#define GCOMP_GRID_LOOP(i, n)                                                              \
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+
+}  // namespace gcomp::cuda::detail

@@ -1,0 +1,604 @@
+// sign, TernGrad and QSGD on the device (compressors/sign.cpp, terngrad.cpp, qsgd.cpp), byte for
+// byte as the CPU:
+//
+//   * statistics in the canonical order of compressors/reduce.hpp: 16 threads of a half-warp own
+//     the 16 double lanes of one block of 4096 elements (or one QSGD bucket), lane j summing the
+//     elements j, j + 16, ... in turn; the lanes fold by shuffles (w = 8, 4, 2, 1); block sums
+//     fold pairwise in one CUDA block (tree_sum_block);
+//   * random draws: thread t of a 256-thread tile computes Philox block base / 8 + t, whose four
+//     words are the 16-bit draws of the elements 64 g + 16 w + 2 j + {0, 1} (g = t / 8,
+//     j = t % 8), the layout of compressors/philox.hpp;
+//   * codes go to shared memory as bytes, and each thread packs 8 of them into B whole bytes.
+//
+// Error feedback is fused as on the CPU: the statistics pass writes v = x + e into e_new, the
+// code pass overwrites it with v - decode.
+#include <cfloat>
+#include <string>
+
+#include "bytes.hpp"
+#include "codecs.cuh"
+
+namespace gcomp::cuda::detail {
+
+namespace {
+
+constexpr unsigned kTile = 2048;  // elements per code tile: 256 threads x 8
+
+// ---- statistics of 4096-element blocks (sign, TernGrad) ----
+
+struct BlockOut {
+  double* s1;         // sum of |v| (sign) or of v (TernGrad)
+  double* s2;         // sum of v^2 (TernGrad)
+  std::uint32_t* mx;  // max |v| as bits (TernGrad)
+};
+
+// Warp w handles blocks 2w and 2w + 1 (one per half-warp); with EF, v = x + e goes to e_new.
+// Sign also writes its bits here: a ballot of v < 0 over the 16 consecutive elements a half-warp
+// reads at once.
+template <bool EF, bool Sign>
+__global__ void block_stats_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
+                                   float* __restrict__ e_new, std::size_t n, std::size_t blocks,
+                                   unsigned char* __restrict__ bits, BlockOut out) {
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned j = lane & 15u;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::size_t w = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
+       2 * w < blocks; w += warps) {
+    const std::size_t rb = 2 * w + (lane >> 4);
+    const bool have = rb < blocks;
+    const std::size_t start = rb * kReduceBlock;
+    const std::size_t len = have ? (n - start < kReduceBlock ? n - start : kReduceBlock) : 0;
+    double a1 = 0.0;
+    double a2 = 0.0;
+    std::uint32_t mx = 0;
+    for (std::size_t it = 0; it < kReduceBlock / 16; ++it) {
+      const std::size_t m = 16 * it + j;
+      const bool valid = m < len;
+      float v = 0.0f;
+      if (valid) {
+        v = x[start + m];
+        if (EF) {
+          v = v + e_old[start + m];
+          e_new[start + m] = v;
+        }
+        if (Sign) {
+          a1 = a1 + static_cast<double>(fabsf(v));
+        } else {
+          a1 = a1 + static_cast<double>(v);
+          a2 = a2 + static_cast<double>(v) * static_cast<double>(v);
+          const std::uint32_t b = __float_as_uint(v) & 0x7fffffffu;
+          mx = b > mx ? b : mx;
+        }
+      }
+      if (Sign) {
+        const unsigned ballot = __ballot_sync(0xffffffffu, valid && v < 0.0f);
+        const unsigned mine = (ballot >> (lane & 16u)) & 0xffffu;
+        if (j == 0 && valid) {
+          unsigned char* o = bits + (start + 16 * it) / 8;
+          o[0] = static_cast<unsigned char>(mine);
+          if (16 * it + 8 < len) o[1] = static_cast<unsigned char>(mine >> 8);
+        }
+      }
+    }
+    a1 = fold16(a1);
+    if (!Sign) {
+      a2 = fold16(a2);
+      for (int s = 8; s >= 1; s /= 2) {
+        const std::uint32_t o = __shfl_down_sync(0xffffffffu, mx, s, 16);
+        mx = o > mx ? o : mx;
+      }
+    }
+    if (j == 0 && have) {
+      out.s1[rb] = a1;
+      if (!Sign) {
+        out.s2[rb] = a2;
+        out.mx[rb] = mx;
+      }
+    }
+  }
+}
+
+// ---- sign ----
+
+// One block: scale = mean |v| from the block sums; non-finite input shows as a non-finite total.
+__global__ void sign_finish_kernel(double* s1, double* tmp, std::size_t blocks, std::size_t n,
+                                   unsigned char* scale_out, float* scale, Report* r) {
+  __shared__ double total;
+  tree_sum_block(s1, tmp, blocks, &total);
+  if (threadIdx.x != 0) return;
+  if (!isfinite(total)) {
+    report_nonfinite(r);
+    *scale = 0.0f;
+    return;
+  }
+  const float sc = n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
+  *scale = sc;
+  store_u32(scale_out, __float_as_uint(sc));
+}
+
+__global__ void sign_residual_kernel(float* __restrict__ e_new, std::size_t n,
+                                     const float* __restrict__ scale, const Report* r) {
+  if (r->code != 0) return;
+  const float sc = *scale;
+  GCOMP_GRID_LOOP(i, n) {
+    const float v = e_new[i];
+    e_new[i] = v - (v < 0 ? -sc : sc);
+  }
+}
+
+__global__ void sign_validate_kernel(const unsigned char* scale, const unsigned char* bits,
+                                     std::size_t n, std::size_t bytes, Report* r) {
+  const std::uint32_t s = load_u32(scale);
+  if ((s & kInfBits) == kInfBits || (s >> 31) != 0) report_bad(r, 0);
+  const unsigned tail = static_cast<unsigned>(n & 7);
+  if (tail != 0 && bytes != 0 && (bits[bytes - 1] >> tail) != 0) report_bad(r, 1);
+}
+
+__global__ void sign_decode_kernel(const unsigned char* __restrict__ scale,
+                                   const unsigned char* __restrict__ bits, std::size_t n,
+                                   float* __restrict__ acc, float alpha, const Report* r) {
+  if (r->code != 0) return;
+  const float plus = alpha * __uint_as_float(load_u32(scale));
+  GCOMP_GRID_LOOP(i, n) {
+    const bool neg = (bits[i >> 3] >> (i & 7)) & 1u;
+    acc[i] += neg ? -plus : plus;
+  }
+}
+
+// ---- codes with random draws (TernGrad, QSGD) ----
+
+struct Stream {
+  std::uint32_t k0, k1, codec;
+};
+
+Stream stream_of(std::uint64_t seed, CodecKind kind) {
+  return {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+          static_cast<std::uint32_t>(kind)};
+}
+
+// Q: std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded).
+// src is x, or e_new holding v with error feedback (then ef == e_new gets v - decoded).
+template <class Q>
+__global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n,
+                             Stream st, unsigned char* __restrict__ codes,
+                             std::size_t code_bytes, const Report* r) {
+  __shared__ unsigned char tile[kTile];
+  if (r->code != 0) return;
+  const unsigned t = threadIdx.x;
+  const unsigned g = t >> 3;
+  const unsigned j = t & 7u;
+  const std::size_t tiles = (n + kTile - 1) / kTile;
+  for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+    const std::size_t base = tl * kTile;
+    const uint4 r4 = philox_block(st.k0, st.k1, st.codec, base / 8 + t);
+    const std::uint32_t words[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+    for (unsigned w = 0; w < 4; ++w) {
+#pragma unroll
+      for (unsigned h = 0; h < 2; ++h) {
+        const unsigned off = 64 * g + 16 * w + 2 * j + h;
+        const std::size_t i = base + off;
+        std::uint32_t code = 0;
+        if (i < n) {
+          const std::uint32_t draw = h ? (words[w] >> 16) : (words[w] & 0xffffu);
+          const float v = src[i];
+          float dec;
+          code = q(i, v, draw, &dec);
+          if (ef) ef[i] = v - dec;
+        }
+        tile[off] = static_cast<unsigned char>(code);
+      }
+    }
+    __syncthreads();
+    unsigned long long packed = 0;
+#pragma unroll
+    for (unsigned k = 0; k < 8; ++k) {
+      packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
+    }
+    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+    for (int b = 0; b < bits; ++b) {
+      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+    }
+    __syncthreads();
+  }
+}
+
+// ---- TernGrad ----
+
+struct Ternary {
+  float s;
+  float c;
+  int clip;
+};
+
+struct TernQ {
+  const Ternary* t;
+  __device__ std::uint32_t operator()(std::size_t, float v, std::uint32_t draw,
+                                      float* decoded) const {
+    const Ternary tt = *t;
+    float g = v;
+    if (tt.clip) {
+      g = v < -tt.c ? -tt.c : v;  // std::max(v, -c)
+      g = tt.c < g ? tt.c : g;    // std::min(., c)
+    }
+    const float u = static_cast<float>(draw) * 0x1p-16f;
+    const bool b = u * tt.s < fabsf(g);
+    const bool neg = v < 0;
+    *decoded = b ? (neg ? -tt.s : tt.s) : 0.0f;
+    return b ? (neg ? 2u : 1u) : 0u;
+  }
+};
+
+// One block: sigma, the clip bound and the scaler s, exactly as TernGradCodec::encode.
+__global__ void tern_finish_kernel(BlockOut in, double* tmp1, double* tmp2, std::size_t blocks,
+                                   std::size_t n, double clip, unsigned char* s_out, Ternary* t,
+                                   Report* r) {
+  __shared__ std::uint32_t maxes[kThreads];
+  __shared__ double total;
+  __shared__ double total_sq;
+  std::uint32_t mx = 0;
+  for (std::size_t b = threadIdx.x; b < blocks; b += blockDim.x) mx = in.mx[b] > mx ? in.mx[b] : mx;
+  maxes[threadIdx.x] = mx;
+  __syncthreads();
+  tree_sum_block(in.s1, tmp1, blocks, &total);
+  tree_sum_block(in.s2, tmp2, blocks, &total_sq);
+  if (threadIdx.x != 0) return;
+  for (unsigned k = 1; k < blockDim.x; ++k) mx = maxes[k] > mx ? maxes[k] : mx;
+  if (mx >= kInfBits) {
+    report_nonfinite(r);
+    return;
+  }
+  Ternary out{};
+  const float max_abs = __uint_as_float(mx);
+  out.s = max_abs;
+  if (clip > 0 && n > 0) {
+    const double mean = total / static_cast<double>(n);
+    const double d = total_sq / static_cast<double>(n) - mean * mean;
+    const double var = 0.0 < d ? d : 0.0;  // std::max(0.0, d)
+    out.c = static_cast<float>(clip * sqrt(var));
+    out.clip = out.c > 0;
+    if (out.clip) out.s = out.c < max_abs ? out.c : max_abs;  // std::min(max_abs, c)
+  }
+  *t = out;
+  store_u32(s_out, __float_as_uint(out.s));
+}
+
+__global__ void tern_validate_kernel(const unsigned char* s, const unsigned char* codes,
+                                     std::size_t n, std::size_t bytes, Report* r) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const std::uint32_t u = load_u32(s);
+    if ((u & kInfBits) == kInfBits || (u >> 31) != 0) report_bad(r, 0);
+    const unsigned tail = static_cast<unsigned>((2 * n) & 7);
+    if (tail != 0 && bytes != 0 && (codes[bytes - 1] >> tail) != 0) report_bad(r, 2);
+  }
+  GCOMP_GRID_LOOP(k, bytes) {
+    const unsigned b = codes[k];
+    if ((b & (b >> 1) & 0x55u) != 0) report_bad(r, 1, k);
+  }
+}
+
+__global__ void tern_decode_kernel(const unsigned char* __restrict__ s,
+                                   const unsigned char* __restrict__ codes, std::size_t n,
+                                   float* __restrict__ acc, float alpha, const Report* r) {
+  if (r->code != 0) return;
+  const float plus = alpha * __uint_as_float(load_u32(s));
+  GCOMP_GRID_LOOP(i, n) {
+    const unsigned c = (codes[i >> 2] >> (2 * (i & 3))) & 3u;
+    if (c == 1) acc[i] += plus;
+    if (c == 2) acc[i] += -plus;
+  }
+}
+
+// ---- QSGD ----
+
+struct Bucket {
+  float norm;
+  float inv;   // s / norm
+  float step;  // norm / s
+  int use_inv;
+};
+
+// Half-warp per bucket: the canonical sum of squares, the norm (saturating at 2^127) and the
+// constants of quantize_one; with EF, v = x + e into e_new.
+template <bool EF>
+__global__ void qsgd_norm_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
+                                 float* __restrict__ e_new, std::size_t n, std::size_t bucket,
+                                 std::size_t buckets, float levels, Bucket* __restrict__ out,
+                                 unsigned char* __restrict__ norms, Report* r) {
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned j = lane & 15u;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::size_t w = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
+       2 * w < buckets; w += warps) {
+    const std::size_t b = 2 * w + (lane >> 4);
+    const bool have = b < buckets;
+    const std::size_t start = b * bucket;
+    const std::size_t len = have ? (n - start < bucket ? n - start : bucket) : 0;
+    double a = 0.0;
+    for (std::size_t m = j; m < len; m += 16) {
+      float v = x[start + m];
+      if (EF) {
+        v = v + e_old[start + m];
+        e_new[start + m] = v;
+      }
+      a = a + static_cast<double>(v) * static_cast<double>(v);
+    }
+    a = fold16(a);
+    if (j == 0 && have && !isfinite(a)) report_nonfinite(r);
+    if (j == 0 && have && isfinite(a)) {
+      const double root = sqrt(a);
+      const float norm = root >= static_cast<double>(0x1p127f) ? 0x1p127f : static_cast<float>(root);
+      Bucket q;
+      q.norm = norm;
+      q.inv = norm > 0 ? levels / norm : 0.0f;
+      q.use_inv = isfinite(q.inv);
+      q.step = norm / levels;
+      out[b] = q;
+      store_u32(norms + 4 * b, __float_as_uint(norm));
+    }
+  }
+}
+
+struct QsgdQ {
+  const Bucket* buckets;
+  std::size_t bucket;
+  float levels;
+  int bits;
+  bool narrow;  // n < 2^32: 32-bit division finds the bucket
+  __device__ std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw,
+                                      float* decoded) const {
+    const std::size_t b = narrow ? static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(bucket)
+                                 : i / bucket;
+    const Bucket q = buckets[b];
+    const float a = fabsf(v);
+    std::uint32_t level = 0;
+    if (q.norm > 0) {
+      float rr = q.use_inv ? a * q.inv : (a / q.norm) * levels;
+      rr = levels < rr ? levels : rr;  // std::min(r, levels)
+      const float l = floorf(rr);
+      const float u = static_cast<float>(draw) * 0x1p-16f;
+      level = static_cast<std::uint32_t>(l) + (u < rr - l ? 1u : 0u);
+    }
+    const bool neg = v < 0;
+    const float d = q.step * static_cast<float>(level);
+    *decoded = neg ? -d : d;
+    return level | (neg ? 1u << (bits - 1) : 0u);
+  }
+};
+
+__global__ void qsgd_validate_kernel(const unsigned char* norms, std::size_t buckets,
+                                     const unsigned char* codes, std::size_t code_bytes,
+                                     std::uint64_t used_bits, Report* r) {
+  GCOMP_GRID_LOOP(b, buckets) {
+    const std::uint32_t u = load_u32(norms + 4 * b);
+    if ((u & kInfBits) == kInfBits || (u >> 31) != 0) report_bad(r, 0, b);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const unsigned tail = static_cast<unsigned>(used_bits & 7);
+    if (tail != 0 && code_bytes != 0 && (codes[code_bytes - 1] >> tail) != 0) report_bad(r, 1);
+  }
+}
+
+__global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
+                                   const unsigned char* __restrict__ codes, std::size_t n,
+                                   std::size_t bucket, int bits, float alpha,
+                                   float* __restrict__ acc, const Report* r) {
+  if (r->code != 0) return;
+  const float levels = static_cast<float>((1 << (bits - 1)) - 1);
+  const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
+  GCOMP_GRID_LOOP(i, n) {
+    const float step = __uint_as_float(load_u32(norms + 4 * (i / bucket))) / levels;
+    const std::uint64_t bit = static_cast<std::uint64_t>(i) * bits;
+    const std::size_t byte = bit >> 3;
+    const unsigned shift = static_cast<unsigned>(bit & 7);
+    std::uint32_t c = codes[byte];
+    if (shift + bits > 8) c |= static_cast<std::uint32_t>(codes[byte + 1]) << 8;
+    c = (c >> shift) & ((1u << bits) - 1u);
+    const float d = step * static_cast<float>(c & level_mask);
+    acc[i] += alpha * ((c >> (bits - 1)) ? -d : d);
+  }
+}
+
+std::size_t blocks_of(std::size_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
+
+unsigned char* header_for(const EncodeCall& c, const std::byte* params,
+                          std::initializer_list<std::uint64_t> sections) {
+  std::byte head[gcomp::detail::kMaxHeaderBytes];
+  const std::byte* end = gcomp::detail::write_header(head, c.codec->kind(), c.n, params, sections);
+  return put_header(c, reinterpret_cast<const unsigned char*>(head),
+                    static_cast<std::size_t>(end - head));
+}
+
+}  // namespace
+
+std::size_t encode_sign(const EncodeCall& c) {
+  const std::size_t need = c.codec->max_bytes(c.n);
+  gcomp::detail::require_capacity(need, c.cap);
+  const std::size_t bytes = (c.n + 7) / 8;
+  unsigned char* data = header_for(c, nullptr, {4, bytes});
+  const std::size_t blocks = blocks_of(c.n);
+  Carve size;
+  size.take<double>(blocks);
+  size.take<double>(blocks);
+  size.take<float>(1);
+  Carve carve(c.ws->reserve(size.bytes()));
+  BlockOut st{carve.take<double>(blocks), nullptr, nullptr};
+  double* tmp = carve.take<double>(blocks);
+  float* scale = carve.take<float>(1);
+  const cudaStream_t s = c.ws->stream();
+  c.ws->reset_report();
+  if (c.n > 0) {
+    const unsigned grid = grid_for(blocks * 16);
+    if (c.e_old) {
+      block_stats_kernel<true, true>
+          <<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, blocks, data + 4, st);
+    } else {
+      block_stats_kernel<false, true>
+          <<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, blocks, data + 4, st);
+    }
+    GCOMP_LAUNCHED("sign statistics");
+  }
+  sign_finish_kernel<<<1, 1024, 0, s>>>(st.s1, tmp, blocks, c.n, data, scale, c.ws->report());
+  GCOMP_LAUNCHED("sign scale");
+  if (c.e_old && c.n > 0) {
+    sign_residual_kernel<<<grid_for(c.n), kThreads, 0, s>>>(c.e_new, c.n, scale, c.ws->report());
+    GCOMP_LAUNCHED("sign residual");
+  }
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  return need;
+}
+
+std::size_t encode_terngrad(const EncodeCall& c) {
+  const std::size_t need = c.codec->max_bytes(c.n);
+  gcomp::detail::require_capacity(need, c.cap);
+  const double clip = c.codec->params().clip;
+  std::byte params[4];
+  gcomp::detail::store_le<float>(params, static_cast<float>(clip));
+  const std::size_t code_bytes = (2 * static_cast<std::uint64_t>(c.n) + 7) / 8;
+  unsigned char* data = header_for(c, params, {4, code_bytes});
+  const std::size_t blocks = blocks_of(c.n);
+  Carve size;
+  for (int k = 0; k < 4; ++k) size.take<double>(blocks);
+  size.take<std::uint32_t>(blocks);
+  size.take<Ternary>(1);
+  Carve carve(c.ws->reserve(size.bytes()));
+  BlockOut st{carve.take<double>(blocks), carve.take<double>(blocks), nullptr};
+  double* tmp1 = carve.take<double>(blocks);
+  double* tmp2 = carve.take<double>(blocks);
+  st.mx = carve.take<std::uint32_t>(blocks);
+  Ternary* t = carve.take<Ternary>(1);
+  const cudaStream_t s = c.ws->stream();
+  c.ws->reset_report();
+  if (c.n > 0) {
+    const unsigned grid = grid_for(blocks * 16);
+    if (c.e_old) {
+      block_stats_kernel<true, false>
+          <<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, blocks, nullptr, st);
+    } else {
+      block_stats_kernel<false, false>
+          <<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, blocks, nullptr, st);
+    }
+    GCOMP_LAUNCHED("terngrad statistics");
+  }
+  tern_finish_kernel<<<1, kThreads, 0, s>>>(st, tmp1, tmp2, blocks, c.n, clip, data, t,
+                                            c.ws->report());
+  GCOMP_LAUNCHED("terngrad scaler");
+  if (c.n > 0) {
+    const float* src = c.e_old ? c.e_new : c.x;
+    codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
+        TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
+        stream_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
+    GCOMP_LAUNCHED("terngrad codes");
+  }
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  return need;
+}
+
+std::size_t encode_qsgd(const EncodeCall& c) {
+  const std::size_t need = c.codec->max_bytes(c.n);
+  gcomp::detail::require_capacity(need, c.cap);
+  const gcomp::detail::CodecParams qp = c.codec->params();
+  const int bits = qp.bits;
+  const std::size_t bucket = qp.bucket;
+  const std::size_t buckets = (c.n + bucket - 1) / bucket;
+  const std::size_t code_bytes = (static_cast<std::uint64_t>(c.n) * bits + 7) / 8;
+  std::byte params[8] = {};
+  params[0] = static_cast<std::byte>(bits);
+  gcomp::detail::store_le<std::uint32_t>(params + 4, static_cast<std::uint32_t>(bucket));
+  unsigned char* norms = header_for(c, params, {4 * buckets, code_bytes});
+  unsigned char* codes = norms + 4 * buckets;
+  Carve size;
+  size.take<Bucket>(buckets);
+  Carve carve(c.ws->reserve(size.bytes()));
+  Bucket* bk = carve.take<Bucket>(buckets);
+  const float levels = static_cast<float>((1 << (bits - 1)) - 1);
+  const cudaStream_t s = c.ws->stream();
+  c.ws->reset_report();
+  if (c.n > 0) {
+    const unsigned grid = grid_for(buckets * 16);
+    if (c.e_old) {
+      qsgd_norm_kernel<true><<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, bucket,
+                                                       buckets, levels, bk, norms, c.ws->report());
+    } else {
+      qsgd_norm_kernel<false><<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, bucket,
+                                                        buckets, levels, bk, norms, c.ws->report());
+    }
+    GCOMP_LAUNCHED("qsgd norms");
+    const float* src = c.e_old ? c.e_new : c.x;
+    const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
+    codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
+        q, bits, src, c.e_old ? c.e_new : nullptr, c.n, stream_of(c.seed, CodecKind::qsgd), codes,
+        code_bytes, c.ws->report());
+    GCOMP_LAUNCHED("qsgd codes");
+  }
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  return need;
+}
+
+void decode_sign(const DecodeCall& d) {
+  const std::size_t n = d.p.n;
+  const std::size_t bytes = d.p.sections[1].size;
+  const cudaStream_t s = d.ws->stream();
+  d.ws->reset_report();
+  sign_validate_kernel<<<1, 1, 0, s>>>(d.sections[0], d.sections[1], n, bytes, d.ws->report());
+  GCOMP_LAUNCHED("sign validate");
+  if (n > 0) {
+    sign_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
+                                                        d.alpha, d.ws->report());
+    GCOMP_LAUNCHED("sign decode_add");
+  }
+  const Report& r = d.ws->finish();
+  if (r.code != kBadPayload) return;
+  if (r.what & 1u) gcomp::detail::bad_payload("sign scale is negative, NaN or Inf");
+  gcomp::detail::bad_payload("sign padding bits are not zero");
+}
+
+void decode_terngrad(const DecodeCall& d) {
+  const std::size_t n = d.p.n;
+  const std::size_t bytes = d.p.sections[1].size;
+  const cudaStream_t s = d.ws->stream();
+  d.ws->reset_report();
+  tern_validate_kernel<<<grid_for(bytes), kThreads, 0, s>>>(d.sections[0], d.sections[1], n,
+                                                            bytes, d.ws->report());
+  GCOMP_LAUNCHED("terngrad validate");
+  if (n > 0) {
+    tern_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
+                                                        d.alpha, d.ws->report());
+    GCOMP_LAUNCHED("terngrad decode_add");
+  }
+  const Report& r = d.ws->finish();
+  if (r.code != kBadPayload) return;
+  if (r.what & 1u) gcomp::detail::bad_payload("terngrad scaler is negative, NaN or Inf");
+  if (r.what & 2u) {
+    gcomp::detail::bad_payload("invalid terngrad code 3 in byte " + std::to_string(r.first));
+  }
+  gcomp::detail::bad_payload("terngrad code padding bits are not zero");
+}
+
+void decode_qsgd(const DecodeCall& d) {
+  const std::size_t n = d.p.n;
+  const int bits = static_cast<int>(d.p.params[0]);
+  const std::size_t bucket = gcomp::detail::load_le<std::uint32_t>(d.p.params + 4);
+  const std::size_t buckets = (n + bucket - 1) / bucket;
+  const std::size_t code_bytes = d.p.sections[1].size;
+  const cudaStream_t s = d.ws->stream();
+  d.ws->reset_report();
+  qsgd_validate_kernel<<<grid_for(buckets), kThreads, 0, s>>>(
+      d.sections[0], buckets, d.sections[1], code_bytes, static_cast<std::uint64_t>(n) * bits,
+      d.ws->report());
+  GCOMP_LAUNCHED("qsgd validate");
+  if (n > 0) {
+    qsgd_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, bucket,
+                                                        bits, d.alpha, d.acc, d.ws->report());
+    GCOMP_LAUNCHED("qsgd decode_add");
+  }
+  const Report& r = d.ws->finish();
+  if (r.code != kBadPayload) return;
+  if (r.what & 1u) {
+    gcomp::detail::bad_payload("qsgd norm of bucket " + std::to_string(r.first) +
+                               " is negative, NaN or Inf");
+  }
+  gcomp::detail::bad_payload("qsgd code padding bits are not zero");
+}
+
+}  // namespace gcomp::cuda::detail
