@@ -18,6 +18,9 @@ struct CodecParams {
   int bits = 0;               // qsgd
   std::uint64_t bucket = 0;   // qsgd
   double clip = 0;            // terngrad
+  double tau = 0;             // threshold
+  bool scale = false;         // randomk: values times n / k
+  bool fp16_values = false;   // topk, randomk, threshold
 };
 
 class CodecImpl {

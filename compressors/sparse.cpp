@@ -158,6 +158,13 @@ class SparseCodec final : public CodecImpl {
     return header_bytes(Layout{16, 2}) + nnz * entry_bytes(n);
   }
   std::size_t max_bytes(std::size_t n) const override { return payload_bytes(n, selected(n)); }
+  CodecParams params() const override {
+    CodecParams p;
+    p.tau = tau;
+    p.scale = scale;
+    p.fp16_values = fp16_values;
+    return p;
+  }
 
   // Without error feedback e_old == e_new == nullptr and the values come from x; with it they
   // come from v = x + e_old, which the selection pass leaves in e_new.

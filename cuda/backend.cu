@@ -38,12 +38,13 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
         return encode_terngrad(c);
       case CodecKind::qsgd:
         return encode_qsgd(c);
-      default:
-        break;
+      case CodecKind::topk:
+      case CodecKind::randomk:
+      case CodecKind::threshold:
+        return encode_sparse(c);
     }
-    throw Error(Status::invalid_argument, std::string("the CUDA backend has no ") +
-                                              codec_name(codec.kind()) +
-                                              " encoder yet; encode it from host memory");
+    throw Error(Status::internal, "no CUDA encoder for codec id " +
+                                      std::to_string(static_cast<int>(codec.kind())));
   }
 
   void decode_add(const std::byte* payload, std::size_t bytes, float* acc, std::size_t n,
@@ -84,12 +85,13 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
         return decode_terngrad(d);
       case CodecKind::qsgd:
         return decode_qsgd(d);
-      default:
-        break;
+      case CodecKind::topk:
+      case CodecKind::randomk:
+      case CodecKind::threshold:
+        return decode_sparse(d);
     }
-    throw Error(Status::invalid_argument, std::string("the CUDA backend has no ") +
-                                              codec_name(d.p.kind) +
-                                              " decoder yet; decode it from host memory");
+    throw Error(Status::internal, "no CUDA decoder for codec id " +
+                                      std::to_string(static_cast<int>(d.p.kind)));
   }
 };
 

@@ -42,10 +42,12 @@ std::size_t encode_dense(const EncodeCall& c);     // none, fp16, bf16
 std::size_t encode_sign(const EncodeCall& c);
 std::size_t encode_terngrad(const EncodeCall& c);
 std::size_t encode_qsgd(const EncodeCall& c);
+std::size_t encode_sparse(const EncodeCall& c);   // topk, randomk, threshold
 
 void decode_dense(const DecodeCall& d);
 void decode_sign(const DecodeCall& d);
 void decode_terngrad(const DecodeCall& d);
 void decode_qsgd(const DecodeCall& d);
+void decode_sparse(const DecodeCall& d);
 
 }  // namespace gcomp::cuda::detail

@@ -44,7 +44,8 @@ void Workspace::ensure_report() {
 void Workspace::reset_report() {
   ensure_report();
   GCOMP_CUDA(cudaMemsetAsync(report_dev_, 0, sizeof(Report), stream_));
-  GCOMP_CUDA(cudaMemsetAsync(&report_dev_->first, 0xff, sizeof(report_dev_->first), stream_));
+  GCOMP_CUDA(cudaMemsetAsync(&report_dev_->first, 0xff,
+                             sizeof(report_dev_->first) + sizeof(report_dev_->second), stream_));
 }
 
 const Report& Workspace::finish() {

@@ -9,6 +9,7 @@
 // correctly rounded ones (no fast math), and sums follow the canonical order.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <Random123/philox.h>
@@ -46,7 +47,8 @@ enum ReportCode : unsigned { kOk = 0, kNonfinite = 1, kBadPayload = 2 };
 struct Report {
   unsigned code;
   unsigned what;             // bit c set: the codec's payload check c failed
-  unsigned long long first;  // the lowest index where the codec's indexed check failed
+  unsigned long long first;   // the lowest index where the codec's (first) indexed check failed
+  unsigned long long second;  // the same for a second indexed check (sparse values)
   unsigned long long count;
 };
 
@@ -144,8 +146,25 @@ __device__ __forceinline__ void report_bad(Report* r, unsigned check,
   atomicOr(&r->what, 1u << check);
   atomicExch(&r->code, static_cast<unsigned>(kBadPayload));
 }
+__device__ __forceinline__ void report_bad_second(Report* r, unsigned check,
+                                                  unsigned long long index) {
+  atomicMin(&r->second, index);
+  atomicOr(&r->what, 1u << check);
+  atomicExch(&r->code, static_cast<unsigned>(kBadPayload));
+}
 __device__ __forceinline__ void report_nonfinite(Report* r) {
   atomicExch(&r->code, static_cast<unsigned>(kNonfinite));
+}
+
+// float -> fp16 bits: clamp to the largest finite half, then the hardware's round to nearest
+// even, which is what compressors/half.hpp's float_to_half computes (values between 65504 and
+// 65520 round down to 65504 anyway).
+__device__ __forceinline__ std::uint32_t to_half(float v) {
+  const float c = fminf(fmaxf(v, -65504.0f), 65504.0f);
+  return __half_as_ushort(__float2half_rn(c));
+}
+__device__ __forceinline__ float from_half(std::uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }
 
 // Folds the 16 lanes of a half-warp as fold16 (lane[j] += lane[j + w], w = 8, 4, 2, 1); the

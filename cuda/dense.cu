@@ -1,7 +1,5 @@
 // none, fp16 and bf16 on the device (compressors/dense.cpp): one pass per encode, error feedback
 // fused (v = x + e; h = round(v); e = v - h), saturating round-to-nearest-even as the CPU.
-#include <cuda_fp16.h>
-
 #include <string>
 
 #include "codecs.cuh"
@@ -10,17 +8,6 @@ namespace gcomp::cuda::detail {
 
 namespace {
 
-constexpr float kHalfMax = 65504.0f;
-
-// float -> fp16 bits: clamp to the largest finite half, then the hardware's round to nearest
-// even, which is what float_to_half computes (values between 65504 and 65520 round down anyway).
-__device__ __forceinline__ std::uint32_t to_half(float v) {
-  const float c = fminf(fmaxf(v, -kHalfMax), kHalfMax);
-  return __half_as_ushort(__float2half_rn(c));
-}
-__device__ __forceinline__ float from_half(std::uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-}
 // float -> bf16 bits as compressors/dense.cpp's to_bf16: saturate, else round to nearest even.
 __device__ __forceinline__ std::uint32_t to_bf16(float v) {
   const std::uint32_t u = __float_as_uint(v);

@@ -22,12 +22,27 @@ using gcomp::Error;
 using gcomp::Status;
 using gcomp::cuda::DeviceBuffer;
 
-// The specs the CUDA backend encodes so far, with the variants that take other paths (odd bit
-// widths, buckets that are not a multiple of 16 or of 8, one-element buckets, no clipping).
-const std::vector<std::string> kSpecs = {
-    "none",      "fp16",          "bf16",           "sign",          "terngrad",
-    "terngrad:clip=0", "qsgd",    "qsgd:bits=2",    "qsgd:bits=3,bucket=100",
-    "qsgd:bits=5,bucket=1",       "qsgd:bits=7,bucket=4095",         "qsgd:bits=8,bucket=16"};
+// Every codec, with the variants that take other paths (odd bit widths, buckets that are not a
+// multiple of 16 or of 8, one-element buckets, no clipping, fp16 values, k = n, scaling).
+const std::vector<std::string> kSpecs = {"none",
+                                         "fp16",
+                                         "bf16",
+                                         "sign",
+                                         "terngrad",
+                                         "terngrad:clip=0",
+                                         "qsgd",
+                                         "qsgd:bits=2",
+                                         "qsgd:bits=3,bucket=100",
+                                         "qsgd:bits=5,bucket=1",
+                                         "qsgd:bits=7,bucket=4095",
+                                         "qsgd:bits=8,bucket=16",
+                                         "topk:ratio=0.01",
+                                         "topk:k=7,values=fp16",
+                                         "topk:ratio=1",
+                                         "randomk:ratio=0.05",
+                                         "randomk:ratio=0.1,scale=true,values=fp16",
+                                         "threshold:tau=1.5",
+                                         "threshold:tau=1,values=fp16"};
 
 const std::vector<std::size_t> kSizes = {0, 1, 17, 4097, 1000003, (std::size_t{1} << 24) + 3};
 
@@ -134,6 +149,23 @@ TEST(CudaCodecs, DecodeAddMatchesTheCpu) {
   }
 }
 
+// Many equal keys at the k-th value: only some of them are taken, the lowest indices first.
+TEST(CudaCodecs, TopkTiesGoToTheLowerIndexAsOnTheCpu) {
+  REQUIRE_GPU();
+  const std::size_t n = 1000003;
+  std::vector<float> steps(n);
+  std::mt19937 g(21);
+  for (float& v : steps) v = static_cast<float>(static_cast<int>(g() % 5) - 2);  // -2..2
+  std::vector<float> zeros(n, 0.0f);
+  for (const std::vector<float>* x : {&steps, &zeros}) {
+    for (const std::string& spec : {"topk:ratio=0.3", "topk:k=1", "topk:k=200001"}) {
+      const Codec c(spec);
+      EXPECT_EQ(first_difference(c.encode(*x, 1), device_encode(c, *x, 1)), -1)
+          << spec << (x == &zeros ? " (zeros)" : " (steps)");
+    }
+  }
+}
+
 TEST(CudaCodecs, NonfiniteInputIsTheCpusError) {
   REQUIRE_GPU();
   std::vector<float> x = input(10000, 9);
@@ -225,6 +257,9 @@ TEST(CudaCodecs, CorruptPayloadsAreRejectedAndLeaveTheAccumulator) {
       {"sign", {{4 + 125, 0xff}}},                           // padding bits set (1001 elements)
       {"terngrad", {{4 + 10, 0x03}}},                        // code 3
       {"qsgd", {{4 * 1 + 3, 0x80}}},                         // a negative norm
+      {"topk:k=10", {{4 * 3, 0xff}, {4 * 3 + 1, 0xff}}},     // index out of range
+      {"topk:k=10", {{4 * 5, 0x00}, {4 * 5 + 1, 0x00}, {4 * 5 + 2, 0x00}}},  // not increasing
+      {"topk:k=10", {{40 + 4 * 2 + 2, 0x80}, {40 + 4 * 2 + 3, 0x7f}}},       // an Inf value
   };
   for (const Case& k : cases) {
     const Codec c(k.spec);

@@ -1,0 +1,432 @@
+// top-k, random-k and threshold on the device (compressors/sparse.cpp, select.hpp): the same
+// (index, value) pairs, indices strictly ascending, ties to the lower index.
+//
+// Selection of the k largest 32-bit keys (top-k: the bits of |v|; random-k: the Philox word of
+// the element) is an exact radix select in the style of AIR top-k: three histogram passes over
+// 11, 11 and 10 key bits from the top, each followed by a one-thread scan from the highest bin
+// that fixes the bits of the k-th key T and how many elements equal to T are still needed
+// (`ties`). When fewer than all the elements equal to T are needed, one more pass finds the
+// index of the last one to take (`cut`), so that the selection is the pure predicate
+// key > T || (key == T && i <= cut). CUB's DeviceSelect::If compacts the indices that satisfy it,
+// in ascending order; a last kernel writes the indices and values and, with error feedback,
+// v - sent at the sent entries (the first pass has left v in e_new everywhere).
+//
+// Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <cfloat>
+#include <string>
+
+#include "bytes.hpp"
+#include "codecs.cuh"
+
+namespace gcomp::cuda::detail {
+
+namespace {
+
+enum class Mode : int { topk, randomk, threshold };
+
+constexpr unsigned kBins = 2048;
+constexpr unsigned kTieTile = 4096;
+
+struct SelectState {
+  std::uint32_t prefix;      // key bits fixed so far; after the last level, T
+  std::uint32_t all;         // every element is selected (k >= n)
+  unsigned long long need;   // elements equal to the prefix still needed; after the last level, ties
+  unsigned long long equal;  // elements whose key equals T
+  unsigned long long cut;    // the last index with key == T to take
+};
+
+// The key of element i: |v| bits, or word i of the Philox stream (compressors/philox.hpp).
+struct Keys {
+  const float* v;
+  Mode mode;
+  std::uint32_t k0, k1, codec;
+  __device__ __forceinline__ std::uint32_t operator()(std::uint64_t i) const {
+    if (mode == Mode::randomk) {
+      const std::uint64_t g = i >> 5;
+      const unsigned w = static_cast<unsigned>(i >> 3) & 3u;
+      const uint4 r = philox_block(k0, k1, codec, 8 * g + (i & 7u));
+      return w == 0 ? r.x : (w == 1 ? r.y : (w == 2 ? r.z : r.w));
+    }
+    return __float_as_uint(v[i]) & 0x7fffffffu;
+  }
+};
+
+// The first pass: v = x + e into e_new (error feedback), the non-finite check, and the histogram
+// of the top 11 key bits (when `hist` is given).
+template <bool EF>
+__global__ void first_pass_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
+                                  float* __restrict__ e_new, std::size_t n, Keys keys,
+                                  unsigned long long* hist, Report* r) {
+  __shared__ unsigned counts[kBins];
+  if (hist) {
+    for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) counts[b] = 0;
+    __syncthreads();
+  }
+  bool bad = false;
+  GCOMP_GRID_LOOP(i, n) {
+    float v = x[i];
+    if (EF) {
+      v = v + e_old[i];
+      e_new[i] = v;
+    }
+    bad |= nonfinite(v);
+    if (hist) {
+      const std::uint32_t key =
+          keys.mode == Mode::randomk ? keys(i) : (__float_as_uint(v) & 0x7fffffffu);
+      atomicAdd(&counts[key >> 21], 1u);
+    }
+  }
+  if (bad) report_nonfinite(r);
+  if (hist) {
+    __syncthreads();
+    for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
+      if (counts[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(counts[b]));
+    }
+  }
+}
+
+// Histogram of the key bits [shift, shift + width) among the keys that match the prefix above.
+__global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
+                            const SelectState* st, unsigned long long* hist) {
+  __shared__ unsigned counts[kBins];
+  const unsigned bins = 1u << width;
+  for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) counts[b] = 0;
+  __syncthreads();
+  const int hi = shift + width;
+  const std::uint32_t prefix = st->prefix;
+  GCOMP_GRID_LOOP(i, n) {
+    const std::uint32_t key = keys(i);
+    if ((key >> hi) == (prefix >> hi)) atomicAdd(&counts[(key >> shift) & (bins - 1)], 1u);
+  }
+  __syncthreads();
+  for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) {
+    if (counts[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(counts[b]));
+  }
+}
+
+// One thread: from the highest bin down, the bin that holds the need-th key; clears the
+// histogram for the next level.
+__global__ void pick_bin_kernel(unsigned long long* hist, int shift, int width, bool last,
+                                SelectState* st) {
+  const unsigned bins = 1u << width;
+  unsigned long long need = st->need;
+  unsigned bin = bins - 1;
+  while (bin > 0 && hist[bin] < need) {
+    need -= hist[bin];
+    --bin;
+  }
+  st->prefix |= bin << shift;
+  st->need = need;
+  if (last) {
+    st->equal = hist[bin];
+    st->cut = ~0ull;  // every element equal to T is taken, unless the tie pass says otherwise
+  }
+  for (unsigned b = 0; b < bins; ++b) hist[b] = 0;
+}
+
+// When only some of the elements equal to T are taken: their count per tile of kTieTile.
+__global__ void tie_count_kernel(std::size_t n, Keys keys, const SelectState* st,
+                                 unsigned long long* tiles) {
+  if (st->all || st->need == st->equal) return;
+  const std::uint32_t t = st->prefix;
+  const std::size_t count = (n + kTieTile - 1) / kTieTile;
+  for (std::size_t tl = blockIdx.x; tl < count; tl += gridDim.x) {
+    unsigned c = 0;
+    const std::size_t end = (tl + 1) * kTieTile < n ? (tl + 1) * kTieTile : n;
+    for (std::size_t i = tl * kTieTile + threadIdx.x; i < end; i += blockDim.x) {
+      c += keys(i) == t ? 1u : 0u;
+    }
+    for (int o = 16; o >= 1; o /= 2) c += __shfl_down_sync(0xffffffffu, c, o);
+    __shared__ unsigned warp_sums[kThreads / 32];
+    if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long s = 0;
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) s += warp_sums[w];
+      tiles[tl] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// One thread: the index of the ties-th element equal to T.
+__global__ void tie_cut_kernel(std::size_t n, Keys keys, const unsigned long long* tiles,
+                               SelectState* st) {
+  if (st->all || st->need == st->equal) return;
+  const std::uint32_t t = st->prefix;
+  unsigned long long left = st->need;
+  std::size_t tl = 0;
+  while (tiles[tl] < left) left -= tiles[tl++];
+  for (std::size_t i = tl * kTieTile; i < n; ++i) {
+    if (keys(i) == t && --left == 0) {
+      st->cut = i;
+      return;
+    }
+  }
+}
+
+struct Pick {
+  Keys keys;
+  const SelectState* st;
+  Mode mode;
+  std::uint32_t tau_bits;
+  __device__ __forceinline__ bool operator()(std::uint64_t i) const {
+    if (mode == Mode::threshold) return keys(i) >= tau_bits;
+    if (st->all) return true;
+    const std::uint32_t key = keys(i);
+    const std::uint32_t t = st->prefix;
+    return key > t || (key == t && i <= st->cut);
+  }
+};
+
+// Indices and values of the selected entries; with error feedback ef[i] = v[i] - sent.
+template <class Index>
+__global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long long* count_dev,
+                            std::size_t count_host, const float* v, float* ef, int index_bytes,
+                            bool fp16, float mul, unsigned char* __restrict__ ip,
+                            unsigned char* __restrict__ vp) {
+  const std::size_t count = count_dev ? static_cast<std::size_t>(*count_dev) : count_host;
+  GCOMP_GRID_LOOP(j, count) {
+    const std::uint64_t i = idx[j];
+    if (index_bytes == 4) {
+      store_u32(ip + 4 * j, static_cast<std::uint32_t>(i));
+    } else {
+      store_u32(ip + 8 * j, static_cast<std::uint32_t>(i));
+      store_u32(ip + 8 * j + 4, static_cast<std::uint32_t>(i >> 32));
+    }
+    const float x = v[i];
+    float val = x;
+    if (mul != 1.0f) {
+      val = val * mul;
+      if (nonfinite(val)) val = copysignf(FLT_MAX, x);  // saturate, never Inf
+    }
+    float sent = val;
+    if (fp16) {
+      const std::uint32_t h = to_half(val);
+      store_u16(vp + 2 * j, h);
+      sent = from_half(h);
+    } else {
+      store_u32(vp + 4 * j, __float_as_uint(val));
+    }
+    if (ef) ef[i] = x - sent;
+  }
+}
+
+// ---- decode ----
+
+template <bool Wide>
+__global__ void sparse_validate_kernel(const unsigned char* __restrict__ ip,
+                                       const unsigned char* __restrict__ vp, std::size_t nnz,
+                                       std::uint64_t n, bool fp16, Report* r) {
+  GCOMP_GRID_LOOP(j, nnz) {
+    const std::uint64_t i = Wide ? (static_cast<std::uint64_t>(load_u32(ip + 8 * j)) |
+                                    (static_cast<std::uint64_t>(load_u32(ip + 8 * j + 4)) << 32))
+                                 : load_u32(ip + 4 * j);
+    bool bad = i >= n;
+    if (j > 0) {
+      const std::uint64_t prev =
+          Wide ? (static_cast<std::uint64_t>(load_u32(ip + 8 * (j - 1))) |
+                  (static_cast<std::uint64_t>(load_u32(ip + 8 * (j - 1) + 4)) << 32))
+               : load_u32(ip + 4 * (j - 1));
+      bad |= i <= prev;
+    }
+    if (bad) report_bad(r, 0, j);
+    const bool finite = fp16 ? (load_u16(vp + 2 * j) & 0x7c00u) != 0x7c00u
+                             : (load_u32(vp + 4 * j) & kInfBits) != kInfBits;
+    if (!finite) report_bad_second(r, 1, j);
+  }
+}
+
+template <bool Wide>
+__global__ void sparse_decode_kernel(const unsigned char* __restrict__ ip,
+                                     const unsigned char* __restrict__ vp, std::size_t nnz,
+                                     bool fp16, float alpha, float* __restrict__ acc,
+                                     const Report* r) {
+  if (r->code != 0) return;
+  GCOMP_GRID_LOOP(j, nnz) {
+    const std::uint64_t i = Wide ? (static_cast<std::uint64_t>(load_u32(ip + 8 * j)) |
+                                    (static_cast<std::uint64_t>(load_u32(ip + 8 * j + 4)) << 32))
+                                 : load_u32(ip + 4 * j);
+    const float v = fp16 ? from_half(load_u16(vp + 2 * j)) : __uint_as_float(load_u32(vp + 4 * j));
+    acc[i] += alpha * v;  // indices are distinct (validated strictly increasing)
+  }
+}
+
+Mode mode_of(CodecKind k) {
+  return k == CodecKind::topk ? Mode::topk
+                              : (k == CodecKind::randomk ? Mode::randomk : Mode::threshold);
+}
+
+template <class Index>
+std::size_t encode_sparse_as(const EncodeCall& c) {
+  const CodecKind kind = c.codec->kind();
+  const Mode mode = mode_of(kind);
+  const gcomp::detail::CodecParams cp = c.codec->params();
+  const std::size_t n = c.n;
+  const std::size_t k = mode == Mode::threshold ? n : c.codec->selected(n);
+  if (mode != Mode::threshold) gcomp::detail::require_capacity(c.codec->max_bytes(n), c.cap);
+  const cudaStream_t s = c.ws->stream();
+  const float* v = c.e_old ? c.e_new : c.x;
+  Keys keys{v, mode, static_cast<std::uint32_t>(c.seed), static_cast<std::uint32_t>(c.seed >> 32),
+            static_cast<std::uint32_t>(kind)};
+  const std::uint32_t tau_bits =
+      mode == Mode::threshold ? gcomp::detail::float_bits(static_cast<float>(cp.tau)) : 0;
+
+  // Two-phase sizing of the workspace (CUB's temporary storage included).
+  SelectState* st = nullptr;
+  Pick pick{keys, st, mode, tau_bits};
+  std::size_t cub_bytes = 0;
+  GCOMP_CUDA(cub::DeviceSelect::If(nullptr, cub_bytes, thrust::counting_iterator<Index>(0),
+                                   static_cast<Index*>(nullptr),
+                                   static_cast<unsigned long long*>(nullptr),
+                                   static_cast<std::int64_t>(n), pick, s));
+  const std::size_t tiles = (n + kTieTile - 1) / kTieTile;
+  Carve size;
+  size.take<unsigned long long>(kBins);
+  size.take<SelectState>(1);
+  size.take<unsigned long long>(tiles);
+  size.take<Index>(k);
+  size.take<unsigned long long>(1);
+  size.take<unsigned char>(cub_bytes);
+  Carve carve(c.ws->reserve(size.bytes()));
+  unsigned long long* hist = carve.take<unsigned long long>(kBins);
+  st = carve.take<SelectState>(1);
+  unsigned long long* tile_counts = carve.take<unsigned long long>(tiles);
+  Index* idx = carve.take<Index>(k);
+  unsigned long long* selected = carve.take<unsigned long long>(1);
+  void* cub_temp = carve.take<unsigned char>(cub_bytes);
+  pick.st = st;
+
+  c.ws->reset_report();
+  const bool ranked = mode != Mode::threshold && k < n;
+  SelectState init{};
+  init.need = k;
+  init.all = mode != Mode::threshold && k >= n ? 1u : 0u;
+  init.cut = ~0ull;
+  GCOMP_CUDA(cudaMemcpyAsync(st, &init, sizeof init, cudaMemcpyHostToDevice, s));
+  GCOMP_CUDA(cudaMemsetAsync(hist, 0, kBins * sizeof(unsigned long long), s));
+  if (n > 0) {
+    if (c.e_old) {
+      first_pass_kernel<true><<<grid_for(n), kThreads, 0, s>>>(c.x, c.e_old, c.e_new, n, keys,
+                                                               ranked ? hist : nullptr,
+                                                               c.ws->report());
+    } else {
+      first_pass_kernel<false><<<grid_for(n), kThreads, 0, s>>>(c.x, nullptr, nullptr, n, keys,
+                                                                ranked ? hist : nullptr,
+                                                                c.ws->report());
+    }
+    GCOMP_LAUNCHED("sparse first pass");
+  }
+  if (ranked) {
+    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 21, 11, false, st);
+    hist_kernel<<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist);
+    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 10, 11, false, st);
+    hist_kernel<<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist);
+    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 0, 10, true, st);
+    tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_counts);
+    tie_cut_kernel<<<1, 1, 0, s>>>(n, keys, tile_counts, st);
+    GCOMP_LAUNCHED("radix select");
+  }
+  if (n > 0) {
+    GCOMP_CUDA(cub::DeviceSelect::If(cub_temp, cub_bytes, thrust::counting_iterator<Index>(0), idx,
+                                     selected, static_cast<std::int64_t>(n), pick, s));
+  }
+  // The selected count: k for top-k and random-k; threshold's comes back to the host.
+  std::size_t nnz = k;
+  if (mode == Mode::threshold) {
+    unsigned long long got = 0;
+    if (n > 0) {
+      GCOMP_CUDA(cudaMemcpyAsync(&got, selected, sizeof got, cudaMemcpyDeviceToHost, s));
+    }
+    GCOMP_CUDA(cudaStreamSynchronize(s));
+    nnz = static_cast<std::size_t>(got);
+  }
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
+
+  const std::size_t ib = n <= (std::uint64_t{1} << 32) ? 4 : 8;
+  const std::size_t vb = cp.fp16_values ? 2 : 4;
+  const std::size_t need = gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2}) + nnz * (ib + vb);
+  gcomp::detail::require_capacity(need, c.cap);
+  std::byte params[16] = {};
+  params[0] = std::byte{static_cast<unsigned char>(cp.fp16_values ? 1 : 0)};
+  params[1] = static_cast<std::byte>(ib);
+  gcomp::detail::store_le<std::uint64_t>(params + 8, nnz);
+  std::byte head[gcomp::detail::kMaxHeaderBytes];
+  const std::byte* end = gcomp::detail::write_header(head, kind, n, params, {nnz * ib, nnz * vb});
+  unsigned char* ip = put_header(c, reinterpret_cast<const unsigned char*>(head),
+                                 static_cast<std::size_t>(end - head));
+  const float mul = (mode == Mode::randomk && cp.scale && nnz > 0)
+                        ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
+                        : 1.0f;
+  if (nnz > 0) {
+    emit_kernel<Index><<<grid_for(nnz), kThreads, 0, s>>>(
+        idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, static_cast<int>(ib), cp.fp16_values,
+        mul, ip, ip + nnz * ib);
+    GCOMP_LAUNCHED("sparse emit");
+  }
+  c.ws->finish();
+  return need;
+}
+
+}  // namespace
+
+std::size_t encode_sparse(const EncodeCall& c) {
+  // Indices fit 32 bits up to n = 2^32 (the largest index is n - 1).
+  if (c.n <= (std::uint64_t{1} << 32)) return encode_sparse_as<std::uint32_t>(c);
+  return encode_sparse_as<std::uint64_t>(c);
+}
+
+void decode_sparse(const DecodeCall& d) {
+  const std::uint64_t n = d.p.n;
+  const bool fp16 = static_cast<std::uint8_t>(d.p.params[0]) == 1;
+  const bool wide = static_cast<std::uint8_t>(d.p.params[1]) == 8;
+  const std::size_t nnz = gcomp::detail::load_le<std::uint64_t>(d.p.params + 8);
+  const unsigned char* ip = d.sections[0];
+  const unsigned char* vp = d.sections[1];
+  const cudaStream_t s = d.ws->stream();
+  d.ws->reset_report();
+  if (nnz > 0) {
+    if (wide) {
+      sparse_validate_kernel<true><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, n, fp16,
+                                                                      d.ws->report());
+      sparse_decode_kernel<true><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16, d.alpha,
+                                                                    d.acc, d.ws->report());
+    } else {
+      sparse_validate_kernel<false><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, n, fp16,
+                                                                       d.ws->report());
+      sparse_decode_kernel<false><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16, d.alpha,
+                                                                     d.acc, d.ws->report());
+    }
+    GCOMP_LAUNCHED("sparse decode_add");
+  }
+  const Report& r = d.ws->finish();
+  if (r.code != kBadPayload) return;
+  if (r.what & 1u) {
+    // The first bad entry, named as the CPU names it.
+    const std::size_t j = r.first;
+    const std::size_t ib = wide ? 8 : 4;
+    std::uint64_t pair[2] = {0, 0};  // prev, i
+    unsigned char buf[16] = {};
+    const std::size_t from = j > 0 ? j - 1 : 0;
+    GCOMP_CUDA(cudaMemcpy(buf, ip + from * ib, (j - from + 1) * ib, cudaMemcpyDeviceToHost));
+    for (std::size_t q = 0; q <= j - from; ++q) {
+      std::uint64_t val = 0;
+      for (std::size_t b = 0; b < ib; ++b) val |= static_cast<std::uint64_t>(buf[q * ib + b]) << (8 * b);
+      pair[j > 0 ? q : 1] = val;
+    }
+    if (pair[1] >= n) {
+      gcomp::detail::bad_payload("index " + std::to_string(pair[1]) + " (entry " +
+                                 std::to_string(j) + ") is out of range for " +
+                                 std::to_string(n) + " elements");
+    }
+    gcomp::detail::bad_payload("indices not strictly increasing at entry " + std::to_string(j) +
+                               " (" + std::to_string(pair[0]) + " then " +
+                               std::to_string(pair[1]) + ")");
+  }
+  gcomp::detail::bad_payload("value of entry " + std::to_string(r.second) + " is NaN or Inf");
+}
+
+}  // namespace gcomp::cuda::detail
