@@ -19,6 +19,20 @@
 
 namespace gcomp::detail {
 
+class DeviceBackend;
+
+// Device memory a Communicator keeps for device tensors (payload staging), grown as needed.
+struct DeviceStage {
+  const DeviceBackend* dev = nullptr;
+  void* buf[2] = {nullptr, nullptr};
+  std::size_t bytes[2] = {0, 0};
+  void* get(int slot, std::size_t need);
+  DeviceStage() = default;
+  DeviceStage(const DeviceStage&) = delete;
+  DeviceStage& operator=(const DeviceStage&) = delete;
+  ~DeviceStage();
+};
+
 struct Job {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
@@ -42,6 +56,16 @@ struct Job {
   Traffic traffic;
   double encode_seconds = 0;
   double decode_seconds = 0;
+
+  // Device tensors: the codec runs on the device; payloads go through host memory to MPI.
+  // Null dev for host tensors. in/out above are then host staging (n floats).
+  const DeviceBackend* dev = nullptr;
+  void* stream = nullptr;
+  const float* d_in = nullptr;
+  float* d_out = nullptr;
+  const float* d_e_old = nullptr;  // with error feedback
+  float* d_e_new = nullptr;
+  DeviceStage* stage = nullptr;
 };
 
 // The whole-tensor encoding of job.in (with error feedback when job.ef), made once.
@@ -49,6 +73,20 @@ void encode_whole(Job& job);
 
 // out *= 1 / size when averaging.
 void finish_average(Job& job);
+
+// Device tensors: the whole-tensor payload encoded on the device into job.payload (host), and
+// the algorithms' device forms (device.cpp).
+void device_encode_whole(Job& job);
+void run_device(Job& job, Algorithm algorithm);
+
+// compressed_reduce_scatter's owner step, shared by the host and device forms: sums the P
+// payloads of this rank's chunk (len elements), averages if asked, re-encodes with the owner's
+// memory; mine is left empty when the re-encode fails (the failure marker).
+void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
+                    std::vector<std::byte>& mine, std::vector<float>& owner_next);
+// The chunk bounds: chunk c = [bound[c], bound[c+1]).
+std::vector<std::uint64_t> crs_bounds(std::uint64_t n, int size);
+void crs_check_gathered(const Gathered& all, int size);
 
 void run_dense(Job& job);
 void run_sparse_allgather(Job& job);

@@ -20,9 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "algorithms.hpp"
+#include "device_backend.hpp"
 #include "gcomp/cost_model.hpp"
 #include "stream.hpp"
 
@@ -356,11 +358,20 @@ bool suits(Algorithm a, const Codec& codec) {
 
 }  // namespace
 
+// A call on device tensors: in and out of Impl::run are then host staging of n floats.
+struct DeviceCall {
+  const detail::DeviceBackend* dev;
+  void* stream;
+  const float* in;
+  float* out;
+};
+
 // The shared protocol. `local_error` set means this rank cannot take part (abandon()).
 struct Communicator::Impl {
   static void run(Communicator& self, std::span<const float> in, std::span<float> out,
                   const Codec* codec, ErrorFeedback* ef, const AllreduceOptions& opt,
-                  const Error* abandoned, std::uint64_t extra_signature) {
+                  const Error* abandoned, std::uint64_t extra_signature,
+                  const DeviceCall* device = nullptr) {
     detail::Job job;
     job.comm = self.comm_;
     job.rank = self.rank_;
@@ -428,7 +439,30 @@ struct Communicator::Impl {
       job.seed = derive_seed(opt.seed, opt.tensor, 0,
                              shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
       job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
-      if (ef) job.ef_next = ef->scratch();
+      if (device) {
+        if (ef && (!ef->on_device() || ef->view().backend() != device->dev)) {
+          throw Error(Status::invalid_argument,
+                      "a device tensor needs its error-feedback memory in device memory "
+                      "(gcomp::cuda::error_feedback)");
+        }
+        if (!self.stage_) self.stage_ = std::make_unique<detail::DeviceStage>();
+        self.stage_->dev = device->dev;
+        job.dev = device->dev;
+        job.stream = device->stream;
+        job.d_in = device->in;
+        job.d_out = device->out;
+        job.stage = self.stage_.get();
+        if (ef) {
+          job.d_e_old = ef->view().data();
+          job.d_e_new = ef->scratch_view().data();
+        }
+      } else if (ef) {
+        if (ef->on_device()) {
+          throw Error(Status::invalid_argument,
+                      "a host tensor needs its error-feedback memory in host memory");
+        }
+        job.ef_next = ef->scratch();
+      }
       compute = self.compute_model(*codec, in.size());
       // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
       bool likely_uncompressed = false;
@@ -441,7 +475,17 @@ struct Communicator::Impl {
         mi.allow_uncompressed = true;
         likely_uncompressed = !choose_auto(mi).compressed;
       }
-      if (codec->properties().sparse && !likely_uncompressed) {
+      if (device) {
+        // The device encodes before the agreement (its finite check; the payload's size).
+        if (codec->kind() == CodecKind::none) {
+          device->dev->check_finite(device->in, job.d_e_old, in.size(), device->stream);
+          mine.bytes = codec->max_bytes(in.size());
+        } else {
+          detail::device_encode_whole(job);
+          if (codec->properties().sparse) mine.sent = payload_entries(job.payload);
+          mine.bytes = job.payload.size();
+        }
+      } else if (codec->properties().sparse && !likely_uncompressed) {
         detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
         mine.sent = payload_entries(job.payload);
         mine.bytes = job.payload.size();
@@ -531,7 +575,9 @@ struct Communicator::Impl {
       job.skip_codec = !choice.compressed;
     }
     const double run_start = MPI_Wtime();
-    switch (alg) {
+    if (job.dev) {
+      detail::run_device(job, alg);
+    } else switch (alg) {
       case Algorithm::dense: detail::run_dense(job); break;
       case Algorithm::sparse_allgather: detail::run_sparse_allgather(job); break;
       case Algorithm::sparse_recursive_doubling: detail::run_sparse_recursive_doubling(job); break;
@@ -576,6 +622,32 @@ void Communicator::run_call(std::span<const float> in, std::span<float> out, con
 void Communicator::allreduce(std::span<const float> in, std::span<float> out, const Codec& codec,
                              ErrorFeedback* ef, const AllreduceOptions& options) {
   run_call(in, out, &codec, ef, options, nullptr, 0);
+}
+
+void Communicator::allreduce(TensorView<const float> in, TensorView<float> out,
+                             const Codec& codec, ErrorFeedback* ef,
+                             const AllreduceOptions& options) {
+  if (!in.on_device() && !out.on_device()) {
+    return run_call(in.host(), out.host(), &codec, ef, options, nullptr, 0);
+  }
+  if (in.on_device() != out.on_device() || in.backend() != out.backend() ||
+      in.stream() != out.stream()) {
+    const Error e(Status::invalid_argument,
+                  "allreduce: input and output must both be device tensors on one stream");
+    run_call({}, {}, &codec, ef, options, &e, 0);  // tell the other ranks, then throw
+    throw e;
+  }
+  const DeviceCall call{in.backend(), in.stream(), in.data(), out.data()};
+  std::vector<float>& host = detail::scratch_vector<float, 120>();
+  host.resize(in.size());
+  if (in.size() != out.size()) {
+    const Error e(Status::invalid_argument, "input of " + std::to_string(in.size()) +
+                                                " elements but output of " +
+                                                std::to_string(out.size()));
+    run_call({}, {}, &codec, ef, options, &e, 0);
+    throw e;
+  }
+  Impl::run(*this, host, host, &codec, ef, options, nullptr, 0, &call);
 }
 
 void Communicator::abandon(Status reason, const std::string& why) {

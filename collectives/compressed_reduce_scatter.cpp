@@ -18,12 +18,58 @@
 
 namespace gcomp::detail {
 
+std::vector<std::uint64_t> crs_bounds(std::uint64_t n, int size) {
+  const auto p = static_cast<std::uint64_t>(size);
+  std::vector<std::uint64_t> bound(p + 1);
+  for (std::uint64_t j = 0; j <= p; ++j) {
+    bound[j] = static_cast<std::uint64_t>((static_cast<unsigned __int128>(n) * j) / p);
+  }
+  return bound;
+}
+
+void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
+                    std::vector<std::byte>& mine, std::vector<float>& owner_next) {
+  const auto p = static_cast<std::uint64_t>(job.size);
+  double start = now();
+  std::vector<float>& acc = scratch_vector<float, 106>();
+  acc.assign(len, 0.0f);
+  for (std::uint64_t r = 0; r < p; ++r) decode_add(from[r], acc, 1.0f);
+  if (job.average && p > 1) {
+    const float inv = 1.0f / static_cast<float>(p);
+    for (float& v : acc) v *= inv;
+  }
+  job.decode_seconds += now() - start;
+  start = now();
+  mine.resize(job.codec->max_bytes(len));
+  try {
+    if (job.ef) {
+      std::vector<float>& memory = job.ef->secondary();
+      if (memory.size() != len) memory.assign(len, 0.0f);  // first use, or the layout changed
+      owner_next.resize(len);
+      mine.resize(job.codec->encode_ef(acc, memory, owner_next, job.owner_seed, mine));
+    } else {
+      mine.resize(job.codec->encode(acc, job.owner_seed, mine));
+    }
+  } catch (const Error&) {
+    mine.clear();  // the failure marker
+  }
+  job.encode_seconds += now() - start;
+}
+
+void crs_check_gathered(const Gathered& all, int size) {
+  for (int c = 0; c < size; ++c) {
+    if (all.sizes[static_cast<std::size_t>(c)] == 0) {
+      throw Error(Status::nonfinite,
+                  "compressed_reduce_scatter: the sum of chunk " + std::to_string(c) +
+                      " on rank " + std::to_string(c) + " is not finite (float32 overflow)");
+    }
+  }
+}
+
 void run_compressed_reduce_scatter(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
-  std::vector<std::uint64_t> bound(p + 1);
-  for (std::uint64_t j = 0; j <= p; ++j) bound[j] = static_cast<std::uint64_t>(
-      (static_cast<unsigned __int128>(n) * j) / p);
+  const std::vector<std::uint64_t> bound = crs_bounds(n, job.size);
   const auto chunk_of = [&](std::span<const float> v, std::uint64_t c) {
     return v.subspan(bound[c], bound[c + 1] - bound[c]);
   };
@@ -52,45 +98,15 @@ void run_compressed_reduce_scatter(Job& job) {
   alltoallv_bytes(job.comm, to, from, job.traffic);
 
   // 3. The owner sums its chunk, then re-encodes it.
-  start = now();
   const auto me = static_cast<std::uint64_t>(job.rank);
-  const std::uint64_t len = bound[me + 1] - bound[me];
-  std::vector<float>& acc = scratch_vector<float, 106>();
-  acc.assign(len, 0.0f);
-  for (std::uint64_t r = 0; r < p; ++r) decode_add(from[r], acc, 1.0f);
-  if (job.average && p > 1) {
-    const float inv = 1.0f / static_cast<float>(p);
-    for (float& v : acc) v *= inv;
-  }
-  job.decode_seconds += now() - start;
-  start = now();
   std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
-  mine.resize(job.codec->max_bytes(len));
   std::vector<float> owner_next;
-  try {
-    if (job.ef) {
-      std::vector<float>& memory = job.ef->secondary();
-      if (memory.size() != len) memory.assign(len, 0.0f);  // first use, or the layout changed
-      owner_next.resize(len);
-      mine.resize(job.codec->encode_ef(acc, memory, owner_next, job.owner_seed, mine));
-    } else {
-      mine.resize(job.codec->encode(acc, job.owner_seed, mine));
-    }
-  } catch (const Error&) {
-    mine.clear();  // the failure marker
-  }
-  job.encode_seconds += now() - start;
+  crs_owner_step(job, from, bound[me + 1] - bound[me], mine, owner_next);
 
   // 4. Every owner's chunk to every rank.
   thread_local Gathered all;
   allgatherv_bytes(job.comm, mine, all, job.traffic);
-  for (std::uint64_t c = 0; c < p; ++c) {
-    if (all.sizes[c] == 0) {
-      throw Error(Status::nonfinite,
-                  "compressed_reduce_scatter: the sum of chunk " + std::to_string(c) +
-                      " on rank " + std::to_string(c) + " is not finite (float32 overflow)");
-    }
-  }
+  crs_check_gathered(all, job.size);
   // 5. Decode all chunks.
   start = now();
   for (std::uint64_t c = 0; c < p; ++c) {

@@ -21,6 +21,20 @@ class DeviceBackend {
   // acc[0..n) += alpha * decode(payload[0..bytes)), both in device memory, ordered on `stream`.
   virtual void decode_add(const std::byte* payload, std::size_t bytes, float* acc,
                           std::size_t n, float alpha, void* stream) const = 0;
+
+  // Memory, for error-feedback residuals and the collectives' staging. Failures throw Error(cuda).
+  virtual void* alloc(std::size_t bytes) const = 0;  // device memory (nullptr for 0 bytes)
+  virtual void free(void* p) const noexcept = 0;
+  // Copies between host and device memory (either way, or device to device) after the work
+  // already on `stream`, and returns when the copy is done.
+  virtual void copy(void* dst, const void* src, std::size_t bytes, void* stream) const = 0;
+  // p[0..n) = 0, and p[0..n) *= a, on `stream` (queued, not waited for).
+  virtual void zero(float* p, std::size_t n, void* stream) const = 0;
+  virtual void scale(float* p, std::size_t n, float a, void* stream) const = 0;
+  virtual void sync(void* stream) const = 0;  // returns when the work on `stream` is done
+  // Throws the CPU's Error(nonfinite) for the first NaN/Inf of x (or of x + e when e is given),
+  // as check_finite does; returns when the check is done.
+  virtual void check_finite(const float* x, const float* e, std::size_t n, void* stream) const = 0;
 };
 
 }  // namespace gcomp::detail

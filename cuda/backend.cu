@@ -18,8 +18,43 @@ unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header,
 
 namespace {
 
+__global__ void scale_kernel(float* p, std::size_t n, float a) {
+  GCOMP_GRID_LOOP(i, n) p[i] *= a;
+}
+
 class CudaBackend final : public gcomp::detail::DeviceBackend {
  public:
+  void* alloc(std::size_t bytes) const override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    GCOMP_CUDA(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void free(void* p) const noexcept override {
+    if (p) cudaFree(p);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, void* stream) const override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (bytes > 0) GCOMP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    GCOMP_CUDA(cudaStreamSynchronize(s));
+  }
+  void zero(float* p, std::size_t n, void* stream) const override {
+    if (n > 0) GCOMP_CUDA(cudaMemsetAsync(p, 0, 4 * n, static_cast<cudaStream_t>(stream)));
+  }
+  void scale(float* p, std::size_t n, float a, void* stream) const override {
+    if (n == 0) return;
+    scale_kernel<<<grid_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, n, a);
+    GCOMP_LAUNCHED("scale");
+  }
+  void sync(void* stream) const override {
+    GCOMP_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
+  void check_finite(const float* x, const float* e, std::size_t n, void* stream) const override {
+    Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
+    std::lock_guard<std::mutex> lock(ws.mutex());
+    if (first_nonfinite(x, e, n, ws) < n) throw_nonfinite(x, e, n, ws);
+  }
+
   std::size_t encode(const gcomp::detail::CodecImpl& codec, const float* x, const float* e_old,
                      float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,
                      std::size_t cap, void* stream) const override {
@@ -114,6 +149,10 @@ TensorView<std::byte> view(std::byte* data, std::size_t n, void* stream) {
 }
 TensorView<const std::byte> view(const std::byte* data, std::size_t n, void* stream) {
   return TensorView<const std::byte>::device(data, n, stream, detail::backend());
+}
+
+ErrorFeedback error_feedback(std::size_t n, void* stream) {
+  return ErrorFeedback(n, detail::backend(), stream);
 }
 
 void* device_alloc(std::size_t bytes) {

@@ -100,6 +100,15 @@ void write_small(unsigned char* dst, const SmallBytes& bytes, cudaStream_t s) {
   GCOMP_LAUNCHED("write_small");
 }
 
+std::size_t first_nonfinite(const float* x, const float* e, std::size_t n, Workspace& ws) {
+  if (n == 0) return 0;
+  ws.reset_report();
+  first_nonfinite_kernel<<<grid_for(n), kThreads, 0, ws.stream()>>>(x, e, n, &ws.report()->first);
+  GCOMP_LAUNCHED("first_nonfinite");
+  const unsigned long long i = ws.finish().first;
+  return i < n ? static_cast<std::size_t>(i) : n;
+}
+
 void throw_nonfinite(const float* x, const float* e, std::size_t n, Workspace& ws) {
   const cudaStream_t s = ws.stream();
   ws.reset_report();

@@ -113,6 +113,10 @@ struct SmallBytes {
 void write_small(unsigned char* dst, const SmallBytes& bytes, cudaStream_t s);
 SmallBytes small_bytes(const std::byte* p, std::size_t len);
 
+// The first i where x[i] (or x[i] + e[i], when e is given) is NaN or Inf; n when there is none.
+// Synchronizes the stream.
+std::size_t first_nonfinite(const float* x, const float* e, std::size_t n, Workspace& ws);
+
 // Finds the first non-finite x[i] (or, when none and e is given, the first non-finite x[i] + e[i])
 // and throws the CPU's Error(nonfinite) message for it. Synchronizes the stream.
 [[noreturn]] void throw_nonfinite(const float* x, const float* e, std::size_t n, Workspace& ws);

@@ -114,6 +114,9 @@ class Codec {
   std::size_t encode_ef(TensorView<const float> x, TensorView<const float> e_old,
                         TensorView<float> e_new, std::uint64_t seed,
                         TensorView<std::byte> out) const;
+  // With an ErrorFeedback in the same memory as x (device memory: gcomp::cuda::error_feedback).
+  std::size_t encode_ef(ErrorFeedback& ef, TensorView<const float> x, std::uint64_t seed,
+                        TensorView<std::byte> out) const;
 
   const detail::CodecImpl& impl() const noexcept { return *impl_; }
 
@@ -121,30 +124,51 @@ class Codec {
   std::shared_ptr<const detail::CodecImpl> impl_;
 };
 
-// The residual memory of error feedback for one tensor of a fixed size.
+// The residual memory of error feedback for one tensor of a fixed size, in host memory or (made
+// by gcomp::cuda::error_feedback, library gcomp_cuda) in device memory. Copies are deep.
 class ErrorFeedback {
  public:
   explicit ErrorFeedback(std::size_t n);
-  std::size_t size() const noexcept { return residual_.size(); }
-  // The current residual e (valid until the next encode_ef with this memory).
-  std::span<const float> residual() const noexcept { return residual_; }
-  std::span<float> residual() noexcept { return residual_; }
+  // n zeros in device memory through `device` (what gcomp::cuda::error_feedback passes).
+  ErrorFeedback(std::size_t n, const detail::DeviceBackend* device, void* stream = nullptr);
+  ~ErrorFeedback();
+  ErrorFeedback(const ErrorFeedback& o);
+  ErrorFeedback& operator=(const ErrorFeedback& o);
+  ErrorFeedback(ErrorFeedback&& o) noexcept;
+  ErrorFeedback& operator=(ErrorFeedback&& o) noexcept;
+
+  std::size_t size() const noexcept { return n_; }
+  bool on_device() const noexcept { return device_ != nullptr; }
+  // The current residual e (valid until the next encode_ef with this memory). Host memory only:
+  // throws Error(invalid_argument) for device memory (use view()).
+  std::span<const float> residual() const;
+  std::span<float> residual();
+  // The residual as a view in its memory (device views on the stream given at construction).
+  TensorView<float> view() const;
   void reset();  // e = 0, and the secondary residual forgotten
 
   // A second residual, for collectives that compress twice: compressed_reduce_scatter keeps the
   // owner side of its chunk here (in allreduce_buckets, this tensor's share of the owner's chunk
-  // of its bucket). Empty until a collective sizes it; resized to zeros when the layout changes.
+  // of its bucket). Host memory in both modes (the owner's step runs on the host). Empty until a
+  // collective sizes it; resized to zeros when the layout changes.
   std::vector<float>& secondary() noexcept { return secondary_; }
 
   // For the codecs: the buffer a new residual is written into, committed by commit() only when
   // the whole encode succeeded, so a failed call leaves the residual untouched.
   std::span<float> scratch();
-  void commit() noexcept { residual_.swap(scratch_); }
+  TensorView<float> scratch_view();
+  void commit() noexcept;
 
  private:
+  void release() noexcept;
+  std::size_t n_ = 0;
   std::vector<float> residual_;
   std::vector<float> scratch_;
   std::vector<float> secondary_;
+  const detail::DeviceBackend* device_ = nullptr;  // device memory: the two buffers below
+  void* stream_ = nullptr;
+  float* d_residual_ = nullptr;
+  float* d_scratch_ = nullptr;
 };
 
 // acc[i] += alpha * decode(payload)[i]. The payload is validated in full first (known codec and

@@ -32,6 +32,9 @@
 namespace gcomp {
 
 struct ModelInput;
+namespace detail {
+struct DeviceStage;
+}
 
 enum class Algorithm : int {
   automatic = 0,               // chosen by the cost model ("auto")
@@ -149,6 +152,18 @@ class Communicator {
     allreduce(inout, inout, codec, ef, options);
   }
 
+  // The same for tensors in device memory (gcomp::cuda::view, library gcomp_cuda; both on one
+  // stream), with ef null or in device memory (gcomp::cuda::error_feedback). The codec runs on the
+  // device and only payloads cross to the host for MPI (MPICH is not CUDA-aware here); results are
+  // the host path's bit for bit, and ranks may mix host and device tensors. Host views take the
+  // host path. See collectives/device.cpp for what runs where.
+  void allreduce(TensorView<const float> in, TensorView<float> out, const Codec& codec,
+                 ErrorFeedback* ef = nullptr, const AllreduceOptions& options = {});
+  void allreduce(TensorView<float> inout, const Codec& codec, ErrorFeedback* ef = nullptr,
+                 const AllreduceOptions& options = {}) {
+    allreduce(TensorView<const float>(inout), inout, codec, ef, options);
+  }
+
   // Allreduces many tensors in place, fused into buckets; efs is empty (no error feedback) or
   // holds one memory per tensor (null entries allowed). Tensors with fewer than dense_below
   // elements are summed uncompressed. Stats: last_stats() sums the call's buckets.
@@ -198,6 +213,7 @@ class Communicator {
   Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::map<std::string, ComputeModel> calibrated_;
+  std::unique_ptr<detail::DeviceStage> stage_;  // device staging for device tensors
   CallStats last_;
   TotalStats total_;
 };

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gcomp/codec.hpp"
 #include "gcomp/tensor.hpp"
 
 namespace gcomp::cuda {
@@ -41,6 +42,10 @@ TensorView<float> view(float* data, std::size_t n, void* stream = nullptr);
 TensorView<const float> view(const float* data, std::size_t n, void* stream = nullptr);
 TensorView<std::byte> view(std::byte* data, std::size_t n, void* stream = nullptr);
 TensorView<const std::byte> view(const std::byte* data, std::size_t n, void* stream = nullptr);
+
+// Error-feedback memory of n zeros in device memory, for device tensors (Codec::encode_ef,
+// Communicator::allreduce); its views are on `stream`.
+ErrorFeedback error_feedback(std::size_t n, void* stream = nullptr);
 
 // Raw device memory and copies; failures throw Error(cuda) with the runtime's reason.
 void* device_alloc(std::size_t bytes);
