@@ -26,7 +26,10 @@ struct DeviceStage {
   const DeviceBackend* dev = nullptr;
   void* buf[2] = {nullptr, nullptr};
   std::size_t bytes[2] = {0, 0};
+  void* host = nullptr;  // pinned
+  std::size_t host_bytes = 0;
   void* get(int slot, std::size_t need);
+  void* get_host(std::size_t need);
   DeviceStage() = default;
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;

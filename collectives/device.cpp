@@ -34,9 +34,21 @@ void* DeviceStage::get(int slot, std::size_t need) {
   return buf[slot];
 }
 
+void* DeviceStage::get_host(std::size_t need) {
+  if (need <= host_bytes && host) return host;
+  dev->free_host(host);
+  host = nullptr;
+  host_bytes = 0;
+  const std::size_t grown = std::max<std::size_t>(need + need / 4, 256);
+  host = dev->alloc_host(grown);
+  host_bytes = grown;
+  return host;
+}
+
 DeviceStage::~DeviceStage() {
   if (!dev) return;
   for (void* p : buf) dev->free(p);
+  dev->free_host(host);
 }
 
 namespace {
@@ -48,23 +60,17 @@ TensorView<float> dview(const Job& job, float* p, std::size_t n) {
   return TensorView<float>::device(p, n, job.stream, job.dev);
 }
 
-// Encodes x (with the residual slices when the job has error feedback) on the device and
-// copies the payload into `payload` (host).
-void encode_on_device(Job& job, std::uint64_t offset, std::uint64_t len, std::uint64_t seed,
-                      std::vector<std::byte>& payload) {
-  const std::size_t cap = job.codec->max_bytes(len);
-  auto* staged = static_cast<std::byte*>(job.stage->get(0, cap));
+// Encodes x[offset, offset + len) (with the residual slices when the job has error feedback) on
+// the device into staged[0, cap) (device memory); returns the payload's size.
+std::size_t encode_on_device(Job& job, std::uint64_t offset, std::uint64_t len,
+                             std::uint64_t seed, std::byte* staged, std::size_t cap) {
   const auto out = TensorView<std::byte>::device(staged, cap, job.stream, job.dev);
-  std::size_t bytes;
   if (job.d_e_old) {
-    bytes = job.codec->encode_ef(dview(job, job.d_in + offset, len),
-                                 dview(job, job.d_e_old + offset, len),
-                                 dview(job, job.d_e_new + offset, len), seed, out);
-  } else {
-    bytes = job.codec->encode(dview(job, job.d_in + offset, len), seed, out);
+    return job.codec->encode_ef(dview(job, job.d_in + offset, len),
+                                dview(job, job.d_e_old + offset, len),
+                                dview(job, job.d_e_new + offset, len), seed, out);
   }
-  payload.resize(bytes);
-  job.dev->copy(payload.data(), staged, bytes, job.stream);
+  return job.codec->encode(dview(job, job.d_in + offset, len), seed, out);
 }
 
 // Adds every rank's (or chunk's) gathered payload on the device: part r goes into
@@ -107,14 +113,26 @@ void run_crs_device(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const std::vector<std::uint64_t> bound = crs_bounds(n, job.size);
+  // Each chunk's payload is copied to the host (pinned) on a side stream while the next chunk
+  // encodes; then into the per-destination buffers for MPI.
   double start = now();
   auto& to = scratch_vector<std::vector<std::byte>, 104>();
   auto& from = scratch_vector<std::vector<std::byte>, 105>();
   to.resize(p);
+  std::vector<std::size_t> at(p + 1, 0);
   for (std::uint64_t c = 0; c < p; ++c) {
-    encode_on_device(job, bound[c], bound[c + 1] - bound[c], derive_seed(job.seed, c, 0, 0),
-                     to[c]);
+    at[c + 1] = at[c] + ((job.codec->max_bytes(bound[c + 1] - bound[c]) + 255) & ~std::size_t{255});
   }
+  auto* staged = static_cast<std::byte*>(job.stage->get(0, at[p]));
+  auto* pinned = static_cast<std::byte*>(job.stage->get_host(at[p]));
+  std::vector<std::size_t> sizes(p);
+  for (std::uint64_t c = 0; c < p; ++c) {
+    sizes[c] = encode_on_device(job, bound[c], bound[c + 1] - bound[c],
+                                derive_seed(job.seed, c, 0, 0), staged + at[c], at[c + 1] - at[c]);
+    job.dev->copy_async(pinned + at[c], staged + at[c], sizes[c], job.stream);
+  }
+  job.dev->wait_copies(job.stream);
+  for (std::uint64_t c = 0; c < p; ++c) to[c].assign(pinned + at[c], pinned + at[c] + sizes[c]);
   job.encode_seconds += now() - start;
   alltoallv_bytes(job.comm, to, from, job.traffic);
   const auto me = static_cast<std::uint64_t>(job.rank);
@@ -169,7 +187,11 @@ void run_on_host(Job& job, Run run) {
 
 void device_encode_whole(Job& job) {
   const double start = now();
-  encode_on_device(job, 0, job.out.size(), job.seed, job.payload);
+  const std::size_t cap = job.codec->max_bytes(job.out.size());
+  auto* staged = static_cast<std::byte*>(job.stage->get(0, cap));
+  const std::size_t bytes = encode_on_device(job, 0, job.out.size(), job.seed, staged, cap);
+  job.payload.resize(bytes);
+  job.dev->copy(job.payload.data(), staged, bytes, job.stream);
   job.have_payload = true;
   job.encode_seconds += now() - start;
 }

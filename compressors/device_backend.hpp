@@ -32,6 +32,14 @@ class DeviceBackend {
   virtual void zero(float* p, std::size_t n, void* stream) const = 0;
   virtual void scale(float* p, std::size_t n, float a, void* stream) const = 0;
   virtual void sync(void* stream) const = 0;  // returns when the work on `stream` is done
+  // Page-locked host memory, which copies can overlap device work with.
+  virtual void* alloc_host(std::size_t bytes) const = 0;
+  virtual void free_host(void* p) const noexcept = 0;
+  // Starts a copy that runs after the work already on `stream`, on a side stream, and returns at
+  // once (pinned host memory on the host side); wait_copies(stream) returns when every copy
+  // started for `stream` is done.
+  virtual void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) const = 0;
+  virtual void wait_copies(void* stream) const = 0;
   // Throws the CPU's Error(nonfinite) for the first NaN/Inf of x (or of x + e when e is given),
   // as check_finite does; returns when the check is done.
   virtual void check_finite(const float* x, const float* e, std::size_t n, void* stream) const = 0;

@@ -49,6 +49,29 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
   void sync(void* stream) const override {
     GCOMP_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   }
+  void* alloc_host(std::size_t bytes) const override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    GCOMP_CUDA(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void free_host(void* p) const noexcept override {
+    if (p) cudaFreeHost(p);
+  }
+  void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) const override {
+    if (bytes == 0) return;
+    Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
+    std::lock_guard<std::mutex> lock(ws.mutex());
+    const cudaStream_t side = ws.side_stream();
+    GCOMP_CUDA(cudaEventRecord(ws.side_event(), ws.stream()));
+    GCOMP_CUDA(cudaStreamWaitEvent(side, ws.side_event(), 0));
+    GCOMP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side));
+  }
+  void wait_copies(void* stream) const override {
+    Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
+    std::lock_guard<std::mutex> lock(ws.mutex());
+    GCOMP_CUDA(cudaStreamSynchronize(ws.side_stream()));
+  }
   void check_finite(const float* x, const float* e, std::size_t n, void* stream) const override {
     Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
     std::lock_guard<std::mutex> lock(ws.mutex());

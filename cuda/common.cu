@@ -20,6 +20,18 @@ Workspace::~Workspace() {
   if (dev_) cudaFree(dev_);
   if (report_dev_) cudaFree(report_dev_);
   if (report_host_) cudaFreeHost(report_host_);
+  if (side_) cudaStreamDestroy(side_);
+  if (event_) cudaEventDestroy(event_);
+}
+
+cudaStream_t Workspace::side_stream() {
+  if (!side_) GCOMP_CUDA(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  return side_;
+}
+
+cudaEvent_t Workspace::side_event() {
+  if (!event_) GCOMP_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  return event_;
 }
 
 void* Workspace::reserve(std::size_t bytes) {

@@ -67,6 +67,10 @@ class Workspace {
   // Device memory of at least `bytes` (256-byte aligned), valid until the next reserve().
   void* reserve(std::size_t bytes);
   Report* report() { return report_dev_; }
+  // A second stream for copies that overlap the work on stream() (created on first use), and an
+  // event to order them after it.
+  cudaStream_t side_stream();
+  cudaEvent_t side_event();
   // Clears the device report (on the stream).
   void reset_report();
   // Copies the report back and waits for the stream; returns the host copy.
@@ -80,6 +84,8 @@ class Workspace {
   std::size_t bytes_ = 0;
   Report* report_dev_ = nullptr;
   Report* report_host_ = nullptr;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t event_ = nullptr;
 };
 
 // The workspace of `stream` on the current device (created on first use, kept for the process).

@@ -301,6 +301,42 @@ TEST(CudaCodecs, StreamsAndRepeatedCallsGiveTheSameBytes) {
   }
 }
 
+// gcomp::cuda::error_feedback: the residual lives on the device across steps, and encode_ef with
+// it gives the host ErrorFeedback's bytes and residual at every step; copies are deep.
+TEST(CudaCodecs, ErrorFeedbackInDeviceMemoryAcrossSteps) {
+  REQUIRE_GPU();
+  const std::size_t n = 100003;
+  for (const std::string& spec : {"topk:ratio=0.01", "sign", "qsgd:bits=3", "fp16"}) {
+    const Codec c(spec);
+    gcomp::ErrorFeedback host(n);
+    gcomp::ErrorFeedback dev = gcomp::cuda::error_feedback(n);
+    ASSERT_TRUE(dev.on_device());
+    DeviceBuffer<std::byte> out(c.max_bytes(n));
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> x = input(n, 70 + static_cast<std::uint32_t>(step));
+      const std::vector<std::byte> want = c.encode_ef(host, x, 9);
+      DeviceBuffer<float> dx(x);
+      const std::size_t bytes =
+          c.encode_ef(dev, gcomp::TensorView<const float>(dx.view()), 9, out.view());
+      std::vector<std::byte> got = out.download();
+      got.resize(bytes);
+      EXPECT_EQ(first_difference(want, got), -1) << spec << " step " << step;
+      const gcomp::TensorView<float> r = dev.view();
+      std::vector<float> residual(n);
+      gcomp::cuda::copy(residual.data(), r.data(), 4 * n);
+      const std::span<const float> hr = host.residual();
+      EXPECT_EQ(first_difference(std::vector<float>(hr.begin(), hr.end()), residual), -1)
+          << spec << " residual, step " << step;
+    }
+    gcomp::ErrorFeedback copy = dev;
+    EXPECT_NE(copy.view().data(), dev.view().data());
+    dev.reset();
+    std::vector<float> zero(n, 1.0f);
+    gcomp::cuda::copy(zero.data(), dev.view().data(), 4 * n);
+    EXPECT_EQ(first_difference(zero, std::vector<float>(n, 0.0f)), -1) << spec << " reset";
+  }
+}
+
 // These need no GPU: the views are checked before anything reaches the device.
 TEST(CudaViews, MixedMemoryIsAnError) {
   const Codec c("fp16");

@@ -49,6 +49,12 @@ class HostDevice final : public detail::DeviceBackend {
     for (std::size_t i = 0; i < n; ++i) p[i] *= a;
   }
   void sync(void*) const override {}
+  void* alloc_host(std::size_t bytes) const override { return alloc(bytes); }
+  void free_host(void* p) const noexcept override { free(p); }
+  void copy_async(void* dst, const void* src, std::size_t bytes, void* s) const override {
+    copy(dst, src, bytes, s);
+  }
+  void wait_copies(void*) const override {}
   void check_finite(const float* x, const float* e, std::size_t n, void*) const override {
     gcomp::check_finite(std::span<const float>(x, n),
                         e ? std::span<const float>(e, n) : std::span<const float>());
