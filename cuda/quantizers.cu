@@ -386,8 +386,11 @@ __global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
   if (r->code != 0) return;
   const float levels = static_cast<float>((1 << (bits - 1)) - 1);
   const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
+  const bool narrow = n < (std::size_t{1} << 32);  // 32-bit division finds the bucket
   GCOMP_GRID_LOOP(i, n) {
-    const float step = __uint_as_float(load_u32(norms + 4 * (i / bucket))) / levels;
+    const std::size_t b = narrow ? static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(bucket)
+                                 : i / bucket;
+    const float step = __uint_as_float(load_u32(norms + 4 * b)) / levels;
     const std::uint64_t bit = static_cast<std::uint64_t>(i) * bits;
     const std::size_t byte = bit >> 3;
     const unsigned shift = static_cast<unsigned>(bit & 7);
