@@ -153,9 +153,11 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
   }
 };
 
+// Never destroyed: objects that outlive static destruction (a static Communicator's staging,
+// an ErrorFeedback) free their device memory through it.
 const CudaBackend* backend() {
-  static const CudaBackend b;
-  return &b;
+  static const CudaBackend* b = new CudaBackend;
+  return b;
 }
 
 }  // namespace

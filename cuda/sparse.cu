@@ -5,7 +5,11 @@
 // the element) is an exact radix select in the style of AIR top-k: three histogram passes over
 // 11, 11 and 10 key bits from the top, each followed by a one-thread scan from the highest bin
 // that fixes the bits of the k-th key T and how many elements equal to T are still needed
-// (`ties`). When fewer than all the elements equal to T are needed, one more pass finds the
+// (`ties`); when the chosen bin holds exactly the elements still needed, the select stops early
+// (every key from that prefix up is taken). There is no candidate filter: each histogram pass
+// reads the whole tensor (AIR top-k writes the chosen bin's elements aside to shorten the later
+// passes; a measured GPU run decides whether that pays here). When fewer than all the elements
+// equal to T are needed, one more pass finds the
 // index of the last one to take (`cut`), so that the selection is the pure predicate
 // key > T || (key == T && i <= cut). CUB's DeviceSelect::If compacts the indices that satisfy it,
 // in ascending order; a last kernel writes the indices and values and, with error feedback,
@@ -33,6 +37,8 @@ constexpr unsigned kTieTile = 4096;
 struct SelectState {
   std::uint32_t prefix;      // key bits fixed so far; after the last level, T
   std::uint32_t all;         // every element is selected (k >= n)
+  std::uint32_t done;        // early stop: every key >= prefix is taken (no more levels)
+  std::uint32_t pad;
   unsigned long long need;   // elements equal to the prefix still needed; after the last level, ties
   unsigned long long equal;  // elements whose key equals T
   unsigned long long cut;    // the last index with key == T to take
@@ -92,6 +98,7 @@ __global__ void first_pass_kernel(const float* __restrict__ x, const float* __re
 __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
                             const SelectState* st, unsigned long long* hist) {
   __shared__ unsigned counts[kBins];
+  if (st->done) return;
   const unsigned bins = 1u << width;
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) counts[b] = 0;
   __syncthreads();
@@ -108,9 +115,11 @@ __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
 }
 
 // One thread: from the highest bin down, the bin that holds the need-th key; clears the
-// histogram for the next level.
+// histogram for the next level. Early stop: when that bin holds exactly the elements still
+// needed, every key >= the prefix (its lower bits zero) is taken and the later levels do nothing.
 __global__ void pick_bin_kernel(unsigned long long* hist, int shift, int width, bool last,
                                 SelectState* st) {
+  if (st->done) return;
   const unsigned bins = 1u << width;
   unsigned long long need = st->need;
   unsigned bin = bins - 1;
@@ -120,6 +129,11 @@ __global__ void pick_bin_kernel(unsigned long long* hist, int shift, int width, 
   }
   st->prefix |= bin << shift;
   st->need = need;
+  if (!last && hist[bin] == need) {
+    st->done = 1;
+    st->equal = need;  // the tie pass has nothing to do
+    st->cut = ~0ull;
+  }
   if (last) {
     st->equal = hist[bin];
     st->cut = ~0ull;  // every element equal to T is taken, unless the tie pass says otherwise

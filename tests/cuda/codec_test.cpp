@@ -149,7 +149,8 @@ TEST(CudaCodecs, DecodeAddMatchesTheCpu) {
   }
 }
 
-// Many equal keys at the k-th value: only some of them are taken, the lowest indices first.
+// Many equal keys at the k-th value: only some of them are taken, the lowest indices first. And
+// k outliers alone in the top histogram bin (the select stops after its first level).
 TEST(CudaCodecs, TopkTiesGoToTheLowerIndexAsOnTheCpu) {
   REQUIRE_GPU();
   const std::size_t n = 1000003;
@@ -157,6 +158,13 @@ TEST(CudaCodecs, TopkTiesGoToTheLowerIndexAsOnTheCpu) {
   std::mt19937 g(21);
   for (float& v : steps) v = static_cast<float>(static_cast<int>(g() % 5) - 2);  // -2..2
   std::vector<float> zeros(n, 0.0f);
+  std::vector<float> outliers = input(n, 22);
+  for (std::size_t i : {std::size_t{5}, std::size_t{777}, n - 1}) outliers[i] = 1e30f;
+  {
+    const Codec c("topk:k=3");
+    EXPECT_EQ(first_difference(c.encode(outliers, 1), device_encode(c, outliers, 1)), -1)
+        << "early stop";
+  }
   for (const std::vector<float>* x : {&steps, &zeros}) {
     for (const std::string& spec : {"topk:ratio=0.3", "topk:k=1", "topk:k=200001"}) {
       const Codec c(spec);

@@ -61,9 +61,10 @@ class HostDevice final : public detail::DeviceBackend {
   }
 };
 
+// Never destroyed: the static world() communicator frees its staging through it at exit.
 const HostDevice& device() {
-  static const HostDevice d;
-  return d;
+  static const HostDevice* d = new HostDevice;
+  return *d;
 }
 
 // A "device" copy of host data.
