@@ -17,7 +17,34 @@ __device__ __forceinline__ std::uint32_t to_bf16(float v) {
 }
 __device__ __forceinline__ float from_bf16(std::uint32_t h) { return __uint_as_float(h << 16); }
 
-template <CodecKind K, bool EF>
+// Element i of the values section: typed accesses when the section is aligned to its width
+// (the usual case: the header is 28 bytes), byte accesses otherwise.
+template <CodecKind K, bool A>
+__device__ __forceinline__ void put(unsigned char* d, std::size_t i, std::uint32_t v) {
+  if constexpr (K == CodecKind::none) {
+    if constexpr (A) {
+      reinterpret_cast<std::uint32_t*>(d)[i] = v;
+    } else {
+      store_u32(d + 4 * i, v);
+    }
+  } else if constexpr (A) {
+    reinterpret_cast<std::uint16_t*>(d)[i] = static_cast<std::uint16_t>(v);
+  } else {
+    store_u16(d + 2 * i, v);
+  }
+}
+template <CodecKind K, bool A>
+__device__ __forceinline__ std::uint32_t get(const unsigned char* d, std::size_t i) {
+  if constexpr (K == CodecKind::none) {
+    if constexpr (A) return reinterpret_cast<const std::uint32_t*>(d)[i];
+    return load_u32(d + 4 * i);
+  } else {
+    if constexpr (A) return reinterpret_cast<const std::uint16_t*>(d)[i];
+    return load_u16(d + 2 * i);
+  }
+}
+
+template <CodecKind K, bool EF, bool A>
 __global__ void encode_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
                               float* __restrict__ e_new, std::size_t n,
                               unsigned char* __restrict__ data, Report* r) {
@@ -27,15 +54,15 @@ __global__ void encode_kernel(const float* __restrict__ x, const float* __restri
     if (EF) v = v + e_old[i];
     bad |= nonfinite(v);
     if constexpr (K == CodecKind::none) {
-      store_u32(data + 4 * i, __float_as_uint(v));
+      put<K, A>(data, i, __float_as_uint(v));
       if (EF) e_new[i] = 0.0f;
     } else if constexpr (K == CodecKind::fp16) {
       const std::uint32_t h = to_half(v);
-      store_u16(data + 2 * i, h);
+      put<K, A>(data, i, h);
       if (EF) e_new[i] = v - from_half(h);
     } else {
       const std::uint32_t h = to_bf16(v);
-      store_u16(data + 2 * i, h);
+      put<K, A>(data, i, h);
       if (EF) e_new[i] = v - from_bf16(h);
     }
   }
@@ -43,60 +70,82 @@ __global__ void encode_kernel(const float* __restrict__ x, const float* __restri
 }
 
 // The value checks of validate_dense: the first non-finite element.
-template <CodecKind K>
+template <CodecKind K, bool A>
 __global__ void validate_kernel(const unsigned char* __restrict__ data, std::size_t n, Report* r) {
   GCOMP_GRID_LOOP(i, n) {
+    const std::uint32_t u = get<K, A>(data, i);
     bool bad;
     if constexpr (K == CodecKind::none) {
-      bad = (load_u32(data + 4 * i) & kInfBits) == kInfBits;
+      bad = (u & kInfBits) == kInfBits;
     } else if constexpr (K == CodecKind::fp16) {
-      bad = (load_u16(data + 2 * i) & 0x7c00u) == 0x7c00u;
+      bad = (u & 0x7c00u) == 0x7c00u;
     } else {
-      bad = (load_u16(data + 2 * i) & 0x7f80u) == 0x7f80u;
+      bad = (u & 0x7f80u) == 0x7f80u;
     }
     if (bad) report_bad(r, 0, i);
   }
 }
 
-template <CodecKind K>
+template <CodecKind K, bool A>
 __global__ void decode_kernel(const unsigned char* __restrict__ data, std::size_t n,
                               float* __restrict__ acc, float alpha, const Report* r) {
   if (r->code != 0) return;
   GCOMP_GRID_LOOP(i, n) {
+    const std::uint32_t u = get<K, A>(data, i);
     float v;
     if constexpr (K == CodecKind::none) {
-      v = __uint_as_float(load_u32(data + 4 * i));
+      v = __uint_as_float(u);
     } else if constexpr (K == CodecKind::fp16) {
-      v = from_half(load_u16(data + 2 * i));
+      v = from_half(u);
     } else {
-      v = from_bf16(load_u16(data + 2 * i));
+      v = from_bf16(u);
     }
     acc[i] += alpha * v;
   }
 }
 
-template <CodecKind K>
-void launch_encode(const EncodeCall& c, unsigned char* data) {
+constexpr std::uintptr_t width_of(CodecKind k) { return k == CodecKind::none ? 4 : 2; }
+
+template <CodecKind K, bool A>
+void launch_encode_as(const EncodeCall& c, unsigned char* data) {
   const cudaStream_t s = c.ws->stream();
   if (c.e_old) {
-    encode_kernel<K, true>
+    encode_kernel<K, true, A>
         <<<grid_for(c.n), kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, data, c.ws->report());
   } else {
-    encode_kernel<K, false>
+    encode_kernel<K, false, A>
         <<<grid_for(c.n), kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, data, c.ws->report());
   }
   GCOMP_LAUNCHED("dense encode");
 }
 
 template <CodecKind K>
-void launch_decode(const DecodeCall& d) {
+void launch_encode(const EncodeCall& c, unsigned char* data) {
+  if (reinterpret_cast<std::uintptr_t>(data) % width_of(K) == 0) {
+    launch_encode_as<K, true>(c, data);
+  } else {
+    launch_encode_as<K, false>(c, data);
+  }
+}
+
+template <CodecKind K, bool A>
+void launch_decode_as(const DecodeCall& d) {
   const cudaStream_t s = d.ws->stream();
   const std::size_t n = d.p.n;
-  validate_kernel<K><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.ws->report());
+  validate_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.ws->report());
   GCOMP_LAUNCHED("dense validate");
-  decode_kernel<K><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.acc, d.alpha,
-                                                     d.ws->report());
+  decode_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.acc, d.alpha,
+                                                        d.ws->report());
   GCOMP_LAUNCHED("dense decode_add");
+}
+
+template <CodecKind K>
+void launch_decode(const DecodeCall& d) {
+  if (reinterpret_cast<std::uintptr_t>(d.sections[0]) % width_of(K) == 0) {
+    launch_decode_as<K, true>(d);
+  } else {
+    launch_decode_as<K, false>(d);
+  }
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 // v - sent at the sent entries (the first pass has left v in e_new everywhere).
 //
 // Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
+#include <cooperative_groups.h>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -60,6 +61,16 @@ struct Keys {
   }
 };
 
+// One count for `bin` in a block's shared histogram, aggregated over the lanes of the warp that
+// count the same bin at the same time (gradients crowd a few dozen exponent bins, and lanes
+// hitting one shared counter would otherwise take turns).
+__device__ __forceinline__ void count_bin(unsigned* counts, unsigned bin) {
+  namespace cg = cooperative_groups;
+  const cg::coalesced_group active = cg::coalesced_threads();
+  const cg::coalesced_group peers = cg::labeled_partition(active, bin);
+  if (peers.thread_rank() == 0) atomicAdd(&counts[bin], peers.size());
+}
+
 // The first pass: v = x + e into e_new (error feedback), the non-finite check, and the histogram
 // of the top 11 key bits (when `hist` is given).
 template <bool EF>
@@ -82,7 +93,7 @@ __global__ void first_pass_kernel(const float* __restrict__ x, const float* __re
     if (hist) {
       const std::uint32_t key =
           keys.mode == Mode::randomk ? keys(i) : (__float_as_uint(v) & 0x7fffffffu);
-      atomicAdd(&counts[key >> 21], 1u);
+      count_bin(counts, key >> 21);
     }
   }
   if (bad) report_nonfinite(r);
@@ -106,7 +117,7 @@ __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
   const std::uint32_t prefix = st->prefix;
   GCOMP_GRID_LOOP(i, n) {
     const std::uint32_t key = keys(i);
-    if ((key >> hi) == (prefix >> hi)) atomicAdd(&counts[(key >> shift) & (bins - 1)], 1u);
+    if ((key >> hi) == (prefix >> hi)) count_bin(counts, (key >> shift) & (bins - 1));
   }
   __syncthreads();
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) {
