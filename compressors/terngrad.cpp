@@ -279,9 +279,12 @@ void decode_add_terngrad(const Payload& p, float* acc, float alpha) {
         std::memcpy(&word, codes + i / 4, 4);
         const auto pm = static_cast<__mmask16>(_pext_u32(word, 0x55555555u));
         const auto mm = static_cast<__mmask16>(_pext_u32(word, 0xaaaaaaaau));
-        __m512 d = _mm512_maskz_mov_ps(pm, vp);
-        d = _mm512_mask_mov_ps(d, mm, vm);
-        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), d));
+        // Only the lanes with a code add (as the scalar loop): adding +0 elsewhere would turn a
+        // -0 accumulator into +0.
+        __m512 a = _mm512_loadu_ps(acc + i);
+        a = _mm512_mask_add_ps(a, pm, a, vp);
+        a = _mm512_mask_add_ps(a, mm, a, vm);
+        _mm512_storeu_ps(acc + i, a);
       }
     }
 #endif

@@ -4,11 +4,20 @@
 
 #include "codecs.cuh"
 #include "device_backend.hpp"
+#include "parallel.hpp"
 #include "gcomp/cuda.hpp"
 
 namespace gcomp::cuda {
 
 namespace detail {
+
+void check_size(const DecodeCall& d) {
+  if (d.p.n != d.acc_n) {
+    throw Error(Status::mismatch, "payload holds " + std::to_string(d.p.n) +
+                                      " elements but the accumulator has " +
+                                      std::to_string(d.acc_n));
+  }
+}
 
 unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len) {
   write_small(c.out, small_bytes(reinterpret_cast<const std::byte*>(host_header), len),
@@ -107,6 +116,7 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
 
   void decode_add(const std::byte* payload, std::size_t bytes, float* acc, std::size_t n,
                   float alpha, void* stream) const override {
+    gcomp::detail::check_environment();  // as the CPU's decode_add: a bad GCOMP_NUM_THREADS
     Workspace& ws = workspace_for(static_cast<cudaStream_t>(stream));
     std::lock_guard<std::mutex> lock(ws.mutex());
     // The header comes to the host (after the work already on the stream), is checked there by
@@ -121,10 +131,8 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
     d.p = gcomp::detail::parse_payload_head(head, bytes);
     const gcomp::detail::CodecEntry* e = gcomp::detail::find_codec(d.p.kind);
     e->validate_layout(d.p);
-    if (d.p.n != n) {
-      throw Error(Status::mismatch, "payload holds " + std::to_string(d.p.n) +
-                                        " elements but the accumulator has " + std::to_string(n));
-    }
+    d.acc_n = n;
+    d.apply = d.p.n == n;  // else: validate only, then the mismatch (the CPU's order)
     for (std::size_t i = 0; i < d.p.section_count; ++i) {
       d.sections[i] = reinterpret_cast<const unsigned char*>(payload) +
                       (d.p.sections[i].data - head);

@@ -26,13 +26,20 @@ struct EncodeCall {
 
 // A payload in device memory whose header was parsed and layout-validated on the host:
 // sections[i] is the device address of section i.
+// The decoders validate the sections, then (when acc has the payload's element count, `apply`)
+// add them, then report in the CPU's order: a bad payload first, then check_size's mismatch.
 struct DecodeCall {
   gcomp::detail::Payload p;
   const unsigned char* sections[gcomp::detail::kMaxSections];
   float* acc;
+  std::size_t acc_n;
+  bool apply;
   float alpha;
   Workspace* ws;
 };
+
+// Throws Error(mismatch) when the accumulator's size is not the payload's element count.
+void check_size(const DecodeCall& d);
 
 // Writes the header (computed on the host by the CPU's write_header) at the payload's start and
 // returns the device address of the first section.

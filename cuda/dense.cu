@@ -134,6 +134,7 @@ void launch_decode_as(const DecodeCall& d) {
   const std::size_t n = d.p.n;
   validate_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.ws->report());
   GCOMP_LAUNCHED("dense validate");
+  if (!d.apply) return;
   decode_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.acc, d.alpha,
                                                         d.ws->report());
   GCOMP_LAUNCHED("dense decode_add");
@@ -178,10 +179,13 @@ void decode_dense(const DecodeCall& d) {
   }
   const Report& r = d.ws->finish();
   if (r.code == kBadPayload) {
+    // The CPU names the start of the first 65536-element chunk holding a bad value.
+    constexpr unsigned long long kCpuChunk = 1ull << 16;
     gcomp::detail::bad_payload(std::string(codec_name(d.p.kind)) +
                                " payload holds a NaN or Inf value (at or after element " +
-                               std::to_string(r.first) + ")");
+                               std::to_string(r.first / kCpuChunk * kCpuChunk) + ")");
   }
+  check_size(d);
 }
 
 }  // namespace gcomp::cuda::detail

@@ -101,7 +101,7 @@ __global__ void block_stats_kernel(const float* __restrict__ x, const float* __r
 // ---- sign ----
 
 // One block: scale = mean |v| from the block sums; non-finite input shows as a non-finite total.
-__global__ void sign_finish_kernel(double* s1, double* tmp, std::size_t blocks, std::size_t n,
+__global__ void __launch_bounds__(1024) sign_finish_kernel(double* s1, double* tmp, std::size_t blocks, std::size_t n,
                                    unsigned char* scale_out, float* scale, Report* r) {
   __shared__ double total;
   tree_sum_block(s1, tmp, blocks, &total);
@@ -545,13 +545,13 @@ void decode_sign(const DecodeCall& d) {
   d.ws->reset_report();
   sign_validate_kernel<<<1, 1, 0, s>>>(d.sections[0], d.sections[1], n, bytes, d.ws->report());
   GCOMP_LAUNCHED("sign validate");
-  if (n > 0) {
+  if (n > 0 && d.apply) {
     sign_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
                                                         d.alpha, d.ws->report());
     GCOMP_LAUNCHED("sign decode_add");
   }
   const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return;
+  if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) gcomp::detail::bad_payload("sign scale is negative, NaN or Inf");
   gcomp::detail::bad_payload("sign padding bits are not zero");
 }
@@ -564,13 +564,13 @@ void decode_terngrad(const DecodeCall& d) {
   tern_validate_kernel<<<grid_for(bytes), kThreads, 0, s>>>(d.sections[0], d.sections[1], n,
                                                             bytes, d.ws->report());
   GCOMP_LAUNCHED("terngrad validate");
-  if (n > 0) {
+  if (n > 0 && d.apply) {
     tern_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
                                                         d.alpha, d.ws->report());
     GCOMP_LAUNCHED("terngrad decode_add");
   }
   const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return;
+  if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) gcomp::detail::bad_payload("terngrad scaler is negative, NaN or Inf");
   if (r.what & 2u) {
     gcomp::detail::bad_payload("invalid terngrad code 3 in byte " + std::to_string(r.first));
@@ -590,13 +590,13 @@ void decode_qsgd(const DecodeCall& d) {
       d.sections[0], buckets, d.sections[1], code_bytes, static_cast<std::uint64_t>(n) * bits,
       d.ws->report());
   GCOMP_LAUNCHED("qsgd validate");
-  if (n > 0) {
+  if (n > 0 && d.apply) {
     qsgd_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, bucket,
                                                         bits, d.alpha, d.acc, d.ws->report());
     GCOMP_LAUNCHED("qsgd decode_add");
   }
   const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return;
+  if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) {
     gcomp::detail::bad_payload("qsgd norm of bucket " + std::to_string(r.first) +
                                " is negative, NaN or Inf");

@@ -359,17 +359,18 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     GCOMP_CUDA(cub::DeviceSelect::If(cub_temp, cub_bytes, thrust::counting_iterator<Index>(0), idx,
                                      selected, static_cast<std::int64_t>(n), pick, s));
   }
-  // The selected count: k for top-k and random-k; threshold's comes back to the host.
+  // The selected count comes back: threshold's sizes the header; top-k's and random-k's must be
+  // k (the select is exact), which is checked.
+  unsigned long long got = 0;
+  if (n > 0) GCOMP_CUDA(cudaMemcpyAsync(&got, selected, sizeof got, cudaMemcpyDeviceToHost, s));
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
   std::size_t nnz = k;
   if (mode == Mode::threshold) {
-    unsigned long long got = 0;
-    if (n > 0) {
-      GCOMP_CUDA(cudaMemcpyAsync(&got, selected, sizeof got, cudaMemcpyDeviceToHost, s));
-    }
-    GCOMP_CUDA(cudaStreamSynchronize(s));
     nnz = static_cast<std::size_t>(got);
+  } else if (n > 0 && got != k) {
+    throw Error(Status::internal, "CUDA top-k select kept " + std::to_string(got) +
+                                      " entries instead of " + std::to_string(k));
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
 
   const std::size_t ib = n <= (std::uint64_t{1} << 32) ? 4 : 8;
   const std::size_t vb = cp.fp16_values ? 2 : 4;
@@ -417,18 +418,23 @@ void decode_sparse(const DecodeCall& d) {
     if (wide) {
       sparse_validate_kernel<true><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, n, fp16,
                                                                       d.ws->report());
-      sparse_decode_kernel<true><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16, d.alpha,
-                                                                    d.acc, d.ws->report());
+      if (d.apply) {
+        sparse_decode_kernel<true><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16, d.alpha,
+                                                                      d.acc, d.ws->report());
+      }
     } else {
       sparse_validate_kernel<false><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, n, fp16,
                                                                        d.ws->report());
-      sparse_decode_kernel<false><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16, d.alpha,
-                                                                     d.acc, d.ws->report());
+      if (d.apply) {
+        sparse_decode_kernel<false><<<grid_for(nnz), kThreads, 0, s>>>(ip, vp, nnz, fp16,
+                                                                       d.alpha, d.acc,
+                                                                       d.ws->report());
+      }
     }
     GCOMP_LAUNCHED("sparse decode_add");
   }
   const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return;
+  if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) {
     // The first bad entry, named as the CPU names it.
     const std::size_t j = r.first;

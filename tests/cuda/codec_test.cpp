@@ -228,7 +228,8 @@ TEST(CudaCodecs, SmallBufferAndMismatchedSizesAreErrors) {
   DeviceBuffer<float> dx(x);
   for (const std::string& spec : kSpecs) {
     const Codec c(spec);
-    DeviceBuffer<std::byte> out(c.max_bytes(x.size()) - 1);
+    // One byte short of this payload (threshold's max_bytes assumes every element is selected).
+    DeviceBuffer<std::byte> out(c.encode(x, 1).size() - 1);
     try {
       c.encode(dx.view(), 1, out.view());
       ADD_FAILURE() << spec;
@@ -292,6 +293,15 @@ TEST(CudaCodecs, CorruptPayloadsAreRejectedAndLeaveTheAccumulator) {
       EXPECT_EQ(err.code(), Status::bad_payload) << k.spec;
     }
     EXPECT_EQ(first_difference(acc, dacc.download()), -1) << k.spec << ": accumulator changed";
+    // Corrupt and the wrong size: the CPU reports the corruption first, and so does the device.
+    DeviceBuffer<float> small(x.size() - 1);
+    try {
+      gcomp::decode_add(gcomp::cuda::view(static_cast<const std::byte*>(dp.data()), dp.size()),
+                        small.view());
+      ADD_FAILURE() << k.spec << ": accepted into a smaller accumulator";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), Status::bad_payload) << k.spec;
+    }
   }
 }
 
