@@ -89,7 +89,11 @@ void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, s
                     std::vector<std::byte>& mine, std::vector<float>& owner_next);
 // The chunk bounds: chunk c = [bound[c], bound[c+1]).
 std::vector<std::uint64_t> crs_bounds(std::uint64_t n, int size);
-void crs_check_gathered(const Gathered& all, int size);
+// Steps 2-4 after the chunks are encoded into `to`: the all-to-all, the owner step and the
+// allgatherv of the owners' payloads into `all` (checked for failure markers).
+void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
+                  const std::vector<std::vector<std::byte>>& to, Gathered& all,
+                  std::vector<float>& owner_next);
 
 void run_dense(Job& job);
 void run_sparse_allgather(Job& job);

@@ -56,8 +56,19 @@ void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, s
   job.encode_seconds += now() - start;
 }
 
-void crs_check_gathered(const Gathered& all, int size) {
-  for (int c = 0; c < size; ++c) {
+void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
+                  const std::vector<std::vector<std::byte>>& to, Gathered& all,
+                  std::vector<float>& owner_next) {
+  // 2. Chunk c to its owner.
+  auto& from = scratch_vector<std::vector<std::byte>, 105>();
+  alltoallv_bytes(job.comm, to, from, job.traffic);
+  // 3. The owner sums its chunk, then re-encodes it.
+  const auto me = static_cast<std::uint64_t>(job.rank);
+  std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
+  crs_owner_step(job, from, bound[me + 1] - bound[me], mine, owner_next);
+  // 4. Every owner's chunk to every rank; an empty one marks an owner's failure.
+  allgatherv_bytes(job.comm, mine, all, job.traffic);
+  for (int c = 0; c < job.size; ++c) {
     if (all.sizes[static_cast<std::size_t>(c)] == 0) {
       throw Error(Status::nonfinite,
                   "compressed_reduce_scatter: the sum of chunk " + std::to_string(c) +
@@ -77,7 +88,6 @@ void run_compressed_reduce_scatter(Job& job) {
   // 1. Encode every chunk; each gets its own seed, so chunks do not share random draws.
   double start = now();
   auto& to = scratch_vector<std::vector<std::byte>, 104>();
-  auto& from = scratch_vector<std::vector<std::byte>, 105>();
   to.resize(p);
   for (std::uint64_t c = 0; c < p; ++c) {
     const std::span<const float> x = chunk_of(job.in, c);
@@ -94,19 +104,9 @@ void run_compressed_reduce_scatter(Job& job) {
   }
   job.encode_seconds += now() - start;
 
-  // 2. Chunk c to its owner.
-  alltoallv_bytes(job.comm, to, from, job.traffic);
-
-  // 3. The owner sums its chunk, then re-encodes it.
-  const auto me = static_cast<std::uint64_t>(job.rank);
-  std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
-  std::vector<float> owner_next;
-  crs_owner_step(job, from, bound[me + 1] - bound[me], mine, owner_next);
-
-  // 4. Every owner's chunk to every rank.
   thread_local Gathered all;
-  allgatherv_bytes(job.comm, mine, all, job.traffic);
-  crs_check_gathered(all, job.size);
+  std::vector<float> owner_next;
+  crs_exchange(job, bound, to, all, owner_next);
   // 5. Decode all chunks.
   start = now();
   for (std::uint64_t c = 0; c < p; ++c) {

@@ -117,7 +117,6 @@ void run_crs_device(Job& job) {
   // encodes; then into the per-destination buffers for MPI.
   double start = now();
   auto& to = scratch_vector<std::vector<std::byte>, 104>();
-  auto& from = scratch_vector<std::vector<std::byte>, 105>();
   to.resize(p);
   std::vector<std::size_t> at(p + 1, 0);
   for (std::uint64_t c = 0; c < p; ++c) {
@@ -134,14 +133,9 @@ void run_crs_device(Job& job) {
   job.dev->wait_copies(job.stream);
   for (std::uint64_t c = 0; c < p; ++c) to[c].assign(pinned + at[c], pinned + at[c] + sizes[c]);
   job.encode_seconds += now() - start;
-  alltoallv_bytes(job.comm, to, from, job.traffic);
-  const auto me = static_cast<std::uint64_t>(job.rank);
-  std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
-  std::vector<float> owner_next;
-  crs_owner_step(job, from, bound[me + 1] - bound[me], mine, owner_next);
   thread_local Gathered all;
-  allgatherv_bytes(job.comm, mine, all, job.traffic);
-  crs_check_gathered(all, job.size);
+  std::vector<float> owner_next;
+  crs_exchange(job, bound, to, all, owner_next);
   zero_out(job);
   decode_gathered_on_device(
       job, all, [&](int c) { return static_cast<std::size_t>(bound[static_cast<std::size_t>(c)]); },

@@ -146,16 +146,22 @@ std::vector<std::byte> Codec::encode_ef(ErrorFeedback& ef, std::span<const float
   return out;
 }
 
+namespace {
+// The caller-owned error-feedback buffers must match the input; the input must not be null.
+void check_ef_buffers(std::size_t n, std::size_t e_old, std::size_t e_new, bool x_null) {
+  if (e_old != n || e_new != n) {
+    throw Error(Status::invalid_argument,
+                "error-feedback buffers of " + std::to_string(e_old) + " and " +
+                    std::to_string(e_new) + " elements for an input of " + std::to_string(n));
+  }
+  if (x_null && n > 0) throw Error(Status::invalid_argument, "input is null");
+}
+}  // namespace
+
 std::size_t Codec::encode_ef(std::span<const float> x, std::span<const float> e_old,
                              std::span<float> e_new, std::uint64_t seed,
                              std::span<std::byte> out) const {
-  if (e_old.size() != x.size() || e_new.size() != x.size()) {
-    throw Error(Status::invalid_argument,
-                "error-feedback buffers of " + std::to_string(e_old.size()) + " and " +
-                    std::to_string(e_new.size()) + " elements for an input of " +
-                    std::to_string(x.size()));
-  }
-  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  check_ef_buffers(x.size(), e_old.size(), e_new.size(), x.data() == nullptr);
   return impl_->encode(x.data(), e_old.data(), e_new.data(), x.size(), seed, out.data(),
                        out.size());
 }
@@ -209,13 +215,7 @@ std::size_t Codec::encode_ef(TensorView<const float> x, TensorView<const float> 
                              TensorView<std::byte> out) const {
   const detail::DeviceBackend* dev = one_place("encode_ef", x, e_old, e_new, out);
   if (!dev) return encode_ef(x.host(), e_old.host(), e_new.host(), seed, out.host());
-  if (e_old.size() != x.size() || e_new.size() != x.size()) {
-    throw Error(Status::invalid_argument,
-                "error-feedback buffers of " + std::to_string(e_old.size()) + " and " +
-                    std::to_string(e_new.size()) + " elements for an input of " +
-                    std::to_string(x.size()));
-  }
-  if (x.data() == nullptr && !x.empty()) throw Error(Status::invalid_argument, "input is null");
+  check_ef_buffers(x.size(), e_old.size(), e_new.size(), x.data() == nullptr);
   return dev->encode(*impl_, x.data(), e_old.data(), e_new.data(), x.size(), seed, out.data(),
                      out.size(), x.stream());
 }

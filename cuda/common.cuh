@@ -217,6 +217,30 @@ __device__ __forceinline__ void tree_sum_block(double* s, double* t, std::size_t
   __syncthreads();
 }
 
+// Runs of elements (4096-element blocks, QSGD buckets) owned by half-warps: warp w owns runs 2w
+// and 2w + 1 (lanes 0-15 and 16-31), over a warp-stride loop that is uniform within each warp.
+struct HalfWarpRun {
+  std::size_t index;  // which run
+  bool have;          // index < runs (the last warp may own only one)
+  std::size_t start;  // its first element
+  std::size_t len;    // its length (the last one may be short; 0 without one)
+};
+__device__ __forceinline__ std::size_t first_warp() {
+  return (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
+}
+__device__ __forceinline__ std::size_t warp_count() {
+  return static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+}
+__device__ __forceinline__ HalfWarpRun half_warp_run(std::size_t w, std::size_t runs,
+                                                     std::size_t run_len, std::size_t n) {
+  HalfWarpRun r;
+  r.index = 2 * w + ((threadIdx.x & 31u) >> 4);
+  r.have = r.index < runs;
+  r.start = r.index * run_len;
+  r.len = r.have ? (n - r.start < run_len ? n - r.start : run_len) : 0;
+  return r;
+}
+
 // Grid-stride loop over [0, n).
 #define GCOMP_GRID_LOOP(i, n)                                                              \
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; \

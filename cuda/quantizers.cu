@@ -41,13 +41,12 @@ __global__ void block_stats_kernel(const float* __restrict__ x, const float* __r
                                    unsigned char* __restrict__ bits, BlockOut out) {
   const unsigned lane = threadIdx.x & 31u;
   const unsigned j = lane & 15u;
-  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::size_t w = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
-       2 * w < blocks; w += warps) {
-    const std::size_t rb = 2 * w + (lane >> 4);
-    const bool have = rb < blocks;
-    const std::size_t start = rb * kReduceBlock;
-    const std::size_t len = have ? (n - start < kReduceBlock ? n - start : kReduceBlock) : 0;
+  for (std::size_t w = first_warp(); 2 * w < blocks; w += warp_count()) {
+    const HalfWarpRun run = half_warp_run(w, blocks, kReduceBlock, n);
+    const std::size_t rb = run.index;
+    const bool have = run.have;
+    const std::size_t start = run.start;
+    const std::size_t len = run.len;
     double a1 = 0.0;
     double a2 = 0.0;
     std::uint32_t mx = 0;
@@ -305,15 +304,13 @@ __global__ void qsgd_norm_kernel(const float* __restrict__ x, const float* __res
                                  float* __restrict__ e_new, std::size_t n, std::size_t bucket,
                                  std::size_t buckets, float levels, Bucket* __restrict__ out,
                                  unsigned char* __restrict__ norms, Report* r) {
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned j = lane & 15u;
-  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::size_t w = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
-       2 * w < buckets; w += warps) {
-    const std::size_t b = 2 * w + (lane >> 4);
-    const bool have = b < buckets;
-    const std::size_t start = b * bucket;
-    const std::size_t len = have ? (n - start < bucket ? n - start : bucket) : 0;
+  const unsigned j = threadIdx.x & 15u;
+  for (std::size_t w = first_warp(); 2 * w < buckets; w += warp_count()) {
+    const HalfWarpRun run = half_warp_run(w, buckets, bucket, n);
+    const std::size_t b = run.index;
+    const bool have = run.have;
+    const std::size_t start = run.start;
+    const std::size_t len = run.len;
     double a = 0.0;
     for (std::size_t m = j; m < len; m += 16) {
       float v = x[start + m];
