@@ -6,9 +6,9 @@
 // 11, 11 and 10 key bits from the top, each followed by a one-thread scan from the highest bin
 // that fixes the bits of the k-th key T and how many elements equal to T are still needed
 // (`ties`); when the chosen bin holds exactly the elements still needed, the select stops early
-// (every key from that prefix up is taken). There is no candidate filter: each histogram pass
-// reads the whole tensor (AIR top-k writes the chosen bin's elements aside to shorten the later
-// passes; a measured GPU run decides whether that pays here). When fewer than all the elements
+// (every key from that prefix up is taken). As AIR top-k's filter, the second pass writes the
+// indices in the first level's bin aside and the third histogram reads only those (the whole
+// tensor again if they outgrow their buffer). When fewer than all the elements
 // equal to T are needed, one more pass finds the
 // index of the last one to take (`cut`), so that the selection is the pure predicate
 // key > T || (key == T && i <= cut). CUB's DeviceSelect::If compacts the indices that satisfy it,
@@ -20,6 +20,7 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <string>
 
@@ -105,19 +106,57 @@ __global__ void first_pass_kernel(const float* __restrict__ x, const float* __re
   }
 }
 
-// Histogram of the key bits [shift, shift + width) among the keys that match the prefix above.
+// Candidates (AIR top-k's filter): the second pass writes aside the indices whose key matches
+// the prefix it counts (in no particular order: only histograms read them), so that the third
+// histogram reads those instead of the whole tensor. When they outgrow the buffer, the third
+// pass reads the whole tensor after all.
+template <class Index>
+struct Candidates {
+  Index* index;
+  unsigned long long* count;
+  std::size_t capacity;
+};
+
+// Appends i, one atomic per group of lanes appending at once.
+template <class Index>
+__device__ __forceinline__ void append(const Candidates<Index>& c, std::size_t i) {
+  namespace cg = cooperative_groups;
+  const cg::coalesced_group active = cg::coalesced_threads();
+  unsigned long long base = 0;
+  if (active.thread_rank() == 0) base = atomicAdd(c.count, static_cast<unsigned long long>(active.size()));
+  base = active.shfl(base, 0) + active.thread_rank();
+  if (base < c.capacity) c.index[base] = static_cast<Index>(i);
+}
+
+// Histogram of the key bits [shift, shift + width) among the keys that match the prefix above
+// (of the elements [0, n), or of the candidates when `from` is given and they all fit); the
+// matching indices go to `to` when it is given.
+template <class Index>
 __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
-                            const SelectState* st, unsigned long long* hist) {
+                            const SelectState* st, unsigned long long* hist,
+                            Candidates<Index> from, Candidates<Index> to) {
   __shared__ unsigned counts[kBins];
   if (st->done) return;
+  const bool use_from = from.index != nullptr;
+  if (use_from) {
+    const unsigned long long got = *from.count;
+    if (got > from.capacity) return;  // overflowed: the whole-tensor launch counts instead
+    n = static_cast<std::size_t>(got);
+  } else if (from.count && *from.count <= from.capacity) {
+    return;  // the candidates fit: their launch counts instead
+  }
   const unsigned bins = 1u << width;
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) counts[b] = 0;
   __syncthreads();
   const int hi = shift + width;
   const std::uint32_t prefix = st->prefix;
-  GCOMP_GRID_LOOP(i, n) {
+  GCOMP_GRID_LOOP(j, n) {
+    const std::size_t i = use_from ? static_cast<std::size_t>(from.index[j]) : j;
     const std::uint32_t key = keys(i);
-    if ((key >> hi) == (prefix >> hi)) count_bin(counts, (key >> shift) & (bins - 1));
+    if ((key >> hi) == (prefix >> hi)) {
+      count_bin(counts, (key >> shift) & (bins - 1));
+      if (to.index) append(to, i);
+    }
   }
   __syncthreads();
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) {
@@ -316,6 +355,12 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   size.take<Index>(k);
   size.take<unsigned long long>(1);
   size.take<unsigned char>(cub_bytes);
+  // Room for candidates: a sixteenth of the tensor (at least 2^20) covers a bin of the k-th key
+  // unless the keys crowd into very few bins; past it the third pass reads the whole tensor.
+  const std::size_t cand_capacity =
+      mode == Mode::threshold ? 0 : std::min(n, std::max(n / 16, std::size_t{1} << 20));
+  size.take<Index>(cand_capacity);
+  size.take<unsigned long long>(1);
   Carve carve(c.ws->reserve(size.bytes()));
   unsigned long long* hist = carve.take<unsigned long long>(kBins);
   st = carve.take<SelectState>(1);
@@ -323,6 +368,8 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   Index* idx = carve.take<Index>(k);
   unsigned long long* selected = carve.take<unsigned long long>(1);
   void* cub_temp = carve.take<unsigned char>(cub_bytes);
+  Index* cand_index = carve.take<Index>(cand_capacity);
+  unsigned long long* cand_count = carve.take<unsigned long long>(1);
   pick.st = st;
 
   c.ws->reset_report();
@@ -346,10 +393,18 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     GCOMP_LAUNCHED("sparse first pass");
   }
   if (ranked) {
+    const Candidates<Index> none{nullptr, nullptr, 0};
+    const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
+    const Candidates<Index> cand_count_only{nullptr, cand_count, cand_capacity};
+    GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 21, 11, false, st);
-    hist_kernel<<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist);
+    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand);
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 10, 11, false, st);
-    hist_kernel<<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist);
+    // The third histogram from the candidates, or (when they overflowed) from the whole tensor.
+    hist_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(n, keys, 0, 10, st, hist,
+                                                                      cand, none);
+    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist,
+                                                          cand_count_only, none);
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 0, 10, true, st);
     tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_counts);
     tie_cut_kernel<<<1, 1, 0, s>>>(n, keys, tile_counts, st);
