@@ -44,6 +44,7 @@ struct SelectState {
   unsigned long long need;   // elements equal to the prefix still needed; after the last level, ties
   unsigned long long equal;  // elements whose key equals T
   unsigned long long cut;    // the last index with key == T to take
+  unsigned long long first_bin;  // elements in the first level's bin: the candidates' number
 };
 
 // The key of element i: |v| bits, or word i of the Philox stream (compressors/philox.hpp).
@@ -108,8 +109,9 @@ __global__ void first_pass_kernel(const float* __restrict__ x, const float* __re
 
 // Candidates (AIR top-k's filter): the second pass writes aside the indices whose key matches
 // the prefix it counts (in no particular order: only histograms read them), so that the third
-// histogram reads those instead of the whole tensor. When they outgrow the buffer, the third
-// pass reads the whole tensor after all.
+// histogram reads those instead of the whole tensor. Their number is known from the first
+// level's histogram (SelectState::first_bin): when it exceeds the buffer, nothing is written and
+// the third pass reads the whole tensor.
 template <class Index>
 struct Candidates {
   Index* index;
@@ -128,23 +130,23 @@ __device__ __forceinline__ void append(const Candidates<Index>& c, std::size_t i
   if (base < c.capacity) c.index[base] = static_cast<Index>(i);
 }
 
-// Histogram of the key bits [shift, shift + width) among the keys that match the prefix above
-// (of the elements [0, n), or of the candidates when `from` is given and they all fit); the
-// matching indices go to `to` when it is given.
+// Histogram of the key bits [shift, shift + width) among the keys that match the prefix above,
+// of the elements [0, n) or (`from` given) of the candidates; the matching indices go to `to`
+// when it is given and they fit. `whole` marks the whole-tensor launch that stands in for the
+// candidates' when they did not fit (each of the two returns when the other one counts).
 template <class Index>
 __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
                             const SelectState* st, unsigned long long* hist,
-                            Candidates<Index> from, Candidates<Index> to) {
+                            Candidates<Index> from, Candidates<Index> to, bool whole,
+                            std::size_t capacity) {
   __shared__ unsigned counts[kBins];
   if (st->done) return;
+  const bool fit = st->first_bin <= capacity;
   const bool use_from = from.index != nullptr;
-  if (use_from) {
-    const unsigned long long got = *from.count;
-    if (got > from.capacity) return;  // overflowed: the whole-tensor launch counts instead
-    n = static_cast<std::size_t>(got);
-  } else if (from.count && *from.count <= from.capacity) {
-    return;  // the candidates fit: their launch counts instead
-  }
+  if (use_from && !fit) return;
+  if (whole && fit) return;
+  if (use_from) n = static_cast<std::size_t>(*from.count);
+  const bool append_to = to.index != nullptr && fit;
   const unsigned bins = 1u << width;
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) counts[b] = 0;
   __syncthreads();
@@ -155,7 +157,7 @@ __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
     const std::uint32_t key = keys(i);
     if ((key >> hi) == (prefix >> hi)) {
       count_bin(counts, (key >> shift) & (bins - 1));
-      if (to.index) append(to, i);
+      if (append_to) append(to, i);
     }
   }
   __syncthreads();
@@ -179,6 +181,7 @@ __global__ void pick_bin_kernel(unsigned long long* hist, int shift, int width, 
   }
   st->prefix |= bin << shift;
   st->need = need;
+  if (shift == 21) st->first_bin = hist[bin];
   if (!last && hist[bin] == need) {
     st->done = 1;
     st->equal = need;  // the tie pass has nothing to do
@@ -357,8 +360,9 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   size.take<unsigned char>(cub_bytes);
   // Room for candidates: a sixteenth of the tensor (at least 2^20) covers a bin of the k-th key
   // unless the keys crowd into very few bins; past it the third pass reads the whole tensor.
+  const bool ranked = mode != Mode::threshold && k < n;
   const std::size_t cand_capacity =
-      mode == Mode::threshold ? 0 : std::min(n, std::max(n / 16, std::size_t{1} << 20));
+      ranked ? std::min(n, std::max(n / 16, std::size_t{1} << 20)) : 0;
   size.take<Index>(cand_capacity);
   size.take<unsigned long long>(1);
   Carve carve(c.ws->reserve(size.bytes()));
@@ -373,7 +377,6 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   pick.st = st;
 
   c.ws->reset_report();
-  const bool ranked = mode != Mode::threshold && k < n;
   SelectState init{};
   init.need = k;
   init.all = mode != Mode::threshold && k >= n ? 1u : 0u;
@@ -395,16 +398,16 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   if (ranked) {
     const Candidates<Index> none{nullptr, nullptr, 0};
     const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
-    const Candidates<Index> cand_count_only{nullptr, cand_count, cand_capacity};
     GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 21, 11, false, st);
-    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand);
+    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand,
+                                                          false, cand_capacity);
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 10, 11, false, st);
-    // The third histogram from the candidates, or (when they overflowed) from the whole tensor.
-    hist_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(n, keys, 0, 10, st, hist,
-                                                                      cand, none);
-    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist,
-                                                          cand_count_only, none);
+    // The third histogram from the candidates, or (when they did not fit) from the whole tensor.
+    hist_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(
+        n, keys, 0, 10, st, hist, cand, none, false, cand_capacity);
+    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none, none,
+                                                          true, cand_capacity);
     pick_bin_kernel<<<1, 1, 0, s>>>(hist, 0, 10, true, st);
     tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_counts);
     tie_cut_kernel<<<1, 1, 0, s>>>(n, keys, tile_counts, st);

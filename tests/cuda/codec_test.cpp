@@ -172,6 +172,18 @@ TEST(CudaCodecs, TopkTiesGoToTheLowerIndexAsOnTheCpu) {
           << spec << (x == &zeros ? " (zeros)" : " (steps)");
     }
   }
+  // Above 2^20 elements, with the k-th key's first-level bin holding more elements than the
+  // candidate buffer (n / 16, at least 2^20): the third histogram reads the whole tensor.
+  const std::size_t big = 3000017;
+  std::vector<float> many(big);
+  for (float& v : many) v = static_cast<float>(static_cast<int>(g() % 5) - 2);
+  const std::vector<float> big_zeros(big, 0.0f);
+  for (const std::string& spec : {"topk:ratio=0.3", "topk:k=1"}) {
+    const Codec c(spec);
+    EXPECT_EQ(first_difference(c.encode(many, 1), device_encode(c, many, 1)), -1) << spec;
+    EXPECT_EQ(first_difference(c.encode(big_zeros, 1), device_encode(c, big_zeros, 1)), -1)
+        << spec << " (zeros)";
+  }
 }
 
 TEST(CudaCodecs, NonfiniteInputIsTheCpusError) {
