@@ -71,7 +71,8 @@ struct Job {
   DeviceStage* stage = nullptr;
 };
 
-// The whole-tensor encoding of job.in (with error feedback when job.ef), made once.
+// The whole-tensor encoding of job.in (with error feedback when job.ef), made once; on the
+// device for device tensors.
 void encode_whole(Job& job);
 
 // out *= 1 / size when averaging.

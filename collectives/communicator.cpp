@@ -476,14 +476,15 @@ struct Communicator::Impl {
         likely_uncompressed = !choose_auto(mi).compressed;
       }
       if (device) {
-        // The device encodes before the agreement (its finite check; the payload's size).
-        if (codec->kind() == CodecKind::none) {
+        // As on the host: sparse codecs encode now (their payload's size is data-dependent),
+        // the others are checked now and encode later, where the algorithm needs the payload.
+        if (codec->properties().sparse) {
+          detail::encode_whole(job);
+          mine.sent = payload_entries(job.payload);
+          mine.bytes = job.payload.size();
+        } else {
           device->dev->check_finite(device->in, job.d_e_old, in.size(), device->stream);
           mine.bytes = codec->max_bytes(in.size());
-        } else {
-          detail::device_encode_whole(job);
-          if (codec->properties().sparse) mine.sent = payload_entries(job.payload);
-          mine.bytes = job.payload.size();
         }
       } else if (codec->properties().sparse && !likely_uncompressed) {
         detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf

@@ -2,7 +2,8 @@
 // memory only; what crosses between the GPU and the host is the payloads, not the tensor:
 //
 //   * the codec encodes on the device (with the device residual) into device staging, and only
-//     the payload is copied to the host for MPI;
+//     the payload is copied to the host for MPI: once, where the algorithm needs it (encode_whole
+//     does this for device tensors; sparse codecs encode before the agreement as on the host);
 //   * allgather, sparse_allgather: the gathered payloads go to the device in one copy and are
 //     decode_add'ed there into the output, in rank order (the same bits on every rank);
 //   * compressed_reduce_scatter: each chunk is encoded on the device and its payload copied to
@@ -99,6 +100,7 @@ void average_on_device(Job& job) {
 }
 
 void run_allgather_device(Job& job) {
+  encode_whole(job);
   thread_local Gathered all;
   allgatherv_bytes(job.comm, job.payload, all, job.traffic);
   const std::size_t n = job.out.size();

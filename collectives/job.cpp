@@ -6,6 +6,7 @@ namespace gcomp::detail {
 
 void encode_whole(Job& job) {
   if (job.have_payload) return;
+  if (job.dev) return device_encode_whole(job);
   const double start = now();
   job.payload.resize(job.codec->max_bytes(job.in.size()));
   std::size_t bytes;

@@ -150,6 +150,22 @@ struct Stream {
   std::uint32_t k0, k1, codec;
 };
 
+// The block statistics pass of sign (with its bits) or TernGrad, with or without error feedback.
+template <bool Sign>
+void launch_block_stats(const EncodeCall& c, std::size_t blocks, unsigned char* bits,
+                        const BlockOut& st) {
+  const unsigned grid = grid_for(blocks * 16);
+  const cudaStream_t s = c.ws->stream();
+  if (c.e_old) {
+    block_stats_kernel<true, Sign>
+        <<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, blocks, bits, st);
+  } else {
+    block_stats_kernel<false, Sign>
+        <<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, blocks, bits, st);
+  }
+  GCOMP_LAUNCHED(Sign ? "sign statistics" : "terngrad statistics");
+}
+
 Stream stream_of(std::uint64_t seed, CodecKind kind) {
   return {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
           static_cast<std::uint32_t>(kind)};
@@ -427,17 +443,7 @@ std::size_t encode_sign(const EncodeCall& c) {
   float* scale = carve.take<float>(1);
   const cudaStream_t s = c.ws->stream();
   c.ws->reset_report();
-  if (c.n > 0) {
-    const unsigned grid = grid_for(blocks * 16);
-    if (c.e_old) {
-      block_stats_kernel<true, true>
-          <<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, blocks, data + 4, st);
-    } else {
-      block_stats_kernel<false, true>
-          <<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, blocks, data + 4, st);
-    }
-    GCOMP_LAUNCHED("sign statistics");
-  }
+  if (c.n > 0) launch_block_stats<true>(c, blocks, data + 4, st);
   sign_finish_kernel<<<1, 1024, 0, s>>>(st.s1, tmp, blocks, c.n, data, scale, c.ws->report());
   GCOMP_LAUNCHED("sign scale");
   if (c.e_old && c.n > 0) {
@@ -469,17 +475,7 @@ std::size_t encode_terngrad(const EncodeCall& c) {
   Ternary* t = carve.take<Ternary>(1);
   const cudaStream_t s = c.ws->stream();
   c.ws->reset_report();
-  if (c.n > 0) {
-    const unsigned grid = grid_for(blocks * 16);
-    if (c.e_old) {
-      block_stats_kernel<true, false>
-          <<<grid, kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, blocks, nullptr, st);
-    } else {
-      block_stats_kernel<false, false>
-          <<<grid, kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, blocks, nullptr, st);
-    }
-    GCOMP_LAUNCHED("terngrad statistics");
-  }
+  if (c.n > 0) launch_block_stats<false>(c, blocks, nullptr, st);
   tern_finish_kernel<<<1, kThreads, 0, s>>>(st, tmp1, tmp2, blocks, c.n, clip, data, t,
                                             c.ws->report());
   GCOMP_LAUNCHED("terngrad scaler");

@@ -132,16 +132,31 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
   EXPECT_LE(d.worst, 1e-5 * d.scale) << "largest parameter difference " << d.worst;
 }
 
+// A run whose bytes the tests count exactly: top-k 1% through sparse_allgather, 16 samples per
+// rank and step, on 64 per rank.
+struct CountedRun {
+  Config c;
+  Dataset train;
+  History h;
+};
+CountedRun counted_topk_run(int epochs, int warmup_epochs, std::uint32_t data_seed,
+                            std::uint32_t model_seed) {
+  CountedRun r;
+  r.train = synthetic(64 * static_cast<std::size_t>(size()), data_seed);
+  const Dataset test = synthetic(50, data_seed + 1);
+  r.c.codec = "topk:ratio=0.01";
+  r.c.epochs = epochs;
+  r.c.warmup_epochs = warmup_epochs;
+  r.c.batch = 16;
+  r.c.algorithm = Algorithm::sparse_allgather;
+  Model model(r.c.model, 28, 28, model_seed);
+  r.h = run(r.c, r.train, test, test::world(), model);
+  return r;
+}
+
 TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks";
-  const Dataset train = synthetic(64 * static_cast<std::size_t>(size()), 4), test = synthetic(50, 5);
-  Config c;
-  c.codec = "topk:ratio=0.01";
-  c.epochs = 1;
-  c.batch = 16;
-  c.algorithm = Algorithm::sparse_allgather;
-  Model model(c.model, 28, 28, 1);
-  const History h = run(c, train, test, test::world(), model);
+  const auto [c, train, h] = counted_topk_run(1, 0, 4, 1);
   // Per step: the weights (535040 floats) as one top-k payload, the biases (778) dense.
   const std::uint64_t p = static_cast<std::uint64_t>(size());
   const std::uint64_t per_step =
@@ -155,15 +170,7 @@ TEST(Trainer, BytesAreThePayloadsHandedToMpi) {
 
 TEST(Trainer, WarmUpEpochsAreDense) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks";
-  const Dataset train = synthetic(64 * static_cast<std::size_t>(size()), 12), test = synthetic(50, 13);
-  Config c;
-  c.codec = "topk:ratio=0.01";
-  c.epochs = 2;
-  c.warmup_epochs = 1;
-  c.batch = 16;
-  c.algorithm = Algorithm::sparse_allgather;
-  Model model(c.model, 28, 28, 6);
-  const History h = run(c, train, test, test::world(), model);
+  const auto [c, train, h] = counted_topk_run(2, 1, 12, 6);
   const std::uint64_t p = static_cast<std::uint64_t>(size());
   const std::uint64_t steps = train.count / (c.batch * p);
   // Epoch 1: both buckets dense, uncompressed.
