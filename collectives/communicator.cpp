@@ -3,7 +3,7 @@
 // Every allreduce runs in three steps:
 //   1. local work that can fail (argument checks, the sparse codecs' encode, the dense codecs'
 //      check for NaN/Inf, a first calibration of the codec's speed);
-//   2. the agreement: one small MPI_Iallreduce (MPI_MAX over int64, see Agreement) that carries
+//   2. the agreement: one small allreduce (MPI_MAX over int64, see Agreement) that carries
 //      a hash of (spec, n, options, requested algorithm), the first failing rank and its status,
 //      the largest payload and entry counts, the slowest codec speeds and the previous call's
 //      measured time: every rank learns the same things;
@@ -26,6 +26,7 @@
 #include "algorithms.hpp"
 #include "device_backend.hpp"
 #include "gcomp/cost_model.hpp"
+#include "learner.hpp"
 #include "stream.hpp"
 
 namespace gcomp {
@@ -53,20 +54,41 @@ struct Agreement {
   std::uint64_t bytes;   // whole-tensor payload bytes
   std::uint64_t encode;  // the codec's encode seconds per element (double bits)
   std::uint64_t decode;  // decode seconds per element or entry (double bits)
-  std::uint64_t learned_key;     // the previous call's (codec, algorithm, size) key
+  std::uint64_t learned_key;     // the previous call's (codec, size, algorithm) key
   std::uint64_t learned_seconds; // and its seconds on this rank (double bits)
 };
 constexpr int kAgreementWords = sizeof(Agreement) / 8;
 constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
 static_assert(sizeof(Agreement) % 8 == 0);
 
-std::uint64_t fnv1a(std::string_view s) {
+// FNV-1a over text and integers (each as its 8 little-endian bytes), built up without strings:
+// the keys below are computed on every call.
+struct Fnv {
   std::uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) {
-    h ^= static_cast<unsigned char>(c);
+  Fnv& add(std::string_view s) {
+    for (char c : s) byte(static_cast<unsigned char>(c));
+    return *this;
+  }
+  Fnv& add(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(v >> (8 * i)));
+    return *this;
+  }
+  void byte(unsigned char c) {
+    h ^= c;
     h *= 0x100000001b3ull;
   }
-  return h;
+};
+
+std::uint64_t fnv1a(std::string_view s) { return Fnv{}.add(s).h; }
+
+// What the agreement's hash covers, spelled out for the mismatch message.
+std::string describe(const Codec& codec, std::size_t n, Algorithm requested,
+                     const AllreduceOptions& opt, bool ef, std::uint64_t extra) {
+  return codec.spec() + " n=" + std::to_string(n) + " algorithm=" + algorithm_name(requested) +
+         " average=" + std::to_string(opt.average) + " majority_vote=" +
+         std::to_string(opt.majority_vote) + " tensor=" + std::to_string(opt.tensor) +
+         " error_feedback=" + std::to_string(ef) + " allow_uncompressed=" +
+         std::to_string(opt.allow_uncompressed) + " layout=" + std::to_string(extra);
 }
 
 std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(std::max(0.0, v)); }
@@ -133,11 +155,9 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     double ar = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       detail::barrier(comm);
-      MPI_Request req;
       const double start = MPI_Wtime();
-      GCOMP_CHECK_MPI(MPI_Iallreduce(a.data(), b.data(), static_cast<int>(kFloats), MPI_FLOAT,
-                                     MPI_SUM, comm, &req));
-      detail::wait(req);
+      detail::allreduce(a.data(), b.data(), static_cast<MPI_Count>(kFloats), MPI_FLOAT, MPI_SUM,
+                        comm);
       ar = std::min(ar, MPI_Wtime() - start);
     }
     const double p = size;
@@ -203,6 +223,7 @@ Communicator::~Communicator() {
 
 void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
+  learner_ = std::make_unique<detail::AutoLearner>();
   GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -227,9 +248,7 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
   double local[7] = {network_.alpha,    network_.beta, network_.beta_all,
                      network_.beta_one, network_.beta_allreduce, rm.reduce, rm.merge};
   double agreed[7];
-  MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallreduce(local, agreed, 7, MPI_DOUBLE, MPI_MAX, comm_, &req));
-  detail::wait(req);
+  detail::allreduce(local, agreed, 7, MPI_DOUBLE, MPI_MAX, comm_);
   if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4]};
   reduce_speed_ = agreed[5];
   merge_speed_ = agreed[6];
@@ -237,14 +256,14 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
 
 namespace {
 // Tensors within a factor of two share a measurement; at most 4M elements are measured.
-std::string calibration_key(const Codec& codec, std::size_t n) {
+std::uint64_t calibration_key(const Codec& codec, std::size_t n) {
   const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 22));
-  return codec.spec() + "|" + std::to_string(log2n);
+  return Fnv{}.add(codec.spec()).add(static_cast<std::uint64_t>(log2n)).h;
 }
 }  // namespace
 
 ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
-  const std::string key = calibration_key(codec, n);
+  const std::uint64_t key = calibration_key(codec, n);
   auto it = calibrated_.find(key);
   if (it == calibrated_.end()) it = calibrated_.emplace(key, measure_compute(codec, n)).first;
   ComputeModel c = it->second;
@@ -300,37 +319,23 @@ double Communicator::predict_uncompressed(std::size_t n) {
                                                  compute_model(none, n), false, false));
 }
 
-namespace {
-std::uint64_t learned_key(const Codec& codec, std::size_t n, Algorithm a, bool compressed) {
-  const int size_class = std::bit_width(n);
-  return fnv1a(codec.spec() + "|" + algorithm_name(a) + "|" + (compressed ? "c" : "u") + "|" +
-               std::to_string(size_class)) & k63;
-}
-}  // namespace
-
-Choice Communicator::choose_learned(const Codec& codec, std::size_t n,
-                                    const ModelInput& in) const {
+Choice Communicator::choose_learned(const Codec& codec, std::size_t n, const ModelInput& in,
+                                    bool with_pending) const {
   const auto t = gcomp::predict(in);
-  const auto seconds = [&](Algorithm a, bool compressed, double model) {
-    const auto it = measured_.find(learned_key(codec, n, a, compressed));
-    return it != measured_.end() ? it->second : model;
-  };
-  Choice best{Algorithm::dense, true};
-  double best_t = seconds(Algorithm::dense, true, t[static_cast<int>(Algorithm::dense)]);
-  for (int a = 1; a < kAlgorithmCount; ++a) {
-    const auto alg = static_cast<Algorithm>(a);
-    if (!auto_candidate(alg, in)) continue;
-    const double ta = seconds(alg, true, t[a]);
-    if (ta < best_t) {
-      best_t = ta;
-      best = {alg, true};
+  std::array<detail::Option, kAlgorithmCount + 1> options;
+  std::size_t m = 0;
+  options[m++] = {{Algorithm::dense, true}, t[static_cast<int>(Algorithm::dense)]};
+  for (int a = 2; a < kAlgorithmCount; ++a) {
+    if (auto_candidate(static_cast<Algorithm>(a), in)) {
+      options[m++] = {{static_cast<Algorithm>(a), true}, t[a]};
     }
   }
-  if (in.allow_uncompressed && !in.codec_none &&
-      seconds(Algorithm::dense, false, gcomp::predict_uncompressed(in)) <= best_t) {
-    best = {Algorithm::dense, false};
+  if (in.allow_uncompressed && !in.codec_none) {
+    options[m++] = {{Algorithm::dense, false}, gcomp::predict_uncompressed(in)};
   }
-  return best;
+  return learner_->choose(detail::AutoLearner::group_of(codec.spec(), n),
+                          std::span<const detail::Option>(options.data(), m),
+                          with_pending ? pending_key_ : 0, pending_seconds_);
 }
 
 Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
@@ -372,6 +377,7 @@ struct Communicator::Impl {
                   const Codec* codec, ErrorFeedback* ef, const AllreduceOptions& opt,
                   const Error* abandoned, std::uint64_t extra_signature,
                   const DeviceCall* device = nullptr) {
+    const double call_start = MPI_Wtime();
     detail::Job job;
     job.comm = self.comm_;
     job.rank = self.rank_;
@@ -385,7 +391,7 @@ struct Communicator::Impl {
 
     // 1. Local work that may fail.
     Agreement mine{};
-    std::string descriptor;
+    std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
     Algorithm requested = opt.algorithm;
     std::exception_ptr local;
     ComputeModel compute;
@@ -428,12 +434,15 @@ struct Communicator::Impl {
         }
         requested = Algorithm::allgather;
       }
-      descriptor = codec->spec() + "|n=" + std::to_string(in.size()) + "|alg=" +
-                   algorithm_name(requested) + "|avg=" + std::to_string(opt.average) +
-                   "|maj=" + std::to_string(opt.majority_vote) + "|tensor=" +
-                   std::to_string(opt.tensor) + "|ef=" + std::to_string(ef != nullptr) +
-                   "|unc=" + std::to_string(opt.allow_uncompressed) + "|" +
-                   std::to_string(extra_signature);
+      sig = Fnv{}
+                .add(codec->spec())
+                .add(in.size())
+                .add(static_cast<std::uint64_t>(requested))
+                .add(opt.average * 1u + opt.majority_vote * 2u + (ef != nullptr) * 4u +
+                     opt.allow_uncompressed * 8u)
+                .add(opt.tensor)
+                .add(extra_signature)
+                .h;
       // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
       const bool shared = codec->kind() == CodecKind::randomk;
       job.seed = derive_seed(opt.seed, opt.tensor, 0,
@@ -463,7 +472,8 @@ struct Communicator::Impl {
         }
         job.ef_next = ef->scratch();
       }
-      compute = self.compute_model(*codec, in.size());
+      // `none` has nothing to choose: auto's only candidate is dense, so no speeds are needed.
+      if (codec->kind() != CodecKind::none) compute = self.compute_model(*codec, in.size());
       // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
       bool likely_uncompressed = false;
       if (requested == Algorithm::automatic && opt.allow_uncompressed &&
@@ -473,7 +483,8 @@ struct Communicator::Impl {
                                     self.size_, self.network_, compute, opt.average,
                                     ef != nullptr);
         mi.allow_uncompressed = true;
-        likely_uncompressed = !choose_auto(mi).compressed;
+        // The previous call's time is not agreed yet: count it as this rank measured it.
+        likely_uncompressed = !self.choose_learned(*codec, in.size(), mi, true).compressed;
       }
       if (device) {
         // As on the host: sparse codecs encode now (their payload's size is data-dependent),
@@ -532,19 +543,13 @@ struct Communicator::Impl {
     mine.learned_key = self.pending_key_;
     mine.learned_seconds = dbits(self.pending_seconds_);
     self.pending_key_ = 0;
-    const std::uint64_t sig = fnv1a(descriptor) & k63;
-    mine.sig = sig;
-    mine.not_sig = k63 & ~sig;
+    mine.sig = sig & k63;
+    mine.not_sig = k63 & ~mine.sig;
 
     // 2. The agreement.
     Agreement all{};
     const double agree_start = MPI_Wtime();
-    {
-      MPI_Request req;
-      GCOMP_CHECK_MPI(MPI_Iallreduce(&mine, &all, kAgreementWords, MPI_INT64_T, MPI_MAX,
-                                     self.comm_, &req));
-      detail::wait(req);
-    }
+    detail::allreduce(&mine, &all, kAgreementWords, MPI_INT64_T, MPI_MAX, self.comm_);
     const double agree_seconds = MPI_Wtime() - agree_start;
     if (abandoned) return;
     if (local) std::rethrow_exception(local);
@@ -558,16 +563,21 @@ struct Communicator::Impl {
     if (all.sig != (k63 & ~all.not_sig)) {
       throw Error(Status::mismatch,
                   "ranks disagree on the allreduce (codec spec, element count, algorithm or "
-                  "options); this rank: " + descriptor);
+                  "options); this rank: " +
+                      describe(*codec, in.size(), requested, opt, ef != nullptr, extra_signature));
     }
 
     // 3. The algorithm, from the agreed numbers.
-    if (all.learned_key != 0) self.measured_[all.learned_key] = bitsd(all.learned_seconds);
-    compute.encode = bitsd(all.encode);
-    compute.decode = bitsd(all.decode);
-    self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
+    if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
     Algorithm alg = requested;
-    if (alg == Algorithm::automatic) {
+    const bool learn = alg == Algorithm::automatic && codec->kind() != CodecKind::none;
+    if (alg == Algorithm::automatic && !learn) alg = Algorithm::dense;
+    if (codec->kind() != CodecKind::none) {
+      compute.encode = bitsd(all.encode);
+      compute.decode = bitsd(all.decode);
+      self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
+    }
+    if (learn) {
       ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
                                   self.network_, compute, opt.average, ef != nullptr);
       mi.allow_uncompressed = opt.allow_uncompressed;
@@ -575,7 +585,6 @@ struct Communicator::Impl {
       alg = choice.algorithm;
       job.skip_codec = !choice.compressed;
     }
-    const double run_start = MPI_Wtime();
     if (job.dev) {
       detail::run_device(job, alg);
     } else switch (alg) {
@@ -588,9 +597,10 @@ struct Communicator::Impl {
       case Algorithm::automatic: break;
     }
     if (ef) ef->commit();
-    if (requested == Algorithm::automatic) {
-      self.pending_key_ = learned_key(*codec, in.size(), alg, !job.skip_codec);
-      self.pending_seconds_ = MPI_Wtime() - run_start;
+    if (learn) {
+      self.pending_key_ = detail::AutoLearner::key_of(
+          detail::AutoLearner::group_of(codec->spec(), in.size()), {alg, !job.skip_codec});
+      self.pending_seconds_ = MPI_Wtime() - call_start;
     }
 
     CallStats& s = self.last_;

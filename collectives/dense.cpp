@@ -4,7 +4,7 @@
 // float32 and cannot overflow the 16-bit range. When auto finds that no compressing algorithm
 // beats a plain allreduce, it runs this one with the codec skipped (x + e goes as it is).
 //
-// Schedule (MPICH's choice inside MPI_Iallreduce): for large messages a reduce-scatter by
+// Schedule (MPICH's choice inside MPI_Allreduce): for large messages a reduce-scatter by
 // recursive halving then an allgather by recursive doubling, 2 log2(P) rounds with partner
 // rank ^ 2^k, 2 (P-1)/P * 4n bytes sent per rank; for short ones recursive doubling, log2(P)
 // rounds of 4n bytes.
@@ -43,11 +43,8 @@ void run_dense(Job& job) {
   if (job.size == 1) {
     if (send != job.out.data()) std::copy(send, send + n, job.out.data());
   } else {
-    MPI_Request req;
     const void* sendbuf = send == job.out.data() ? MPI_IN_PLACE : static_cast<const void*>(send);
-    GCOMP_CHECK_MPI(MPI_Iallreduce_c(sendbuf, job.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT,
-                                     MPI_SUM, job.comm, &req));
-    wait(req);
+    allreduce(sendbuf, job.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT, MPI_SUM, job.comm);
     // The volume a bandwidth-optimal allreduce moves per rank.
     const std::uint64_t volume = 2 * (static_cast<std::uint64_t>(job.size) - 1) * 4 * n /
                                  static_cast<std::uint64_t>(job.size);

@@ -51,6 +51,17 @@ void barrier(MPI_Comm comm) {
   wait(req);
 }
 
+void allreduce(const void* sendbuf, void* recvbuf, MPI_Count count, MPI_Datatype type, MPI_Op op,
+               MPI_Comm comm) {
+  if (!yielding()) {
+    GCOMP_CHECK_MPI(MPI_Allreduce_c(sendbuf, recvbuf, count, type, op, comm));
+    return;
+  }
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Iallreduce_c(sendbuf, recvbuf, count, type, op, comm, &req));
+  wait(req);
+}
+
 void wait_all(std::span<MPI_Request> requests) {
   if (!yielding()) {
     GCOMP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),

@@ -39,6 +39,11 @@ void wait(MPI_Request& request);
 void wait_all(std::span<MPI_Request> requests);
 // MPI_Ibarrier, then wait() (so a barrier yields like every other wait).
 void barrier(MPI_Comm comm);
+// MPI_Allreduce_c when waits need not yield (MPICH's blocking algorithms, which are also a
+// little faster for small messages than its nonblocking schedules), else MPI_Iallreduce_c and
+// wait(). sendbuf may be MPI_IN_PLACE.
+void allreduce(const void* sendbuf, void* recvbuf, MPI_Count count, MPI_Datatype type, MPI_Op op,
+               MPI_Comm comm);
 
 // Every rank's bytes, concatenated in rank order; offsets[r] and sizes[r] locate rank r's.
 struct Gathered {

@@ -104,10 +104,10 @@ Codec::Codec(std::string_view spec) {
     reader.fail("unknown codec '" + reader.name() + "' (known: " + names + ")");
   }
   impl_ = e->make(reader);
+  spec_ = impl_->spec();
 }
 
 CodecKind Codec::kind() const noexcept { return impl_->kind(); }
-std::string Codec::spec() const { return impl_->spec(); }
 CodecProperties Codec::properties() const { return impl_->properties(); }
 std::size_t Codec::selected(std::size_t n) const { return impl_->selected(n); }
 std::size_t Codec::max_bytes(std::size_t n) const { return impl_->max_bytes(n); }

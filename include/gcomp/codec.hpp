@@ -74,7 +74,7 @@ class Codec {
 
   CodecKind kind() const noexcept;
   // The canonical spec, every key spelled out ("qsgd:bits=4,bucket=512").
-  std::string spec() const;
+  const std::string& spec() const noexcept { return spec_; }
   CodecProperties properties() const;
 
   // Elements a sparse codec selects out of n (0 for dense codecs; threshold: n, an upper bound).
@@ -122,6 +122,7 @@ class Codec {
 
  private:
   std::shared_ptr<const detail::CodecImpl> impl_;
+  std::string spec_;  // impl_->spec(), kept: the collectives key their state on it every call
 };
 
 // The residual memory of error feedback for one tensor of a fixed size, in host memory or (made

@@ -20,11 +20,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "gcomp/codec.hpp"
@@ -34,6 +34,7 @@ namespace gcomp {
 struct ModelInput;
 namespace detail {
 struct DeviceStage;
+class AutoLearner;
 }
 
 enum class Algorithm : int {
@@ -58,7 +59,7 @@ Algorithm parse_algorithm(std::string_view name);
 // TCP incast make that slower), and a single message alone at beta_one (on a switched network
 // about beta; on a shared one, such as an emulated loopback, about beta / P). 0 means "as beta".
 //
-// MPI's own allreduce is modelled with beta_allreduce, fitted to a timed 4 MiB MPI_Iallreduce,
+// MPI's own allreduce is modelled with beta_allreduce, fitted to a timed 4 MiB MPI_Allreduce,
 // since its internal copies and reductions (on shared memory they dominate) are MPI's business.
 struct NetworkModel {
   double alpha = 0;           // seconds
@@ -176,7 +177,9 @@ class Communicator {
   // instead of waiting. Returns once they have been told.
   void abandon(Status reason, const std::string& why);
 
-  // What auto would do (the model, corrected by the times of the calls it has run), and the
+  // What the next auto call for this codec and size would do (see docs/algorithms.md, "Learning
+  // from its own calls": the model's choice first, then each plausible candidate measured, then
+  // the fastest measured), and the
   // model's time for each algorithm applying the codec (infinity where it does not apply) and
   // for the uncompressed allreduce, for a codec on n elements whose payloads hold `sent` entries
   // per rank (sparse codecs; 0: the codec's k).
@@ -204,15 +207,16 @@ class Communicator {
   NetworkModel network_;
   double reduce_speed_ = 0;  // seconds per float32 element summed
   double merge_speed_ = 0;   // seconds per sparse entry merged
-  // What auto learns from its own calls: the seconds a (codec, algorithm, compressed, size
-  // class) took, the slowest rank's, agreed in the next call's agreement. Where known it
-  // replaces the model's prediction, so a mistaken prediction corrects itself.
-  std::map<std::uint64_t, double> measured_;
+  // What auto learns from its own calls (collectives/learner.hpp), fed only agreed numbers.
+  std::unique_ptr<detail::AutoLearner> learner_;
   std::uint64_t pending_key_ = 0;  // the last call's key and seconds, still to be agreed
   double pending_seconds_ = 0;
-  Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in) const;
+  // with_pending: also count the last call's own, not yet agreed, time (a rank's guess before
+  // the agreement).
+  Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in,
+                        bool with_pending = false) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
-  std::map<std::string, ComputeModel> calibrated_;
+  std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
   std::unique_ptr<detail::DeviceStage> stage_;  // device staging for device tensors
   CallStats last_;
   TotalStats total_;

@@ -4,6 +4,7 @@
 // exact) all of them equal MPI_Allreduce bit for bit. compressed_reduce_scatter re-encodes, so
 // it is checked for unbiasedness instead.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "gcomp/cost_model.hpp"
@@ -235,6 +236,39 @@ TEST(Allreduce, FirstChoiceIsTheModelsMinimum) {
       EXPECT_GE(t[a], t[static_cast<int>(c.algorithm)]) << algorithm_name(static_cast<Algorithm>(a));
     }
   }
+}
+
+// auto explores (each plausible candidate in rounds) and then learns from the agreed times, so
+// although every rank measures its own times, all ranks run the same algorithm on every call and
+// end with the same bits.
+TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
+  const Codec codec("qsgd:bits=7,bucket=300");  // a spec no other test uses
+  const std::size_t n = 20000;
+  const auto x = test::input(n, 41);
+  std::vector<float> out(n);
+  std::vector<int> seen;
+  for (int call = 0; call < 40; ++call) {
+    AllreduceOptions opt;
+    opt.seed = static_cast<std::uint64_t>(call) + 1;
+    world().allreduce(x, out, codec, nullptr, opt);
+    const int mine = static_cast<int>(world().last_stats().algorithm) * 2 +
+                     (world().last_stats().compressed ? 1 : 0);
+    int lo = 0;
+    int hi = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    ASSERT_EQ(lo, hi) << "call " << call;
+    std::uint32_t sum = 0;
+    for (float v : out) sum = sum * 31u + std::bit_cast<std::uint32_t>(v);
+    std::uint32_t smin = 0;
+    std::uint32_t smax = 0;
+    MPI_Allreduce(&sum, &smin, 1, MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&sum, &smax, 1, MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
+    ASSERT_EQ(smin, smax) << "call " << call;
+    if (std::find(seen.begin(), seen.end(), mine) == seen.end()) seen.push_back(mine);
+  }
+  // The model's first choice, then the others: more than one candidate ran.
+  EXPECT_GE(seen.size(), 2u);
 }
 
 TEST(Allreduce, AutoMaySkipTheCodecWhenAllowed) {

@@ -1,0 +1,122 @@
+// AutoLearner (learner.hpp).
+#include "learner.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace gcomp::detail {
+
+namespace {
+
+constexpr std::uint64_t k59 = (std::uint64_t{1} << 59) - 1;
+
+std::uint64_t fnv1a(std::string_view s, std::uint64_t v) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  const auto byte = [&](unsigned char c) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  };
+  for (char c : s) byte(static_cast<unsigned char>(c));
+  for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(v >> (8 * i)));
+  return h;
+}
+
+struct Candidate {
+  Choice choice;
+  double predicted;
+  double estimate;  // the lower quartile of its last runs, or the prediction
+  std::uint32_t runs;
+};
+
+bool same(Choice a, Choice b) { return a.algorithm == b.algorithm && a.compressed == b.compressed; }
+
+}  // namespace
+
+std::uint64_t AutoLearner::group_of(std::string_view spec, std::size_t n) {
+  const int w = std::bit_width(n);
+  const std::uint64_t quarter = w >= 3 ? (n >> (w - 3)) & 3 : n;
+  return (fnv1a(spec, static_cast<std::uint64_t>(w) * 4 + quarter) & k59) | 1;
+}
+
+std::uint64_t AutoLearner::key_of(std::uint64_t group, Choice c) {
+  return group << 4 | (static_cast<std::uint64_t>(c.algorithm) * 2 + (c.compressed ? 1 : 0));
+}
+
+void AutoLearner::record(std::uint64_t key, double seconds) {
+  Learned& l = learned_[key];
+  l.seconds[l.runs % kWindow] = seconds;
+  ++l.runs;
+  ++group_runs_[key >> 4];
+}
+
+std::uint32_t AutoLearner::runs(std::uint64_t key) const {
+  const auto it = learned_.find(key);
+  return it == learned_.end() ? 0 : it->second.runs;
+}
+
+Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
+                           std::uint64_t pending_key, double pending_seconds) const {
+  std::array<Candidate, 8> c{};
+  std::size_t m = 0;
+  for (const Option& o : options) {
+    if (!std::isfinite(o.predicted) || m == c.size()) continue;
+    Candidate& x = c[m++];
+    x = {o.choice, o.predicted, o.predicted, 0};
+    const std::uint64_t key = key_of(group, o.choice);
+    const auto it = learned_.find(key);
+    Learned l = it != learned_.end() ? it->second : Learned{};
+    if (pending_key != 0 && key == pending_key) {
+      l.seconds[l.runs % kWindow] = pending_seconds;
+      ++l.runs;
+    }
+    if (l.runs == 0) continue;
+    x.runs = l.runs;
+    // The lower quartile: on a shared machine every algorithm has slow spells, and the runs of
+    // different options fall at different times.
+    const std::size_t kept = std::min<std::size_t>(l.runs, kWindow);
+    for (std::size_t i = 1; i < kept; ++i) {  // insertion sort of at most kWindow
+      for (std::size_t j = i; j > 0 && l.seconds[j] < l.seconds[j - 1]; --j) {
+        std::swap(l.seconds[j], l.seconds[j - 1]);
+      }
+    }
+    x.estimate = l.seconds[(kept - 1) / 4];
+  }
+  if (m == 0) return {Algorithm::dense, true};
+  const std::span<Candidate> all(c.data(), m);
+  // A stable insertion sort (no allocation, unlike std::stable_sort): ties keep the given order.
+  const auto sort_by = [&](double Candidate::*field) {
+    for (std::size_t i = 1; i < m; ++i) {
+      for (std::size_t j = i; j > 0 && all[j].*field < all[j - 1].*field; --j) {
+        std::swap(all[j], all[j - 1]);
+      }
+    }
+  };
+  sort_by(&Candidate::predicted);
+  const double limit = kExploreFactor * all[0].predicted + kExploreSlack;
+  for (std::uint32_t round = 1; round <= kTries; ++round) {
+    for (const Candidate& x : all) {
+      if (x.predicted <= limit && x.runs < round) return x.choice;
+    }
+  }
+  sort_by(&Candidate::estimate);
+  Choice best = all[0].choice;
+  for (const Candidate& x : all) {
+    if (!x.choice.compressed && x.estimate <= all[0].estimate) best = x.choice;
+  }
+  const auto g = group_runs_.find(group);
+  const std::uint64_t runs = (g != group_runs_.end() ? g->second : 0) +
+                             (pending_key != 0 && pending_key >> 4 == group ? 1 : 0);
+  if (runs % kRecheck == kRecheck - 1) {
+    const Candidate* pick = nullptr;  // in estimate order: among the least measured, the fastest
+    for (const Candidate& x : all) {
+      const bool plausible =
+          x.predicted <= limit || x.estimate <= kExploreFactor * all[0].estimate;
+      if (!same(x.choice, best) && plausible && (!pick || x.runs < pick->runs)) pick = &x;
+    }
+    if (pick) return pick->choice;
+  }
+  return best;
+}
+
+}  // namespace gcomp::detail

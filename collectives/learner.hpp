@@ -1,0 +1,67 @@
+// What auto learns from its own calls (docs/algorithms.md, "Learning from its own calls"): the
+// whole-call seconds of each (codec, size group, algorithm, compressed) it ran, and from them, with
+// the cost model's predictions for what it has not measured, the next choice. Pure bookkeeping,
+// no MPI: the Communicator feeds it only agreed numbers, so every rank holds the same state and
+// makes the same choice.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+
+#include "gcomp/communicator.hpp"
+
+namespace gcomp::detail {
+
+// A candidate and the model's seconds for it.
+struct Option {
+  Choice choice;
+  double predicted = 0;
+};
+
+class AutoLearner {
+ public:
+  // Exploration: the options the model puts within kExploreFactor of its best (+ kExploreSlack,
+  // since at small sizes its latency terms are least accurate) run in rounds, cheapest prediction
+  // first, until each has run kTries times (rounds, so that the first calls' warm-up does not
+  // fall on one option alone). Then the lower quartile of each option's last kWindow runs decides
+  // (the model's prediction where nothing was measured; the uncompressed allreduce wins ties);
+  // and every kRecheck-th run of a group goes to the least-measured other option within those
+  // bounds or within kExploreFactor of the best estimate, so that neither a run at a bad moment
+  // nor a slow spell rules an algorithm out for good.
+  static constexpr std::size_t kWindow = 8;
+  static constexpr std::uint32_t kTries = 3;
+  static constexpr double kExploreFactor = 2.0;
+  static constexpr double kExploreSlack = 1e-3;
+  static constexpr std::uint64_t kRecheck = 32;
+
+  // Calls whose sizes lie within a quarter octave (about 19%) of each other share a group: (spec,
+  // bit width of n, the two bits after the leading one), hashed to 59 bits, never 0.
+  static std::uint64_t group_of(std::string_view spec, std::size_t n);
+  // The group in the upper 59 bits, (algorithm, compressed) in the lower 4: never 0 (which means
+  // "nothing"), below 2^63 (the agreement's MPI_MAX compares signed), and key >> 4 is the group.
+  static std::uint64_t key_of(std::uint64_t group, Choice c);
+
+  // One run's seconds (the slowest rank's, agreed).
+  void record(std::uint64_t key, double seconds);
+
+  // The next choice among `options` (at most 8, in the order ties should go), for `group`; with
+  // pending_key != 0 as if record(pending_key, pending_seconds) had happened first.
+  Choice choose(std::uint64_t group, std::span<const Option> options,
+                std::uint64_t pending_key = 0, double pending_seconds = 0) const;
+
+  std::uint32_t runs(std::uint64_t key) const;
+
+ private:
+  struct Learned {
+    std::array<double, kWindow> seconds{};  // the last runs', oldest overwritten first
+    std::uint32_t runs = 0;
+  };
+  std::unordered_map<std::uint64_t, Learned> learned_;
+  std::unordered_map<std::uint64_t, std::uint64_t> group_runs_;
+};
+
+}  // namespace gcomp::detail

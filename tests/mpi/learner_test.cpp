@@ -1,0 +1,156 @@
+// auto's learning (collectives/learner.hpp) as pure bookkeeping: exploration in rounds, the
+// lower quartile of measured runs over predictions, ties to the uncompressed allreduce, and the
+// periodic recheck. No MPI: every rank runs the same checks.
+#include "learner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+namespace gcomp::detail {
+namespace {
+
+constexpr Choice kDense{Algorithm::dense, true};
+constexpr Choice kGather{Algorithm::allgather, true};
+constexpr Choice kCrs{Algorithm::compressed_reduce_scatter, true};
+constexpr Choice kPlain{Algorithm::dense, false};
+
+bool same(Choice a, Choice b) { return a.algorithm == b.algorithm && a.compressed == b.compressed; }
+
+// Runs `calls` choices, each "measured" at truth[choice], and returns what ran.
+std::vector<Choice> run(AutoLearner& l, std::uint64_t group, const std::vector<Option>& options,
+                        const std::map<int, double>& truth, int calls) {
+  std::vector<Choice> ran;
+  for (int i = 0; i < calls; ++i) {
+    const Choice c = l.choose(group, options);
+    ran.push_back(c);
+    const int id = static_cast<int>(c.algorithm) * 2 + c.compressed;
+    l.record(AutoLearner::key_of(group, c), truth.at(id));
+  }
+  return ran;
+}
+int id(Choice c) { return static_cast<int>(c.algorithm) * 2 + c.compressed; }
+
+TEST(Learner, KeysKeepTheirGroupAndStayBelow2To63) {
+  const std::uint64_t g = AutoLearner::group_of("qsgd:bits=4,bucket=512", 1000000);
+  EXPECT_NE(g, 0u);
+  for (Choice c : {kDense, kGather, kCrs, kPlain}) {
+    const std::uint64_t k = AutoLearner::key_of(g, c);
+    EXPECT_EQ(k >> 4, g);
+    EXPECT_LT(k, std::uint64_t{1} << 63);
+  }
+  // Sizes within a quarter octave share a group; others and other specs do not.
+  EXPECT_EQ(AutoLearner::group_of("sign", 1 << 20), AutoLearner::group_of("sign", (1 << 20) + 1000));
+  EXPECT_NE(AutoLearner::group_of("sign", 1 << 20), AutoLearner::group_of("sign", 1 << 21));
+  EXPECT_NE(AutoLearner::group_of("sign", 1 << 20),
+            AutoLearner::group_of("sign", (1 << 20) + (1 << 18)));
+  EXPECT_NE(AutoLearner::group_of("sign", 1 << 20), AutoLearner::group_of("fp16", 1 << 20));
+}
+
+// Each option within the bounds runs once per round, cheapest prediction first; one predicted
+// far slower than twice the best (+ 1 ms) never runs while the measurements agree with the model.
+TEST(Learner, ExploresInRoundsThenKeepsTheFastest) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("fp16", 4096);
+  const std::vector<Option> options = {{kDense, 0.010}, {kGather, 0.008}, {kCrs, 0.050},
+                                       {kPlain, 0.012}};
+  const std::map<int, double> truth = {
+      {id(kDense), 0.010}, {id(kGather), 0.009}, {id(kCrs), 0.001}, {id(kPlain), 0.0085}};
+  const auto ran = run(l, g, options, truth, 9);
+  const Choice want[] = {kGather, kDense, kPlain, kGather, kDense, kPlain, kGather, kDense, kPlain};
+  for (int i = 0; i < 9; ++i) EXPECT_TRUE(same(ran[i], want[i])) << i;
+  // Measured: plain 8.5 ms beats the allgather's 9 ms, which the model had put first.
+  EXPECT_TRUE(same(l.choose(g, options), kPlain));
+  EXPECT_EQ(l.runs(AutoLearner::key_of(g, kCrs)), 0u);
+}
+
+TEST(Learner, MeasurementsOutweighPredictions) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("topk:ratio=0.01", 65536);
+  const std::vector<Option> options = {{kDense, 0.002}, {kGather, 0.001}};
+  // The model is wrong about the order: the allgather is three times slower than predicted.
+  run(l, g, options, {{id(kDense), 0.0015}, {id(kGather), 0.003}}, 6);
+  EXPECT_TRUE(same(l.choose(g, options), kDense));
+}
+
+// The uncompressed allreduce wins a tie: compression must pay.
+TEST(Learner, UncompressedWinsTies) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("sign", 100000);
+  const std::vector<Option> options = {{kGather, 0.004}, {kPlain, 0.005}};
+  run(l, g, options, {{id(kGather), 0.004}, {id(kPlain), 0.004}}, 6);
+  EXPECT_TRUE(same(l.choose(g, options), kPlain));
+}
+
+// The lower quartile, not the fastest run: one lucky run among slow ones does not decide.
+TEST(Learner, OneLuckyRunDoesNotDecide) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("qsgd", 300000);
+  const std::vector<Option> options = {{kGather, 0.001}, {kCrs, 0.001}};
+  const std::uint64_t a = AutoLearner::key_of(g, kGather);
+  const std::uint64_t b = AutoLearner::key_of(g, kCrs);
+  l.record(a, 0.001);  // lucky
+  for (int i = 0; i < 7; ++i) l.record(a, 0.005);
+  for (int i = 0; i < 8; ++i) l.record(b, 0.003);
+  EXPECT_TRUE(same(l.choose(g, options), kCrs));
+  // The window keeps the last eight runs: the next one replaces the lucky run...
+  l.record(a, 0.001);
+  EXPECT_TRUE(same(l.choose(g, options), kCrs));
+  // ...and with two fast runs of the last eight (a quartile) the allgather's estimate is 1 ms.
+  l.record(a, 0.001);
+  EXPECT_TRUE(same(l.choose(g, options), kGather));
+}
+
+// Every kRecheck-th run goes to the least-measured other plausible option, so an option measured
+// in a slow spell gets another chance and wins once it is faster.
+TEST(Learner, RechecksOthersAndRecovers) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("fp16", 1 << 20);
+  const std::vector<Option> options = {{kGather, 0.001}, {kCrs, 0.0011}, {kPlain, 0.0012}};
+  // Exploration in a slow spell for the plain allreduce: 5 ms, the others 1.5 and 2 ms.
+  std::map<int, double> truth = {{id(kGather), 0.0015}, {id(kCrs), 0.002}, {id(kPlain), 0.005}};
+  auto ran = run(l, g, options, truth, 9);
+  ran = run(l, g, options, truth, 2 * AutoLearner::kRecheck);
+  int others = 0;
+  for (Choice c : ran) others += same(c, kGather) ? 0 : 1;
+  EXPECT_EQ(others, 2);  // one recheck in each kRecheck runs
+  // The spell ends: the plain allreduce now takes 1 ms and wins after enough rechecks to fill
+  // its lower quartile (at most kWindow of its runs, at one per 2 kRecheck runs).
+  truth[id(kPlain)] = 0.001;
+  ran = run(l, g, options, truth, 2 * AutoLearner::kRecheck * AutoLearner::kWindow);
+  EXPECT_TRUE(same(ran.back(), kPlain));
+  EXPECT_TRUE(same(l.choose(g, options), kPlain));
+}
+
+// choose(pending) is choose() after record(pending): a rank's guess before the agreement.
+TEST(Learner, PendingCountsAsRecorded) {
+  const std::uint64_t g = AutoLearner::group_of("terngrad", 5000);
+  const std::vector<Option> options = {{kDense, 0.001}, {kGather, 0.0012}, {kCrs, 0.0013}};
+  const std::map<int, double> truth = {{id(kDense), 0.003}, {id(kGather), 0.001}, {id(kCrs), 0.002}};
+  AutoLearner a;
+  AutoLearner b;
+  for (int i = 0; i < 80; ++i) {
+    const Choice c = a.choose(g, options);
+    const std::uint64_t key = AutoLearner::key_of(g, c);
+    const double t = truth.at(id(c));
+    const Choice guess = b.choose(g, options, key, t);
+    a.record(key, t);
+    EXPECT_TRUE(same(guess, a.choose(g, options))) << i;
+    b.record(key, t);
+  }
+}
+
+// Groups learn apart.
+TEST(Learner, GroupsAreIndependent) {
+  AutoLearner l;
+  const std::uint64_t g1 = AutoLearner::group_of("sign", 1000);
+  const std::uint64_t g2 = AutoLearner::group_of("sign", 1000000);
+  const std::vector<Option> options = {{kGather, 0.001}, {kPlain, 0.002}};
+  run(l, g1, options, {{id(kGather), 0.004}, {id(kPlain), 0.001}}, 6);
+  EXPECT_TRUE(same(l.choose(g1, options), kPlain));
+  EXPECT_TRUE(same(l.choose(g2, options), kGather));  // nothing measured: the model's first
+}
+
+}  // namespace
+}  // namespace gcomp::detail
