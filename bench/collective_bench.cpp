@@ -280,11 +280,11 @@ int main(int argc, char** argv) {
     comm = &c;
     if (world_rank == 0) {
       std::printf("ranks %d, network alpha %.2f us, beta %.3f ns/byte (%.2f GB/s per rank), "
-                  "beta_all %.3f, beta_one %.3f, beta_allreduce %.3f ns/byte\n",
+                  "beta_all %.3f, beta_one %.3f, beta_allreduce %.3f (32 MiB: %.3f) ns/byte\n",
                   world_size, c.network().alpha * 1e6, c.network().beta * 1e9,
                   c.network().beta > 0 ? 1e-9 / c.network().beta : 0.0,
                   c.network().beta_all * 1e9, c.network().beta_one * 1e9,
-                  c.network().beta_allreduce * 1e9);
+                  c.network().beta_allreduce * 1e9, c.network().beta_allreduce_large * 1e9);
     }
     for (std::size_t n : sizes) {
       if (paired) {

@@ -148,21 +148,30 @@ NetworkModel measure_network(MPI_Comm comm, int rank, int size) {
     }
     m.beta_one = rank <= 1 ? std::max(0.0, one - m.alpha) / static_cast<double>(kBytes) : 0.0;
   }
-  // beta_allreduce: MPI's own allreduce of 1M floats, fitted to its bandwidth term.
+  // beta_allreduce: MPI's own allreduce of 1M floats, fitted to its bandwidth term; and where
+  // that is fast (under 40 ms, the slowest rank's), of 8M floats too, since beyond the caches
+  // MPI's copies and sums cost more per byte (twice as much on this project's VMs).
   {
-    constexpr std::size_t kFloats = std::size_t{1} << 20;
-    std::vector<float> a(kFloats, 1.0f), b(kFloats);
-    double ar = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      detail::barrier(comm);
-      const double start = MPI_Wtime();
-      detail::allreduce(a.data(), b.data(), static_cast<MPI_Count>(kFloats), MPI_FLOAT, MPI_SUM,
-                        comm);
-      ar = std::min(ar, MPI_Wtime() - start);
-    }
     const double p = size;
     const double rounds = 2 * std::ceil(std::log2(p));
-    m.beta_allreduce = std::max(0.0, ar - rounds * m.alpha) / (2 * (p - 1) / p * 4.0 * kFloats);
+    const auto fit = [&](std::size_t floats, int reps) {
+      std::vector<float> a(floats, 1.0f), b(floats);
+      double ar = 1e30;
+      for (int rep = 0; rep < reps; ++rep) {
+        detail::barrier(comm);
+        const double start = MPI_Wtime();
+        detail::allreduce(a.data(), b.data(), static_cast<MPI_Count>(floats), MPI_FLOAT, MPI_SUM,
+                          comm);
+        ar = std::min(ar, MPI_Wtime() - start);
+      }
+      double slowest = ar;  // every rank must take the same branch below
+      detail::allreduce(&ar, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+      return std::pair{slowest, std::max(0.0, slowest - rounds * m.alpha) /
+                                    (2 * (p - 1) / p * 4.0 * static_cast<double>(floats))};
+    };
+    const auto [seconds, beta] = fit(std::size_t{1} << 20, 3);
+    m.beta_allreduce = beta;
+    if (size > 1 && seconds < 0.04) m.beta_allreduce_large = fit(std::size_t{1} << 23, 2).second;
   }
   // beta_all: every rank sends 4 MiB spread over all the others, all at once (all-to-all).
   if (size > 2) {
@@ -242,22 +251,24 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
     if (local > cores) detail::set_yielding(true);
   }
   network_ = given ? *given : measure_network(comm_, rank_, size_);
+  const ComputeModel rm = measure_reduce_and_merge();
+  double local[8] = {network_.alpha,    network_.beta,           network_.beta_all,
+                     network_.beta_one, network_.beta_allreduce, network_.beta_allreduce_large,
+                     rm.reduce,         rm.merge};
+  double agreed[8];
+  detail::allreduce(local, agreed, 8, MPI_DOUBLE, MPI_MAX, comm_);
+  if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4], agreed[5]};
+  // Only ranks 0 and 1 time beta_one (the others send 0): fill the gaps only after the MAX.
   if (network_.beta_all <= 0) network_.beta_all = network_.beta;
   if (network_.beta_one <= 0) network_.beta_one = network_.beta;
-  const ComputeModel rm = measure_reduce_and_merge();
-  double local[7] = {network_.alpha,    network_.beta, network_.beta_all,
-                     network_.beta_one, network_.beta_allreduce, rm.reduce, rm.merge};
-  double agreed[7];
-  detail::allreduce(local, agreed, 7, MPI_DOUBLE, MPI_MAX, comm_);
-  if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4]};
-  reduce_speed_ = agreed[5];
-  merge_speed_ = agreed[6];
+  reduce_speed_ = agreed[6];
+  merge_speed_ = agreed[7];
 }
 
 namespace {
-// Tensors within a factor of two share a measurement; at most 4M elements are measured.
+// Tensors within a factor of two share a measurement; at most 16M elements are measured.
 std::uint64_t calibration_key(const Codec& codec, std::size_t n) {
-  const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 22));
+  const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 24));
   return Fnv{}.add(codec.spec()).add(static_cast<std::uint64_t>(log2n)).h;
 }
 }  // namespace

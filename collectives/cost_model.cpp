@@ -30,7 +30,15 @@ double t_allreduce(const ModelInput& in, double bytes, double elements) {
   const auto& net = in.network;
   if (in.ranks <= 1) return 0;
   if (bytes <= 2048) return l * (net.alpha + bytes * net.beta + elements * in.compute.reduce);
-  if (net.beta_allreduce > 0) return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * net.beta_allreduce;
+  if (net.beta_allreduce > 0) {
+    // Fitted at 4 MiB and (on fast networks) 32 MiB; log-linear between, flat outside.
+    double beta = net.beta_allreduce;
+    if (net.beta_allreduce_large > 0) {
+      const double f = std::clamp(std::log2(bytes / 4194304.0) / 3.0, 0.0, 1.0);
+      beta += f * (net.beta_allreduce_large - net.beta_allreduce);
+    }
+    return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * beta;
+  }
   return 2 * l * net.alpha + 2 * (p - 1) / p * bytes * net.beta +
          (p - 1) / p * elements * in.compute.reduce;
 }
@@ -110,7 +118,7 @@ ComputeModel measure_reduce_and_merge() {
 }
 
 ComputeModel measure_compute(const Codec& codec, std::size_t n) {
-  const std::size_t kN = std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 22);
+  const std::size_t kN = std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 24);
   // Roughly normal values, cheaply: a sum of four uniforms from a splitmix64 stream.
   std::vector<float> x(kN);
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -208,10 +216,11 @@ std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
       total += net.alpha + stream_bytes(s) * fold_beta + merge_cost(s, s);
       s = union_size(n, in.sent, 2, in.shared_support);
     }
+    // m: the most contributions one rank's stream holds (2 on a folded rank), never above P.
     double m = fold ? 2 : 1;
     for (int step = 1; step < p2; step *= 2) {
       total += net.alpha + stream_bytes(s) * round_beta + merge_cost(s, s);
-      m *= 2;
+      m = std::min(2 * m, p);
       s = union_size(n, in.sent, m, in.shared_support);
     }
     if (fold) total += net.alpha + stream_bytes(s) * fold_beta;

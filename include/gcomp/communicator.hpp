@@ -60,13 +60,16 @@ Algorithm parse_algorithm(std::string_view name);
 // about beta; on a shared one, such as an emulated loopback, about beta / P). 0 means "as beta".
 //
 // MPI's own allreduce is modelled with beta_allreduce, fitted to a timed 4 MiB MPI_Allreduce,
-// since its internal copies and reductions (on shared memory they dominate) are MPI's business.
+// since its internal copies and reductions (on shared memory they dominate) are MPI's business;
+// on fast networks also with beta_allreduce_large, fitted to 32 MiB (beyond the caches), and
+// between the two sizes the per-byte cost is interpolated in log size.
 struct NetworkModel {
   double alpha = 0;           // seconds
   double beta = 0;            // seconds per byte, every rank sending to one other
   double beta_all = 0;        // seconds per byte, all-to-all
   double beta_one = 0;        // seconds per byte, one message alone
   double beta_allreduce = 0;  // seconds per byte of 2 (P-1)/P 4n in MPI's allreduce
+  double beta_allreduce_large = 0;  // the same at 32 MiB; 0: as beta_allreduce
 };
 
 // Measured speeds of the local compute steps that the cost model needs.

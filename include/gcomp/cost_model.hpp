@@ -44,9 +44,10 @@ bool auto_candidate(Algorithm a, const ModelInput& in);
 Algorithm cheapest(const ModelInput& in);
 Choice choose_auto(const ModelInput& in);
 
-// This machine's compute speeds for a codec, measured on n normal floats (capped at 4M; at
+// This machine's compute speeds for a codec, measured on n normal floats (capped at 16M; at
 // least 64K): encode and decode_add per element (decode per entry for sparse codecs). Run at the
-// size the calls have, since caches make small tensors faster per element.
+// size the calls have, since caches make small tensors faster per element, and long enough that
+// ranks sharing a node measure at the same time.
 ComputeModel measure_compute(const Codec& codec, std::size_t n = std::size_t{1} << 18);
 // Only the codec-independent parts (reduce, merge).
 ComputeModel measure_reduce_and_merge();
