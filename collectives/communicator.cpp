@@ -59,6 +59,7 @@ struct Agreement {
 };
 constexpr int kAgreementWords = sizeof(Agreement) / 8;
 constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 static_assert(sizeof(Agreement) % 8 == 0);
 
 // FNV-1a over text and integers (each as its 8 little-endian bytes), built up without strings:
@@ -483,12 +484,23 @@ struct Communicator::Impl {
         }
         job.ef_next = ef->scratch();
       }
-      // `none` has nothing to choose: auto's only candidate is dense, so no speeds are needed.
-      if (codec->kind() != CodecKind::none) compute = self.compute_model(*codec, in.size());
+      // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
+      // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
+      // candidate is dense), and an explicit algorithm needs no speeds.
+      const bool choosing = requested == Algorithm::automatic && codec->kind() != CodecKind::none;
+      bool known = false;
+      if (choosing) {
+        if (const auto it = self.calibrated_.find(calibration_key(*codec, in.size()));
+            it != self.calibrated_.end()) {
+          compute = it->second;
+          compute.reduce = self.reduce_speed_;
+          compute.merge = self.merge_speed_;
+          known = true;
+        }
+      }
       // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
       bool likely_uncompressed = false;
-      if (requested == Algorithm::automatic && opt.allow_uncompressed &&
-          codec->kind() != CodecKind::none) {
+      if (choosing && known && opt.allow_uncompressed) {
         const std::uint64_t s0 = default_sent(*codec, in.size());
         ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
                                     self.size_, self.network_, compute, opt.average,
@@ -540,7 +552,8 @@ struct Communicator::Impl {
         }
         mine.bytes = codec->max_bytes(in.size());
       }
-      mine.encode = dbits(compute.encode);
+      // Infinity asks every rank to measure the codec in step 3.
+      mine.encode = dbits(choosing && !known ? kInfinity : compute.encode);
       mine.decode = dbits(compute.decode);
     } catch (const Error& e) {
       local = std::current_exception();
@@ -583,12 +596,30 @@ struct Communicator::Impl {
     Algorithm alg = requested;
     const bool learn = alg == Algorithm::automatic && codec->kind() != CodecKind::none;
     if (alg == Algorithm::automatic && !learn) alg = Algorithm::dense;
-    if (codec->kind() != CodecKind::none) {
-      compute.encode = bitsd(all.encode);
-      compute.decode = bitsd(all.decode);
-      self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
-    }
     if (learn) {
+      if (all.encode == dbits(kInfinity)) {
+        // Some rank has not seen this (spec, size class): all ranks measure the codec now, at
+        // once (the agreement has just lined them up), so that ranks sharing a node compete as
+        // they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
+        // before the allreduce: the other ranks are waiting in it.
+        double speeds[2] = {0, 0};
+        try {
+          const ComputeModel m = measure_compute(*codec, in.size());
+          speeds[0] = m.encode;
+          speeds[1] = m.decode;
+        } catch (...) {  // out of memory: the other ranks' numbers stand
+        }
+        double agreed[2];
+        detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, self.comm_);
+        compute.encode = agreed[0];
+        compute.decode = agreed[1];
+      } else {
+        compute.encode = bitsd(all.encode);
+        compute.decode = bitsd(all.decode);
+      }
+      compute.reduce = self.reduce_speed_;
+      compute.merge = self.merge_speed_;
+      self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
       ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
                                   self.network_, compute, opt.average, ef != nullptr);
       mi.allow_uncompressed = opt.allow_uncompressed;
