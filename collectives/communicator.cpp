@@ -2,13 +2,14 @@
 //
 // Every allreduce runs in three steps:
 //   1. local work that can fail (argument checks, the sparse codecs' encode, the dense codecs'
-//      check for NaN/Inf, a first calibration of the codec's speed);
+//      check for NaN/Inf);
 //   2. the agreement: one small allreduce (MPI_MAX over int64, see Agreement) that carries
 //      a hash of (spec, n, options, requested algorithm), the first failing rank and its status,
 //      the largest payload and entry counts, the slowest codec speeds and the previous call's
 //      measured time: every rank learns the same things;
-//   3. if every rank is fine and all agree, the algorithm (the requested one, or the cost
-//      model's choice from the agreed numbers: the same on every rank) runs; otherwise every
+//   3. if every rank is fine and all agree, the algorithm (the requested one, or auto's choice
+//      from the agreed numbers: the same on every rank; the first time a codec and size class
+//      are seen, all ranks measure the codec's speeds together first) runs; otherwise every
 //      rank throws, none waits.
 #include "gcomp/communicator.hpp"
 
