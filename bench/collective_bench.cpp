@@ -80,6 +80,11 @@ void bm_mpi_allreduce(benchmark::State& st, std::size_t n) {
              pred[static_cast<int>(gcomp::Algorithm::dense)]);
 }
 
+// Calls before auto is timed: past its exploration (3 rounds over at most 5 candidates,
+// docs/algorithms.md), so the medians are of what it settles on, which is what a training run
+// sees after its first steps.
+constexpr int kAutoWarmup = 16;
+
 void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n) {
   const gcomp::Codec codec(spec);
   const auto x = input(n);
@@ -87,8 +92,8 @@ void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std:
   gcomp::AllreduceOptions opt;
   opt.algorithm = alg;
   std::uint64_t seed = 1;
-  // Warm up: first-use calibration, page faults; for auto, past its exploration (see bm_paired).
-  const int warm = alg == gcomp::Algorithm::automatic ? 16 : 1;
+  // Warm up: first-use calibration, page faults; for auto, past its exploration.
+  const int warm = alg == gcomp::Algorithm::automatic ? kAutoWarmup : 1;
   for (int i = 0; i < warm; ++i) comm->allreduce(x, out, codec, nullptr, opt);
   for (auto _ : st) {
     opt.seed = seed++;
@@ -115,11 +120,9 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
   const auto x = input(n);
   std::vector<float> out(n);
   MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  // Past auto's exploration (3 rounds over at most 5 candidates, docs/algorithms.md): the
-  // medians are of what it settles on, which is what a training run sees after its first steps.
   gcomp::AllreduceOptions warm;
   warm.allow_uncompressed = allow_uncompressed;
-  for (int i = 0; i < 16; ++i) comm->allreduce(x, out, codec, nullptr, warm);
+  for (int i = 0; i < kAutoWarmup; ++i) comm->allreduce(x, out, codec, nullptr, warm);
   std::vector<double> mpi, ours;
   std::uint64_t seed = 1;
   for (auto _ : st) {

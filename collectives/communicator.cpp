@@ -27,6 +27,7 @@
 #include "algorithms.hpp"
 #include "device_backend.hpp"
 #include "gcomp/cost_model.hpp"
+#include "fnv.hpp"
 #include "learner.hpp"
 #include "stream.hpp"
 
@@ -63,25 +64,7 @@ constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 static_assert(sizeof(Agreement) % 8 == 0);
 
-// FNV-1a over text and integers (each as its 8 little-endian bytes), built up without strings:
-// the keys below are computed on every call.
-struct Fnv {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  Fnv& add(std::string_view s) {
-    for (char c : s) byte(static_cast<unsigned char>(c));
-    return *this;
-  }
-  Fnv& add(std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(v >> (8 * i)));
-    return *this;
-  }
-  void byte(unsigned char c) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-};
-
-std::uint64_t fnv1a(std::string_view s) { return Fnv{}.add(s).h; }
+using detail::Fnv;
 
 // What the agreement's hash covers, spelled out for the mismatch message.
 std::string describe(const Codec& codec, std::size_t n, Algorithm requested,
@@ -275,14 +258,17 @@ std::uint64_t calibration_key(const Codec& codec, std::size_t n) {
 }
 }  // namespace
 
+ComputeModel Communicator::with_shared_speeds(ComputeModel c) const {
+  c.reduce = reduce_speed_;
+  c.merge = merge_speed_;
+  return c;
+}
+
 ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
   const std::uint64_t key = calibration_key(codec, n);
   auto it = calibrated_.find(key);
   if (it == calibrated_.end()) it = calibrated_.emplace(key, measure_compute(codec, n)).first;
-  ComputeModel c = it->second;
-  c.reduce = reduce_speed_;
-  c.merge = merge_speed_;
-  return c;
+  return with_shared_speeds(it->second);
 }
 
 namespace {
@@ -332,7 +318,7 @@ double Communicator::predict_uncompressed(std::size_t n) {
                                                  compute_model(none, n), false, false));
 }
 
-Choice Communicator::choose_learned(const Codec& codec, std::size_t n, const ModelInput& in,
+Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
                                     bool with_pending) const {
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
@@ -346,8 +332,7 @@ Choice Communicator::choose_learned(const Codec& codec, std::size_t n, const Mod
   if (in.allow_uncompressed && !in.codec_none) {
     options[m++] = {{Algorithm::dense, false}, gcomp::predict_uncompressed(in)};
   }
-  return learner_->choose(detail::AutoLearner::group_of(codec.spec(), n),
-                          std::span<const detail::Option>(options.data(), m),
+  return learner_->choose(group, std::span<const detail::Option>(options.data(), m),
                           with_pending ? pending_key_ : 0, pending_seconds_);
 }
 
@@ -357,7 +342,7 @@ Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
   ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
                               compute_model(codec, n), false, false);
   in.allow_uncompressed = allow_uncompressed;
-  return choose_learned(codec, n, in);
+  return choose_learned(detail::AutoLearner::group_of(codec.spec(), n), in);
 }
 
 namespace {
@@ -405,6 +390,9 @@ struct Communicator::Impl {
     // 1. Local work that may fail.
     Agreement mine{};
     std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
+    bool choosing = false;  // auto on a codec other than none: the learner decides
+    std::uint64_t calibration = 0;  // keys of this (codec, size) in calibrated_ and the learner
+    std::uint64_t group = 0;
     Algorithm requested = opt.algorithm;
     std::exception_ptr local;
     ComputeModel compute;
@@ -488,14 +476,13 @@ struct Communicator::Impl {
       // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
       // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
       // candidate is dense), and an explicit algorithm needs no speeds.
-      const bool choosing = requested == Algorithm::automatic && codec->kind() != CodecKind::none;
+      choosing = requested == Algorithm::automatic && codec->kind() != CodecKind::none;
       bool known = false;
       if (choosing) {
-        if (const auto it = self.calibrated_.find(calibration_key(*codec, in.size()));
-            it != self.calibrated_.end()) {
-          compute = it->second;
-          compute.reduce = self.reduce_speed_;
-          compute.merge = self.merge_speed_;
+        calibration = calibration_key(*codec, in.size());
+        group = detail::AutoLearner::group_of(codec->spec(), in.size());
+        if (const auto it = self.calibrated_.find(calibration); it != self.calibrated_.end()) {
+          compute = self.with_shared_speeds(it->second);
           known = true;
         }
       }
@@ -508,7 +495,7 @@ struct Communicator::Impl {
                                     ef != nullptr);
         mi.allow_uncompressed = true;
         // The previous call's time is not agreed yet: count it as this rank measured it.
-        likely_uncompressed = !self.choose_learned(*codec, in.size(), mi, true).compressed;
+        likely_uncompressed = !self.choose_learned(group, mi, true).compressed;
       }
       if (device) {
         // As on the host: sparse codecs encode now (their payload's size is data-dependent),
@@ -595,9 +582,8 @@ struct Communicator::Impl {
     // 3. The algorithm, from the agreed numbers.
     if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
     Algorithm alg = requested;
-    const bool learn = alg == Algorithm::automatic && codec->kind() != CodecKind::none;
-    if (alg == Algorithm::automatic && !learn) alg = Algorithm::dense;
-    if (learn) {
+    if (alg == Algorithm::automatic && !choosing) alg = Algorithm::dense;  // `none`
+    if (choosing) {
       if (all.encode == dbits(kInfinity)) {
         // Some rank has not seen this (spec, size class): all ranks measure the codec now, at
         // once (the agreement has just lined them up), so that ranks sharing a node compete as
@@ -618,13 +604,12 @@ struct Communicator::Impl {
         compute.encode = bitsd(all.encode);
         compute.decode = bitsd(all.decode);
       }
-      compute.reduce = self.reduce_speed_;
-      compute.merge = self.merge_speed_;
-      self.calibrated_[calibration_key(*codec, in.size())] = {compute.encode, compute.decode, 0, 0};
+      self.calibrated_[calibration] = {compute.encode, compute.decode, 0, 0};
+      compute = self.with_shared_speeds(compute);
       ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
                                   self.network_, compute, opt.average, ef != nullptr);
       mi.allow_uncompressed = opt.allow_uncompressed;
-      const Choice choice = self.choose_learned(*codec, in.size(), mi);
+      const Choice choice = self.choose_learned(group, mi);
       alg = choice.algorithm;
       job.skip_codec = !choice.compressed;
     }
@@ -640,9 +625,8 @@ struct Communicator::Impl {
       case Algorithm::automatic: break;
     }
     if (ef) ef->commit();
-    if (learn) {
-      self.pending_key_ = detail::AutoLearner::key_of(
-          detail::AutoLearner::group_of(codec->spec(), in.size()), {alg, !job.skip_codec});
+    if (choosing) {
+      self.pending_key_ = detail::AutoLearner::key_of(group, {alg, !job.skip_codec});
       self.pending_seconds_ = MPI_Wtime() - call_start;
     }
 
@@ -665,7 +649,7 @@ struct Communicator::Impl {
   }
 };
 
-std::uint64_t signature_of(std::string_view text) { return fnv1a(text); }
+std::uint64_t signature_of(std::string_view text) { return Fnv{}.add(text).h; }
 
 void Communicator::run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
                             ErrorFeedback* ef, const AllreduceOptions& options,

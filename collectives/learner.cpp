@@ -5,22 +5,13 @@
 #include <bit>
 #include <cmath>
 
+#include "fnv.hpp"
+
 namespace gcomp::detail {
 
 namespace {
 
 constexpr std::uint64_t k59 = (std::uint64_t{1} << 59) - 1;
-
-std::uint64_t fnv1a(std::string_view s, std::uint64_t v) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  const auto byte = [&](unsigned char c) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  };
-  for (char c : s) byte(static_cast<unsigned char>(c));
-  for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(v >> (8 * i)));
-  return h;
-}
 
 struct Candidate {
   Choice choice;
@@ -36,7 +27,7 @@ bool same(Choice a, Choice b) { return a.algorithm == b.algorithm && a.compresse
 std::uint64_t AutoLearner::group_of(std::string_view spec, std::size_t n) {
   const int w = std::bit_width(n);
   const std::uint64_t quarter = w >= 3 ? (n >> (w - 3)) & 3 : n;
-  return (fnv1a(spec, static_cast<std::uint64_t>(w) * 4 + quarter) & k59) | 1;
+  return (Fnv{}.add(spec).add(static_cast<std::uint64_t>(w) * 4 + quarter).h & k59) | 1;
 }
 
 std::uint64_t AutoLearner::key_of(std::uint64_t group, Choice c) {

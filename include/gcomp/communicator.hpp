@@ -203,6 +203,7 @@ class Communicator {
                 ErrorFeedback* ef, const AllreduceOptions& options, const Error* abandoned,
                 std::uint64_t extra_signature);
   ComputeModel compute_model(const Codec& codec, std::size_t n);
+  ComputeModel with_shared_speeds(ComputeModel c) const;  // reduce and merge from creation
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -216,7 +217,7 @@ class Communicator {
   double pending_seconds_ = 0;
   // with_pending: also count the last call's own, not yet agreed, time (a rank's guess before
   // the agreement).
-  Choice choose_learned(const Codec& codec, std::size_t n, const ModelInput& in,
+  Choice choose_learned(std::uint64_t group, const ModelInput& in,
                         bool with_pending = false) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
