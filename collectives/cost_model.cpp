@@ -75,6 +75,23 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+// The mean of run()'s seconds (run times what it measures and returns it) over runs that add
+// up to at least `window` seconds, and at least `min_runs`, after one untimed run (first-use
+// allocations). The mean, not the best run: ranks sharing a node measure at the same time, and
+// where they outnumber its cores a run shorter than a time slice often has a core to itself,
+// which the calls it predicts will not.
+template <class Run>
+double mean_seconds(Run&& run, double window, int min_runs) {
+  run();
+  double total = 0;
+  int runs = 0;
+  while (runs < min_runs || total < window) {
+    total += run();
+    ++runs;
+  }
+  return total / runs;
+}
 }  // namespace
 
 ComputeModel measure_reduce_and_merge() {
@@ -82,15 +99,16 @@ ComputeModel measure_reduce_and_merge() {
   {
     constexpr std::size_t kN = std::size_t{1} << 22;  // beyond the caches, as large tensors are
     std::vector<float> a(kN, 1.0f), b(kN, 2.0f);
-    double best = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      const auto start = std::chrono::steady_clock::now();
-      for (std::size_t i = 0; i < kN; ++i) a[i] += b[i];
-      best = std::min(best, seconds_since(start));
-    }
+    c.reduce = mean_seconds(
+                   [&] {
+                     const auto start = std::chrono::steady_clock::now();
+                     for (std::size_t i = 0; i < kN; ++i) a[i] += b[i];
+                     return seconds_since(start);
+                   },
+                   0.02, 3) /
+               kN;
     volatile float sink = a[kN / 2];
     (void)sink;
-    c.reduce = best / kN;
   }
   {
     constexpr std::size_t kEntries = 1 << 16;
@@ -105,14 +123,16 @@ ComputeModel measure_reduce_and_merge() {
       s->idx.erase(std::unique(s->idx.begin(), s->idx.end()), s->idx.end());
       s->val.assign(s->idx.size(), 1.0f);
     }
-    double best = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      detail::Stream acc = a;
-      const auto start = std::chrono::steady_clock::now();
-      detail::merge_into(acc, b);
-      best = std::min(best, seconds_since(start));
-    }
-    c.merge = best / static_cast<double>(a.idx.size() + b.idx.size());
+    detail::Stream acc;
+    c.merge = mean_seconds(
+                  [&] {
+                    acc = a;
+                    const auto start = std::chrono::steady_clock::now();
+                    detail::merge_into(acc, b);
+                    return seconds_since(start);
+                  },
+                  0.01, 3) /
+              static_cast<double>(a.idx.size() + b.idx.size());
   }
   return c;
 }
@@ -134,15 +154,21 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
   ComputeModel c;
   std::vector<std::byte> out(codec.max_bytes(kN));
   std::vector<float> acc(kN, 0.0f);
-  double enc = 1e30, dec = 1e30;
-  for (int rep = 0; rep < 2; ++rep) {
-    auto start = std::chrono::steady_clock::now();
-    const std::size_t bytes = codec.encode(x, 1, out);
-    enc = std::min(enc, seconds_since(start));
-    start = std::chrono::steady_clock::now();
-    decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
-    dec = std::min(dec, seconds_since(start));
-  }
+  std::size_t bytes = 0;
+  const double enc = mean_seconds(
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        bytes = codec.encode(x, 1, out);
+        return seconds_since(start);
+      },
+      0.02, 2);
+  const double dec = mean_seconds(
+      [&] {
+        const auto start = std::chrono::steady_clock::now();
+        decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
+        return seconds_since(start);
+      },
+      0.01, 2);
   c.encode = enc / kN;
   const double units = codec.properties().sparse
                            ? std::max<double>(1.0, static_cast<double>(codec.selected(kN)))

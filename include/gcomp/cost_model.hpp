@@ -47,9 +47,10 @@ Choice choose_auto(const ModelInput& in);
 // This machine's compute speeds for a codec, measured on n normal floats (capped at 16M; at
 // least 64K): encode and decode_add per element (decode per entry for sparse codecs). Run at the
 // size the calls have, since caches make small tensors faster per element, and long enough that
-// ranks sharing a node measure at the same time.
+// ranks sharing a node measure at the same time. Each speed is the mean over the runs of a
+// 10-20 ms window, so that where ranks outnumber the cores it includes their sharing.
 ComputeModel measure_compute(const Codec& codec, std::size_t n = std::size_t{1} << 18);
-// Only the codec-independent parts (reduce, merge).
+// Only the codec-independent parts (reduce, merge), measured the same way.
 ComputeModel measure_reduce_and_merge();
 
 // A network model for a switched network of the given link rate (bits per second) and latency,
