@@ -512,21 +512,11 @@ struct Communicator::Impl {
         detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
         mine.sent = payload_entries(job.payload);
         mine.bytes = job.payload.size();
-      } else if (codec->properties().sparse) {
-        // Not encoded yet (the plain allreduce is the likely choice): check now, encode after the
-        // agreement if the agreed choice compresses after all. Threshold's count is unknown.
-        const std::span<const float> e =
-            ef ? std::span<const float>(ef->residual()) : std::span<const float>();
-        if (in.data() != out.data() && !out.empty()) {
-          copy_checked(in, e, out);
-          job.out_ready = true;
-        } else {
-          check_finite(in, e);
-        }
-        mine.sent = default_sent(*codec, in.size());
-        mine.bytes = default_bytes(*codec, in.size(), mine.sent);
       } else {
-        // The uncompressed path reduces out in place, so when it is the likely choice (by this
+        // Not encoded now (a dense codec encodes where the algorithm needs it; a sparse one is
+        // not encoded when the plain allreduce is the likely choice, and is encoded after the
+        // agreement if the agreed choice compresses after all): check for NaN/Inf now. The
+        // uncompressed path reduces out in place, so when it is the likely choice (by this
         // rank's numbers) the check happens in the copy that path needs anyway.
         const std::span<const float> e =
             ef ? std::span<const float>(ef->residual()) : std::span<const float>();
@@ -538,7 +528,12 @@ struct Communicator::Impl {
         } else {
           check_finite(in, e);
         }
-        mine.bytes = codec->max_bytes(in.size());
+        if (codec->properties().sparse) {  // threshold's count is unknown: its bound
+          mine.sent = default_sent(*codec, in.size());
+          mine.bytes = default_bytes(*codec, in.size(), mine.sent);
+        } else {
+          mine.bytes = codec->max_bytes(in.size());
+        }
       }
       // Infinity asks every rank to measure the codec in step 3.
       mine.encode = dbits(choosing && !known ? kInfinity : compute.encode);

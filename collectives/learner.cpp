@@ -66,12 +66,9 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
     // The lower quartile: on a shared machine every algorithm has slow spells, and the runs of
     // different options fall at different times.
     const std::size_t kept = std::min<std::size_t>(l.runs, kWindow);
-    for (std::size_t i = 1; i < kept; ++i) {  // insertion sort of at most kWindow
-      for (std::size_t j = i; j > 0 && l.seconds[j] < l.seconds[j - 1]; --j) {
-        std::swap(l.seconds[j], l.seconds[j - 1]);
-      }
-    }
-    x.estimate = l.seconds[(kept - 1) / 4];
+    const auto q = l.seconds.begin() + static_cast<std::ptrdiff_t>((kept - 1) / 4);
+    std::nth_element(l.seconds.begin(), q, l.seconds.begin() + static_cast<std::ptrdiff_t>(kept));
+    x.estimate = *q;
   }
   if (m == 0) return {Algorithm::dense, true};
   const std::span<Candidate> all(c.data(), m);
