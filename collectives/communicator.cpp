@@ -204,8 +204,17 @@ Algorithm parse_algorithm(std::string_view name) {
               "unknown algorithm '" + std::string(name) + "' (known: " + known + ")");
 }
 
-Communicator::Communicator(MPI_Comm comm) { init(comm, nullptr); }
-Communicator::Communicator(MPI_Comm comm, const NetworkModel& network) { init(comm, &network); }
+ComputeModel Timing::codec_speeds(const Codec& codec, std::size_t n) {
+  return measure_compute(codec, n);
+}
+ComputeModel Timing::shared_speeds() { return measure_reduce_and_merge(); }
+double Timing::call_seconds(const Codec&, std::size_t, Choice, double wall) { return wall; }
+
+Communicator::Communicator(MPI_Comm comm) { init(comm, nullptr, nullptr); }
+Communicator::Communicator(MPI_Comm comm, const NetworkModel& network,
+                           std::shared_ptr<Timing> timing) {
+  init(comm, &network, std::move(timing));
+}
 
 Communicator::~Communicator() {
   if (comm_ != MPI_COMM_NULL) {
@@ -215,8 +224,10 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
+void Communicator::init(MPI_Comm comm, const NetworkModel* given,
+                        std::shared_ptr<Timing> timing) {
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
+  timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
   learner_ = std::make_unique<detail::AutoLearner>();
   GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -236,7 +247,7 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given) {
     if (local > cores) detail::set_yielding(true);
   }
   network_ = given ? *given : measure_network(comm_, rank_, size_);
-  const ComputeModel rm = measure_reduce_and_merge();
+  const ComputeModel rm = timing_->shared_speeds();
   double local[8] = {network_.alpha,    network_.beta,           network_.beta_all,
                      network_.beta_one, network_.beta_allreduce, network_.beta_allreduce_large,
                      rm.reduce,         rm.merge};
@@ -267,7 +278,7 @@ ComputeModel Communicator::with_shared_speeds(ComputeModel c) const {
 ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
   const std::uint64_t key = calibration_key(codec, n);
   auto it = calibrated_.find(key);
-  if (it == calibrated_.end()) it = calibrated_.emplace(key, measure_compute(codec, n)).first;
+  if (it == calibrated_.end()) it = calibrated_.emplace(key, timing_->codec_speeds(codec, n)).first;
   return with_shared_speeds(it->second);
 }
 
@@ -586,7 +597,7 @@ struct Communicator::Impl {
         // before the allreduce: the other ranks are waiting in it.
         double speeds[2] = {0, 0};
         try {
-          const ComputeModel m = measure_compute(*codec, in.size());
+          const ComputeModel m = self.timing_->codec_speeds(*codec, in.size());
           speeds[0] = m.encode;
           speeds[1] = m.decode;
         } catch (...) {  // out of memory: the other ranks' numbers stand
@@ -621,8 +632,10 @@ struct Communicator::Impl {
     }
     if (ef) ef->commit();
     if (choosing) {
-      self.pending_key_ = detail::AutoLearner::key_of(group, {alg, !job.skip_codec});
-      self.pending_seconds_ = MPI_Wtime() - call_start;
+      const Choice ran{alg, !job.skip_codec};
+      self.pending_key_ = detail::AutoLearner::key_of(group, ran);
+      self.pending_seconds_ =
+          self.timing_->call_seconds(*codec, in.size(), ran, MPI_Wtime() - call_start);
     }
 
     CallStats& s = self.last_;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gcomp/codec.hpp"
+#include "optimizer.hpp"
 
 namespace gcomp::train {
 
@@ -18,51 +19,6 @@ namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct Dgc {
-  bool on = false;
-  double ratio = 0.001;
-  double clip = 0;
-};
-
-// "dgc:ratio=R[,clip=C]"; anything else is not DGC.
-Dgc parse_dgc(const std::string& spec) {
-  Dgc d;
-  if (spec != "dgc" && spec.rfind("dgc:", 0) != 0) return d;
-  d.on = true;
-  bool have_ratio = false;
-  const auto bad = [&](const std::string& why) {
-    throw Error(Status::invalid_argument, "invalid codec spec '" + spec + "': " + why);
-  };
-  if (spec.size() > 4) {
-    std::string rest = spec.substr(4);
-    std::size_t pos = 0;
-    while (pos <= rest.size()) {
-      const std::size_t comma = rest.find(',', pos);
-      const std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      const std::size_t eq = item.find('=');
-      if (eq == std::string::npos) bad("'" + item + "' is not key=value");
-      const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
-      char* end = nullptr;
-      const double v = std::strtod(val.c_str(), &end);
-      if (val.empty() || *end != '\0' || !std::isfinite(v)) bad(key + " must be a number, got '" + val + "'");
-      if (key == "ratio") {
-        if (!(v > 0 && v <= 1)) bad("ratio must be in (0, 1], got " + val);
-        d.ratio = v;
-        have_ratio = true;
-      } else if (key == "clip") {
-        if (!(v >= 0)) bad("clip must be >= 0, got " + val);
-        d.clip = v;
-      } else {
-        bad("unknown key '" + key + "' for dgc (ratio, clip)");
-      }
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
-  }
-  if (!have_ratio) bad("dgc needs ratio=R");
-  return d;
 }
 
 std::size_t train_count(const Config& c, const Dataset& d) {
@@ -138,6 +94,20 @@ double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_st
   return c.lr * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
 }
 
+std::vector<std::size_t> epoch_order(const Config& c, std::size_t n_train, int epoch) {
+  std::vector<std::size_t> order(n_train);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937_64 shuffle(c.seed * 1000003ull + static_cast<std::uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), shuffle);
+  return order;
+}
+
+std::span<const std::size_t> local_batch(const Config& c, std::span<const std::size_t> order,
+                                         std::size_t step, int rank, int ranks) {
+  const std::size_t global = c.batch * static_cast<std::size_t>(ranks);
+  return order.subspan(step * global + static_cast<std::size_t>(rank) * c.batch, c.batch);
+}
+
 void validate(const Config& c) {
   const auto bad = [](const std::string& why) { throw Error(Status::invalid_argument, why); };
   if (c.model != "mlp" && c.model != "cnn") bad("unknown model '" + c.model + "' (mlp or cnn)");
@@ -159,7 +129,6 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   validate(c);
   const Dgc dgc = parse_dgc(c.codec);
   const int p = comm.size();
-  const auto rank = static_cast<std::size_t>(comm.rank());
   const std::size_t n_train = train_count(c, train);
   const std::size_t global_batch = c.batch * static_cast<std::size_t>(p);
   const std::size_t steps = n_train / global_batch;
@@ -170,37 +139,12 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   }
   const std::vector<Param*> params = model.params();
   const std::size_t f = train.features();
-  std::vector<std::vector<float>> velocity(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) velocity[i].assign(params[i]->value.size(), 0.0f);
-  std::vector<ErrorFeedback> memories;
-  if (c.error_feedback && !dgc.on) {
-    for (Param* q : params) memories.emplace_back(q->value.size());
-  }
-  std::vector<ErrorFeedback*> efs;
-  for (auto& m : memories) efs.push_back(&m);
-  std::vector<std::vector<float>> dgc_v(params.size());  // DGC accumulation
-  if (dgc.on) {
-    for (std::size_t i = 0; i < params.size(); ++i) dgc_v[i].assign(params[i]->value.size(), 0.0f);
-  }
-  const bool velocity_ef = !memories.empty() && c.ef_on_velocity;
-  const Codec none("none");
-  const Codec codec(dgc.on ? "none" : c.codec);
-  std::vector<std::span<float>> grads;
-  for (Param* q : params) grads.emplace_back(q->grad);
-
-  BucketOptions bucket;
-  bucket.bucket_bytes = c.bucket_bytes;
-  bucket.dense_below = c.dense_below;
-  bucket.allreduce.average = true;
-  bucket.allreduce.algorithm = c.algorithm.value_or(fewest_bytes_algorithm(c.codec, p));
-  bucket.allreduce.allow_uncompressed = false;  // an accuracy experiment measures the codec
-  bucket.allreduce.seed = c.seed;
+  Optimizer optimizer(c, params);
 
   History h;
   h.parameters = model.parameter_count();
   h.ranks = p;
   EpochRecord total;
-  std::vector<std::size_t> order(n_train);
   Matrix x(static_cast<Eigen::Index>(f), static_cast<Eigen::Index>(c.batch));
   std::vector<std::uint8_t> labels(c.batch);
   std::uint64_t step_counter = 0;
@@ -209,9 +153,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
       p > 1 ? 2.0 * (p - 1) / p * 4.0 * static_cast<double>(h.parameters) : 0.0;
 
   for (int epoch = 0; epoch < c.epochs; ++epoch) {
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::mt19937_64 shuffle(c.seed * 1000003ull + static_cast<std::uint64_t>(epoch));
-    std::shuffle(order.begin(), order.end(), shuffle);
+    const std::vector<std::size_t> order = epoch_order(c, n_train, epoch);
     const bool compress = epoch >= c.warmup_epochs;
     const double ratio = dgc.on ? dgc_ratio(epoch, dgc.ratio) : 1.0;
     double loss_sum = 0;
@@ -219,8 +161,9 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
     for (std::size_t s = 0; s < steps; ++s) {
       try {
         double t0 = now();
+        const std::span<const std::size_t> ids = local_batch(c, order, s, comm.rank(), p);
         for (std::size_t j = 0; j < c.batch; ++j) {
-          const std::size_t id = order[s * global_batch + rank * c.batch + j];
+          const std::size_t id = ids[j];
           x.col(static_cast<Eigen::Index>(j)) = Eigen::Map<const Eigen::VectorXf>(
               train.images.data() + id * f, static_cast<Eigen::Index>(f));
           labels[j] = train.labels[id];
@@ -236,131 +179,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         }
         total.compute_seconds += now() - t0;
 
-        const auto add_stats = [&](const CallStats& st) {
-          total.bytes_sent_per_rank += static_cast<double>(st.bytes_sent);
-          total.encode_seconds += st.encode_seconds;
-          total.comm_seconds += st.comm_seconds;
-          total.decode_seconds += st.decode_seconds;
-        };
-        const auto momentum_update = [&](std::size_t i) {
-          Param& q = *params[i];
-          std::vector<float>& m = velocity[i];
-          const auto mu = static_cast<float>(c.momentum);
-          const auto lr = static_cast<float>(lr_now);
-          for (std::size_t k = 0; k < q.value.size(); ++k) {
-            m[k] = mu * m[k] + q.grad[k];
-            q.value[k] -= lr * m[k];
-          }
-        };
-
-        BucketOptions bo = bucket;
-        bo.allreduce.seed = derive_seed(c.seed, 0, step_counter, 0);
-        const AllreduceOptions& opt = bo.allreduce;
-        if (!compress || (!dgc.on && !velocity_ef)) {
-          // The gradient averaged, then one momentum. Warm-up: float32, whatever algorithm the
-          // codec would use.
-          BucketOptions o = bo;
-          if (!compress) o.allreduce.algorithm = Algorithm::dense;
-          if (compress) {
-            comm.allreduce_buckets(grads, codec, efs, o);
-          } else {
-            comm.allreduce_buckets(grads, none, {}, o);
-          }
-          add_stats(comm.last_stats());
-          t0 = now();
-          for (std::size_t i = 0; i < params.size(); ++i) momentum_update(i);
-          total.compute_seconds += now() - t0;
-        } else if (!dgc.on) {
-          // Error feedback on the velocity: each rank's momentum m_r = mu m_r + g_r is what is
-          // compressed (with its residual), and the average of the sent velocities is the step.
-          // Without compression this is exactly the momentum of the averaged gradient.
-          t0 = now();
-          const auto mu = static_cast<float>(c.momentum);
-          for (std::size_t i = 0; i < params.size(); ++i) {
-            std::vector<float>& m = velocity[i];
-            std::vector<float>& g = params[i]->grad;
-            for (std::size_t k = 0; k < m.size(); ++k) {
-              m[k] = mu * m[k] + g[k];
-              g[k] = m[k];
-            }
-          }
-          total.compute_seconds += now() - t0;
-          comm.allreduce_buckets(grads, codec, efs, bo);
-          add_stats(comm.last_stats());
-          t0 = now();
-          const auto lr = static_cast<float>(lr_now);
-          for (Param* q : params) {
-            for (std::size_t k = 0; k < q->value.size(); ++k) q->value[k] -= lr * q->grad[k];
-          }
-          total.compute_seconds += now() - t0;
-        } else {
-          // DGC. Local clipping of the whole gradient to clip / sqrt(ranks).
-          t0 = now();
-          if (dgc.clip > 0) {
-            double norm = 0;
-            for (Param* q : params) {
-              for (float g : q->grad) norm += static_cast<double>(g) * g;
-            }
-            norm = std::sqrt(norm);
-            const double limit = dgc.clip / std::sqrt(static_cast<double>(p));
-            if (norm > limit) {
-              const auto scale = static_cast<float>(limit / norm);
-              for (Param* q : params) {
-                for (float& g : q->grad) g *= scale;
-              }
-            }
-          }
-          // Small tensors: a dense average and plain momentum.
-          std::vector<std::span<float>> small;
-          std::vector<std::size_t> small_ids;
-          for (std::size_t i = 0; i < params.size(); ++i) {
-            if (params[i]->value.size() < c.dense_below) {
-              small.emplace_back(params[i]->grad);
-              small_ids.push_back(i);
-            }
-          }
-          total.compute_seconds += now() - t0;
-          if (!small.empty()) {
-            BucketOptions dense = bo;
-            dense.dense_below = 0;
-          dense.allreduce.algorithm = Algorithm::dense;
-            comm.allreduce_buckets(small, none, {}, dense);
-            add_stats(comm.last_stats());
-          }
-          t0 = now();
-          for (std::size_t i : small_ids) momentum_update(i);
-          total.compute_seconds += now() - t0;
-          // Large tensors: momentum correction, accumulation, top-k, masking.
-          for (std::size_t i = 0; i < params.size(); ++i) {
-            Param& q = *params[i];
-            if (q.value.size() < c.dense_below) continue;
-            t0 = now();
-            std::vector<float>& u = velocity[i];
-            std::vector<float>& v = dgc_v[i];
-            const auto mu = static_cast<float>(c.momentum);
-            for (std::size_t k = 0; k < u.size(); ++k) {
-              u[k] = mu * u[k] + q.grad[k];
-              v[k] += u[k];
-            }
-            const auto k = std::max<std::size_t>(
-                1, static_cast<std::size_t>(std::llround(ratio * static_cast<double>(v.size()))));
-            const Codec select("topk:k=" + std::to_string(k));
-            SparseEntries e;
-            sparse_entries(select.encode(v, 0), e);
-            std::fill(q.grad.begin(), q.grad.end(), 0.0f);  // reused as the sent tensor
-            for (std::size_t j = 0; j < e.indices.size(); ++j) {
-              const auto at = static_cast<std::size_t>(e.indices[j]);
-              q.grad[at] = v[at];
-              v[at] = 0.0f;
-              u[at] = 0.0f;
-            }
-            total.compute_seconds += now() - t0;
-            comm.allreduce(q.grad, select, nullptr, opt);
-            add_stats(comm.last_stats());
-            const auto lr = static_cast<float>(lr_now);
-            for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
-          }
-        }
+        optimizer.step(comm, lr_now, compress, ratio, step_counter, total);
         ++step_counter;
         if (on_step) on_step(s + 1, steps);
       } catch (const Error& e) {

@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,8 @@ struct Config {
   // With error feedback: what each rank compresses. true (the default): its momentum velocity
   // m_r = mu m_r + g_r, the step being the average of what was sent (EF-SGD with momentum; a
   // residual released late is not amplified by momentum a second time). false: its gradient, the
-  // average then feeding one global momentum. Identical without compression.
+  // average then feeding one global momentum. Without compression the two agree up to rounding
+  // (the sum of momenta against the momentum of the sum; tests/mpi/trainer_test.cpp bounds it).
   bool ef_on_velocity = true;
   // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
   // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
@@ -92,6 +94,15 @@ std::string feedback_warning(const Config& c);
 
 // The learning rate of step (0-based) of total_steps under c.schedule.
 double learning_rate(const Config& c, std::uint64_t step, std::uint64_t total_steps);
+
+// The order in which epoch `epoch` (0-based) visits the first n_train samples: a shuffle seeded
+// by c.seed and the epoch, the same on every rank.
+std::vector<std::size_t> epoch_order(const Config& c, std::size_t n_train, int epoch);
+
+// The samples rank `rank` of `ranks` trains on in step `step` of an epoch with that order: its
+// slice, the rank-th of `ranks`, of the step's global batch of ranks x c.batch samples.
+std::span<const std::size_t> local_batch(const Config& c, std::span<const std::size_t> order,
+                                         std::size_t step, int rank, int ranks);
 
 // The DGC sparsity warm-up: the fraction of entries sent in epoch e (0-based) for target ratio.
 double dgc_ratio(int epoch, double target);

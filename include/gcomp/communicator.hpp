@@ -129,13 +129,34 @@ struct BucketOptions {
   std::size_t dense_below = 1024;        // tensors with fewer elements go dense, uncompressed
 };
 
+// Where the numbers that auto decides by come from (docs/algorithms.md, "Learning from its own
+// calls"), apart from the network (measured at creation, or given). The default measures this
+// machine: the cost model's measure_compute and measure_reduce_and_merge, and each call's wall
+// time. A test or a simulation derives its own, so that what auto chooses does not depend on the
+// machine or its load. The Communicator agrees every number by MAX over ranks, so ranks may
+// return different ones. Called from the thread that makes the call.
+class Timing {
+ public:
+  virtual ~Timing() = default;
+  // The codec's encode and decode speeds on about n elements (ComputeModel's encode, decode);
+  // asked the first time a (spec, size class) meets auto, by all ranks at once.
+  virtual ComputeModel codec_speeds(const Codec& codec, std::size_t n);
+  // The codec-independent speeds (ComputeModel's reduce, merge); asked once, at creation.
+  virtual ComputeModel shared_speeds();
+  // The seconds auto learns for the call that just ran `ran` on n elements with this codec;
+  // `wall` is the call's wall-clock time on this rank.
+  virtual double call_seconds(const Codec& codec, std::size_t n, Choice ran, double wall);
+};
+
 class Communicator {
  public:
   // Collective over comm: duplicates it (errors return, never abort) and measures the network
   // (a ping-pong for alpha, all ranks exchanging at once for beta; agreed by MAX over ranks).
   explicit Communicator(MPI_Comm comm);
-  // The same with a given network model instead of a measurement.
-  Communicator(MPI_Comm comm, const NetworkModel& network);
+  // The same with a given network model instead of a measurement, and optionally a given source
+  // of the other measurements (null: the default Timing, which measures).
+  Communicator(MPI_Comm comm, const NetworkModel& network,
+               std::shared_ptr<Timing> timing = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -197,7 +218,7 @@ class Communicator {
 
  private:
   struct Impl;
-  void init(MPI_Comm comm, const NetworkModel* given);
+  void init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing);
   // The call protocol (communicator.cpp); `abandoned` set: take part with this failure.
   void run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
                 ErrorFeedback* ef, const AllreduceOptions& options, const Error* abandoned,
@@ -209,6 +230,7 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   NetworkModel network_;
+  std::shared_ptr<Timing> timing_;
   double reduce_speed_ = 0;  // seconds per float32 element summed
   double merge_speed_ = 0;   // seconds per sparse entry merged
   // What auto learns from its own calls (collectives/learner.hpp), fed only agreed numbers.

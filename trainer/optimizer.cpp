@@ -1,0 +1,217 @@
+// The update half of an SGD step (see optimizer.hpp).
+#include "optimizer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace gcomp::train {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void add_stats(EpochRecord& total, const CallStats& st) {
+  total.bytes_sent_per_rank += static_cast<double>(st.bytes_sent);
+  total.encode_seconds += st.encode_seconds;
+  total.comm_seconds += st.comm_seconds;
+  total.decode_seconds += st.decode_seconds;
+}
+
+}  // namespace
+
+Dgc parse_dgc(const std::string& spec) {
+  Dgc d;
+  if (spec != "dgc" && spec.rfind("dgc:", 0) != 0) return d;
+  d.on = true;
+  bool have_ratio = false;
+  const auto bad = [&](const std::string& why) {
+    throw Error(Status::invalid_argument, "invalid codec spec '" + spec + "': " + why);
+  };
+  if (spec.size() > 4) {
+    std::string rest = spec.substr(4);
+    std::size_t pos = 0;
+    while (pos <= rest.size()) {
+      const std::size_t comma = rest.find(',', pos);
+      const std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      const std::size_t eq = item.find('=');
+      if (eq == std::string::npos) bad("'" + item + "' is not key=value");
+      const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+      char* end = nullptr;
+      const double v = std::strtod(val.c_str(), &end);
+      if (val.empty() || *end != '\0' || !std::isfinite(v)) bad(key + " must be a number, got '" + val + "'");
+      if (key == "ratio") {
+        if (!(v > 0 && v <= 1)) bad("ratio must be in (0, 1], got " + val);
+        d.ratio = v;
+        have_ratio = true;
+      } else if (key == "clip") {
+        if (!(v >= 0)) bad("clip must be >= 0, got " + val);
+        d.clip = v;
+      } else {
+        bad("unknown key '" + key + "' for dgc (ratio, clip)");
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  if (!have_ratio) bad("dgc needs ratio=R");
+  return d;
+}
+
+Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
+    : c_(c),
+      dgc_(parse_dgc(c.codec)),
+      params_(std::move(params)),
+      none_("none"),
+      codec_(dgc_.on ? "none" : c.codec) {
+  velocity_.resize(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) velocity_[i].assign(params_[i]->value.size(), 0.0f);
+  if (c.error_feedback && !dgc_.on) {
+    for (Param* q : params_) memories_.emplace_back(q->value.size());
+  }
+  for (auto& m : memories_) efs_.push_back(&m);
+  if (dgc_.on) {
+    dgc_v_.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) dgc_v_[i].assign(params_[i]->value.size(), 0.0f);
+  }
+  velocity_ef_ = !memories_.empty() && c.ef_on_velocity;
+  for (Param* q : params_) grads_.emplace_back(q->grad);
+  bucket_.bucket_bytes = c.bucket_bytes;
+  bucket_.dense_below = c.dense_below;
+  bucket_.allreduce.average = true;
+  bucket_.allreduce.allow_uncompressed = false;  // an accuracy experiment measures the codec
+  bucket_.allreduce.seed = c.seed;
+}
+
+void Optimizer::momentum_update(std::size_t i, float lr) {
+  Param& q = *params_[i];
+  std::vector<float>& m = velocity_[i];
+  const auto mu = static_cast<float>(c_.momentum);
+  for (std::size_t k = 0; k < q.value.size(); ++k) {
+    m[k] = mu * m[k] + q.grad[k];
+    q.value[k] -= lr * m[k];
+  }
+}
+
+void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dgc_density,
+                     std::uint64_t step_index, EpochRecord& total) {
+  // The algorithm is resolved here, not at construction: it depends on the communicator's size.
+  BucketOptions bo = bucket_;
+  bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
+  bo.allreduce.seed = derive_seed(c_.seed, 0, step_index, 0);
+  const auto lr = static_cast<float>(lr_now);
+  if (!compress || (!dgc_.on && !velocity_ef_)) {
+    // The gradient averaged, then one momentum. Warm-up: float32, whatever algorithm the codec
+    // would use.
+    if (compress) {
+      comm.allreduce_buckets(grads_, codec_, efs_, bo);
+    } else {
+      bo.allreduce.algorithm = Algorithm::dense;
+      comm.allreduce_buckets(grads_, none_, {}, bo);
+    }
+    add_stats(total, comm.last_stats());
+    const double t0 = now();
+    for (std::size_t i = 0; i < params_.size(); ++i) momentum_update(i, lr);
+    total.compute_seconds += now() - t0;
+  } else if (!dgc_.on) {
+    // Error feedback on the velocity: each rank's momentum m_r = mu m_r + g_r is what is
+    // compressed (with its residual), and the average of the sent velocities is the step.
+    // Without compression this is the momentum of the averaged gradient, up to rounding.
+    double t0 = now();
+    const auto mu = static_cast<float>(c_.momentum);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      std::vector<float>& m = velocity_[i];
+      std::vector<float>& g = params_[i]->grad;
+      for (std::size_t k = 0; k < m.size(); ++k) {
+        m[k] = mu * m[k] + g[k];
+        g[k] = m[k];
+      }
+    }
+    total.compute_seconds += now() - t0;
+    comm.allreduce_buckets(grads_, codec_, efs_, bo);
+    add_stats(total, comm.last_stats());
+    t0 = now();
+    for (Param* q : params_) {
+      for (std::size_t k = 0; k < q->value.size(); ++k) q->value[k] -= lr * q->grad[k];
+    }
+    total.compute_seconds += now() - t0;
+  } else {
+    dgc_step(comm, lr_now, dgc_density, bo.allreduce, total);
+  }
+}
+
+void Optimizer::dgc_step(Communicator& comm, double lr_now, double density,
+                         const AllreduceOptions& opt, EpochRecord& total) {
+  const int p = comm.size();
+  const auto lr = static_cast<float>(lr_now);
+  // Local clipping of the whole gradient to clip / sqrt(ranks).
+  double t0 = now();
+  if (dgc_.clip > 0) {
+    double norm = 0;
+    for (Param* q : params_) {
+      for (float g : q->grad) norm += static_cast<double>(g) * g;
+    }
+    norm = std::sqrt(norm);
+    const double limit = dgc_.clip / std::sqrt(static_cast<double>(p));
+    if (norm > limit) {
+      const auto scale = static_cast<float>(limit / norm);
+      for (Param* q : params_) {
+        for (float& g : q->grad) g *= scale;
+      }
+    }
+  }
+  // Small tensors: a dense average and plain momentum.
+  std::vector<std::span<float>> small;
+  std::vector<std::size_t> small_ids;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i]->value.size() < c_.dense_below) {
+      small.emplace_back(params_[i]->grad);
+      small_ids.push_back(i);
+    }
+  }
+  total.compute_seconds += now() - t0;
+  if (!small.empty()) {
+    BucketOptions dense = bucket_;
+    dense.allreduce = opt;
+    dense.dense_below = 0;
+    dense.allreduce.algorithm = Algorithm::dense;
+    comm.allreduce_buckets(small, none_, {}, dense);
+    add_stats(total, comm.last_stats());
+  }
+  t0 = now();
+  for (std::size_t i : small_ids) momentum_update(i, lr);
+  total.compute_seconds += now() - t0;
+  // Large tensors: momentum correction, accumulation, top-k, masking.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Param& q = *params_[i];
+    if (q.value.size() < c_.dense_below) continue;
+    t0 = now();
+    std::vector<float>& u = velocity_[i];
+    std::vector<float>& v = dgc_v_[i];
+    const auto mu = static_cast<float>(c_.momentum);
+    for (std::size_t k = 0; k < u.size(); ++k) {
+      u[k] = mu * u[k] + q.grad[k];
+      v[k] += u[k];
+    }
+    const auto k = std::max<std::size_t>(
+        1, static_cast<std::size_t>(std::llround(density * static_cast<double>(v.size()))));
+    const Codec select("topk:k=" + std::to_string(k));
+    SparseEntries e;
+    sparse_entries(select.encode(v, 0), e);
+    std::fill(q.grad.begin(), q.grad.end(), 0.0f);  // reused as the sent tensor
+    for (std::size_t j = 0; j < e.indices.size(); ++j) {
+      const auto at = static_cast<std::size_t>(e.indices[j]);
+      q.grad[at] = v[at];
+      v[at] = 0.0f;
+      u[at] = 0.0f;
+    }
+    total.compute_seconds += now() - t0;
+    comm.allreduce(q.grad, select, nullptr, opt);
+    add_stats(total, comm.last_stats());
+    for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
+  }
+}
+
+}  // namespace gcomp::train
