@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gcomp/error.hpp"
+#include "simd.hpp"
 
 namespace gcomp {
 
@@ -52,10 +53,15 @@ void set_num_threads(int threads) {
 
 int num_threads() noexcept { return thread_setting().load(); }
 
+void check_environment() { detail::check_environment(); }
+
 namespace detail {
 void check_environment() {
   const EnvThreads& e = env_threads();
   if (!e.error.empty()) throw Error(Status::invalid_argument, e.error);
+  if (!simd_environment_error().empty()) {
+    throw Error(Status::invalid_argument, simd_environment_error());
+  }
 }
 
 int threads_for(std::size_t elements) noexcept {

@@ -3,9 +3,7 @@
 // high half one shift; four groups of 8 instances are interleaved to hide the multiply latency.
 #include "philox.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.hpp"
 
 namespace gcomp::detail {
 
@@ -32,10 +30,10 @@ void philox_fill_reference(const PhiloxStream& s, std::uint64_t first, std::size
   }
 }
 
-#if defined(__AVX512F__)
+#if GCOMP_X86
 namespace {
 template <int C>
-inline void philox_groups(const PhiloxStream& s, std::uint64_t g0, std::uint32_t* out) noexcept {
+GCOMP_TARGET_AVX512 inline void philox_groups(const PhiloxStream& s, std::uint64_t g0, std::uint32_t* out) noexcept {
   __m512i x0[C], x1[C], x2[C], x3[C];
   const __m512i lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
   for (int c = 0; c < C; ++c) {
@@ -71,10 +69,9 @@ inline void philox_groups(const PhiloxStream& s, std::uint64_t g0, std::uint32_t
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 24), _mm512_cvtepi64_epi32(x3[c]));
   }
 }
-}  // namespace
 
-void philox_fill(const PhiloxStream& s, std::uint64_t first, std::size_t count,
-                 std::uint32_t* out) noexcept {
+GCOMP_TARGET_AVX512 void philox_fill_avx512(const PhiloxStream& s, std::uint64_t first,
+                                            std::size_t count, std::uint32_t* out) noexcept {
   std::uint64_t g = first >> 5;
   std::size_t groups = count >> 5;
   while (groups >= 4) {
@@ -90,11 +87,15 @@ void philox_fill(const PhiloxStream& s, std::uint64_t first, std::size_t count,
     out += 32;
   }
 }
-#else
+}  // namespace
+#endif
+
 void philox_fill(const PhiloxStream& s, std::uint64_t first, std::size_t count,
                  std::uint32_t* out) noexcept {
+#if GCOMP_X86
+  if (use_avx512()) return philox_fill_avx512(s, first, count, out);
+#endif
   philox_fill_reference(s, first, count, out);
 }
-#endif
 
 }  // namespace gcomp::detail

@@ -18,16 +18,12 @@
 #include "bytes.hpp"
 #include "chunks.hpp"
 #include "codec_impl.hpp"
+#include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
 #include "reduce_avx512.hpp"
 #include "simd.hpp"
-
-#if defined(__AVX512F__) && defined(__BMI2__)
-#define GCOMP_QSGD_AVX512 1
-#include <immintrin.h>
-#endif
 
 namespace gcomp::detail {
 
@@ -112,10 +108,10 @@ bool bucket_scalar(const PhiloxStream& st, int bits, std::uint64_t bucket, const
   return true;
 }
 
-#if GCOMP_QSGD_AVX512
-inline double norm_avx512(const float* x, std::size_t len) {
+#if GCOMP_X86
+GCOMP_TARGET_AVX512 inline double norm_avx512(const float* x, std::size_t len) {
   Lanes16 lanes;
-  for (std::size_t i = 0; i < len; i += 16) lanes.add_squares(_mm512_loadu_ps(x + i));
+  for (std::size_t i = 0; i < len; i += 16) lanes.add_squares(load_once(x + i));
   return lanes.fold();
 }
 
@@ -126,7 +122,7 @@ inline std::uint64_t byte_mask() {
 
 // One bucket whose length is a multiple of 16; codes written whole bytes at a time.
 template <int B>
-bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src, std::uint64_t bs,
+GCOMP_TARGET_AVX512 bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src, std::uint64_t bs,
                    std::size_t len, float* norm_out, std::byte* codes, float* ef) {
   const double ss = norm_avx512(src + bs, len);
   if (!std::isfinite(ss)) return false;
@@ -153,7 +149,7 @@ bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* sr
     const std::uint64_t lo = std::max(ws, bs);
     const std::uint64_t hi = std::min(ws + kWindow, end);
     for (std::uint64_t i = lo; i < hi; i += 16) {
-      const __m512 v = _mm512_loadu_ps(src + i);
+      const __m512 v = load_once(src + i);
       const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), absmask));
       const __m512 r = _mm512_min_ps(_mm512_mul_ps(a, inv), levels);
       const __m512 l = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -213,7 +209,7 @@ BucketKernel avx512_kernel(int bits) {
 // acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 16 (begin a multiple of 16);
 // returns where it stopped.
 template <int B>
-std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alpha,
+GCOMP_TARGET_AVX512 std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alpha,
                                   std::uint64_t begin, std::uint64_t end, float* acc) {
   const __m512 vstep = _mm512_set1_ps(step);
   const __m512 valpha = _mm512_set1_ps(alpha);
@@ -243,7 +239,7 @@ std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alph
   return i;
 }
 
-std::uint64_t decode_avx512(int bits, const std::byte* codes, float step, float alpha,
+GCOMP_TARGET_AVX512 inline std::uint64_t decode_avx512(int bits, const std::byte* codes, float step, float alpha,
                             std::uint64_t begin, std::uint64_t end, float* acc) {
   switch (bits) {
     case 2:
@@ -312,13 +308,13 @@ class QsgdCodec final : public CodecImpl {
     const PhiloxStream st = philox_stream(seed, CodecKind::qsgd);
     const std::uint64_t chunk = chunk_elements(bucket);
     std::atomic<bool> bad{false};
-#if GCOMP_QSGD_AVX512
-    const BucketKernel fast = (simd_enabled() && bucket % 16 == 0) ? avx512_kernel(bits) : nullptr;
+#if GCOMP_X86
+    const BucketKernel fast = (use_avx512() && bucket % 16 == 0) ? avx512_kernel(bits) : nullptr;
 #endif
     for_chunks(n, chunk, [&](std::size_t b, std::size_t e) {
       const float* src = x;
       if (e_old) {  // v = x + e into the new residual; the kernels then overwrite it with v - D
-        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
+        add(x + b, e_old + b, e - b, e_new + b);
         src = e_new;
       }
       // With the SIMD kernel every bucket starts on a byte boundary and writes its own bytes;
@@ -328,7 +324,7 @@ class QsgdCodec final : public CodecImpl {
         const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(bucket, e - bs));
         float norm = 0;
         bool ok;
-#if GCOMP_QSGD_AVX512
+#if GCOMP_X86
         if (fast) {
           if (len == bucket) {
             ok = fast(st, bucket, src, bs, len, &norm, codes, e_new);
@@ -410,28 +406,53 @@ void validate_qsgd(const Payload& p) {
   }
 }
 
+// acc[i] += alpha * decode(code i) for the buckets of [b, e): the scalar reference.
+inline void decode_buckets(const QsgdLayout& l, const std::byte* norms, const std::byte* codes,
+                           float alpha, std::uint64_t b, std::uint64_t e, float* acc) {
+  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
+  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
+  for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
+    const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
+    const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
+    for (std::uint64_t i = bs; i < end; ++i) {
+      const std::uint32_t c = get_bits(codes, i, l.bits);
+      const float d = step * static_cast<float>(c & level_mask);
+      acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
+    }
+  }
+}
+
+#if GCOMP_X86
+// The same with the AVX-512 kernel on each bucket that starts on a multiple of 16 (the rest of a
+// bucket, and buckets that start elsewhere, in scalar code). One call per chunk.
+GCOMP_TARGET_AVX512 void decode_buckets_avx512(const QsgdLayout& l, const std::byte* norms,
+                                               const std::byte* codes, float alpha,
+                                               std::uint64_t b, std::uint64_t e, float* acc) {
+  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
+  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
+  for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
+    const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
+    const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
+    std::uint64_t i = bs;
+    if (bs % 16 == 0) i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
+    for (; i < end; ++i) {
+      const std::uint32_t c = get_bits(codes, i, l.bits);
+      const float d = step * static_cast<float>(c & level_mask);
+      acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
+    }
+  }
+}
+#endif
+
 void decode_add_qsgd(const Payload& p, float* acc, float alpha) {
   const QsgdLayout l = qsgd_params(p);
   const std::byte* norms = p.sections[0].data;
   const std::byte* codes = p.sections[1].data;
-  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
-  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
-  const std::uint64_t chunk = chunk_elements(l.bucket);
-  for_chunks(p.n, chunk, [&](std::size_t b, std::size_t e) {
-    for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
-      const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
-      const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
-      std::uint64_t i = bs;
-#if GCOMP_QSGD_AVX512
-      if (simd_enabled() && bs % 16 == 0)
-        i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
+  for_chunks(p.n, chunk_elements(l.bucket), [&](std::size_t b, std::size_t e) {
+#if GCOMP_X86
+    if (use_avx512()) return decode_buckets_avx512(l, norms, codes, alpha, b, e, acc);
 #endif
-      for (; i < end; ++i) {
-        const std::uint32_t c = get_bits(codes, i, l.bits);
-        const float d = step * static_cast<float>(c & level_mask);
-        acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
-      }
-    }
+    decode_buckets(l, norms, codes, alpha, b, e, acc);
   });
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "chunks.hpp"
+#include "kernels.hpp"
 #include "parallel.hpp"
 
 namespace gcomp::detail {
@@ -115,13 +116,13 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
     std::vector<Candidate>& cand = per_chunk[c];
     cand.clear();
     std::uint32_t keys[kKeyBlock];
+    std::uint32_t pos[kKeyBlock + 16];
     for (std::size_t s = b; s < e; s += kKeyBlock) {
       const std::size_t l = std::min(e, s + kKeyBlock) - s;
       if (src.first(s, s + l, keys)) bad.store(true, std::memory_order_relaxed);
       if (overflow.load(std::memory_order_relaxed)) continue;
-      for (std::size_t i = 0; i < l; ++i) {
-        if (keys[i] >= t_lo) cand.push_back({s + i, keys[i]});
-      }
+      const std::size_t m = positions_at_least(keys, l, t_lo, pos);
+      for (std::size_t j = 0; j < m; ++j) cand.push_back({s + pos[j], keys[pos[j]]});
     }
     if (total.fetch_add(cand.size()) + cand.size() > cap) overflow.store(true);
   });

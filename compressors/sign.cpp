@@ -12,6 +12,7 @@
 #include "bytes.hpp"
 #include "chunks.hpp"
 #include "codec_impl.hpp"
+#include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "reduce.hpp"
 #include "reduce_avx512.hpp"
@@ -24,26 +25,47 @@ namespace {
 constexpr std::size_t kChunk = std::size_t{1} << 16;  // a multiple of kReduceBlock
 
 // Sign bits of v[0..len) into bits (len a multiple of 8 unless it ends the tensor) and the
-// canonical sum of |v|.
+// canonical sum of |v|: the scalar reference.
 double signs_and_sum(const float* v, std::size_t len, std::byte* bits) {
-  std::size_t i = 0;
-#if defined(__AVX512F__)
-  if (simd_enabled() && len % 16 == 0) {
-    Lanes16 lanes;
-    const __m512 zero = _mm512_setzero_ps();
-    for (; i < len; i += 16) {
-      const __m512 x = _mm512_loadu_ps(v + i);
-      lanes.add(abs_ps(x));
-      const std::uint16_t m = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
-      std::memcpy(bits + i / 8, &m, 2);
-    }
-    return lanes.fold();
-  }
-#endif
   BitWriter w(bits);
-  for (; i < len; ++i) w.put(v[i] < 0 ? 1u : 0u, 1);
+  for (std::size_t i = 0; i < len; ++i) w.put(v[i] < 0 ? 1u : 0u, 1);
   w.finish();
   return lane_sum(v, len, [](float a) { return static_cast<double>(std::fabs(a)); });
+}
+
+#if GCOMP_X86
+GCOMP_TARGET_AVX512 double signs_and_sum_avx512(const float* v, std::size_t len, std::byte* bits) {
+  Lanes16 lanes;
+  const __m512 zero = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < len; i += 16) {
+    const __m512 x = load_once(v + i);
+    lanes.add(abs_ps(x));
+    const std::uint16_t m = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
+    std::memcpy(bits + i / 8, &m, 2);
+  }
+  return lanes.fold();
+}
+
+GCOMP_TARGET_AVX512 void blocks_avx512(const float* v, std::size_t b, std::size_t e,
+                                       std::byte* bits, double* sums) {
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
+    sums[bb / kReduceBlock] = l % 16 == 0 ? signs_and_sum_avx512(v + bb, l, bits + bb / 8)
+                                          : signs_and_sum(v + bb, l, bits + bb / 8);
+  }
+}
+#endif
+
+// The reduction blocks of [b, e) (b a multiple of kReduceBlock): their sign bits, and each
+// block's sum of |v| in sums[block].
+void sign_blocks(const float* v, std::size_t b, std::size_t e, std::byte* bits, double* sums) {
+#if GCOMP_X86
+  if (use_avx512()) return blocks_avx512(v, b, e, bits, sums);
+#endif
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
+    sums[bb / kReduceBlock] = signs_and_sum(v + bb, l, bits + bb / 8);
+  }
 }
 
 class SignCodec final : public CodecImpl {
@@ -70,13 +92,8 @@ class SignCodec final : public CodecImpl {
     sums.resize(blocks);
     const float* src = e_old ? e_new : x;
     for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
-      if (e_old) {
-        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
-      }
-      for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-        const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-        sums[bb / kReduceBlock] = signs_and_sum(src + bb, l, bits + bb / 8);
-      }
+      if (e_old) add(x + b, e_old + b, e - b, e_new + b);
+      sign_blocks(src, b, e, bits, sums.data());
     });
     const double total = tree_sum(sums.data(), blocks);
     if (!std::isfinite(total)) {
@@ -87,7 +104,7 @@ class SignCodec final : public CodecImpl {
     store_le<float>(data, scale);
     if (e_old) {
       for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
-        for (std::size_t i = b; i < e; ++i) e_new[i] -= e_new[i] < 0 ? -scale : scale;
+        subtract_signs(e_new + b, e - b, scale);
       });
     }
     return need;
@@ -117,22 +134,31 @@ void validate_sign(const Payload& p) {
   }
 }
 
+#if GCOMP_X86
+// acc[i] += (sign bit i ? -plus : plus) for i in [b, e) in steps of 16 (b a multiple of 8);
+// returns where it stopped.
+GCOMP_TARGET_AVX512 std::size_t decode_signs_avx512(const std::byte* bits, float plus,
+                                                    std::size_t b, std::size_t e, float* acc) {
+  const __m512 vp = _mm512_set1_ps(plus);
+  const __m512 vm = _mm512_set1_ps(-plus);
+  std::size_t i = b;
+  for (; i + 16 <= e; i += 16) {
+    std::uint16_t m;
+    std::memcpy(&m, bits + i / 8, 2);
+    const __m512 d = _mm512_mask_mov_ps(vp, m, vm);
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), d));
+  }
+  return i;
+}
+#endif
+
 void decode_add_sign(const Payload& p, float* acc, float alpha) {
   const float plus = alpha * load_le<float>(p.sections[0].data);
   const std::byte* bits = p.sections[1].data;
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     std::size_t i = b;
-#if defined(__AVX512F__)
-    if (simd_enabled()) {
-      const __m512 vp = _mm512_set1_ps(plus);
-      const __m512 vm = _mm512_set1_ps(-plus);
-      for (; i + 16 <= e; i += 16) {
-        std::uint16_t m;
-        std::memcpy(&m, bits + i / 8, 2);
-        const __m512 d = _mm512_mask_mov_ps(vp, m, vm);
-        _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), d));
-      }
-    }
+#if GCOMP_X86
+    if (use_avx512()) i = decode_signs_avx512(bits, plus, b, e, acc);
 #endif
     for (; i < e; ++i) acc[i] += get_bits(bits, i, 1) ? -plus : plus;
   });

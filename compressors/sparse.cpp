@@ -15,6 +15,7 @@
 #include "chunks.hpp"
 #include "codec_impl.hpp"
 #include "half.hpp"
+#include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "philox.hpp"
 #include "select.hpp"
@@ -33,15 +34,6 @@ constexpr std::size_t index_bytes_for(std::uint64_t n) {
 
 // ---- key sources for select_top (see select.hpp) ----
 
-inline bool abs_keys(const float* v, std::size_t l, std::uint32_t* keys) noexcept {
-  std::uint32_t mx = 0;
-  for (std::size_t i = 0; i < l; ++i) {
-    keys[i] = abs_bits(v[i]);
-    mx = std::max(mx, keys[i]);
-  }
-  return mx >= kInfBits;
-}
-
 struct TopkSource {
   const float* x;
   bool first(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
@@ -59,8 +51,7 @@ struct TopkEfSource {
   const float* e_old;
   float* e_new;
   bool first(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
-    for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
-    return abs_keys(e_new + b, e - b, keys);
+    return add_abs_keys(x + b, e_old + b, e - b, e_new + b, keys);
   }
   void again(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
     abs_keys(e_new + b, e - b, keys);
@@ -88,16 +79,7 @@ struct RandomSource {
   }
   bool first(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
     fill(b, e, keys);
-    std::uint32_t m = kInfBits;
-    if (e_old) {
-      for (std::size_t i = b; i < e; ++i) {
-        e_new[i] = x[i] + e_old[i];
-        m = std::min(m, ~float_bits(e_new[i]) & kInfBits);
-      }
-    } else {
-      for (std::size_t i = b; i < e; ++i) m = std::min(m, ~float_bits(x[i]) & kInfBits);
-    }
-    return m == 0;
+    return e_old ? add_checked(x + b, e_old + b, e - b, e_new + b) : any_nonfinite(x + b, e - b);
   }
   void again(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept { fill(b, e, keys); }
   std::uint32_t at(std::size_t i) const noexcept { return philox_word(stream, i); }
@@ -211,18 +193,19 @@ class SparseCodec final : public CodecImpl {
       const std::size_t e = std::min(n, b + kSelectChunk);
       const float* v = x;
       if (e_old) {
-        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
+        add(x + b, e_old + b, e - b, e_new + b);
         v = e_new;
       }
       std::vector<std::uint64_t>& out = per_chunk[c];
       out.clear();
-      std::uint32_t mx = 0;
-      for (std::size_t i = b; i < e; ++i) {
-        const std::uint32_t key = abs_bits(v[i]);
-        mx = std::max(mx, key);
-        if (key >= t) out.push_back(i);
+      std::uint32_t keys[kKeyBlock];
+      std::uint32_t pos[kKeyBlock + 16];
+      for (std::size_t s = b; s < e; s += kKeyBlock) {
+        const std::size_t l = std::min(e, s + kKeyBlock) - s;
+        if (abs_keys(v + s, l, keys)) bad.store(true, std::memory_order_relaxed);
+        const std::size_t m = positions_at_least(keys, l, t, pos);
+        for (std::size_t j = 0; j < m; ++j) out.push_back(s + pos[j]);
       }
-      if (mx >= kInfBits) bad.store(true, std::memory_order_relaxed);
     });
     idx.clear();
     for (std::size_t c = 0; c < chunks; ++c) {
@@ -332,6 +315,12 @@ void validate_sparse(const Payload& p) {
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
   const std::uint64_t vb = static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? 2 : 4;
   const std::byte* ip = p.sections[0].data;
+  const std::byte* vp = p.sections[1].data;
+  // The fast checks first (kernels.hpp); only a bad payload is searched for what is wrong.
+  if (indices_valid(ip, nnz, ib, p.n) &&
+      !any_inf_bits(vp, nnz, vb, vb == 4 ? kInfBits : 0x7c00u)) {
+    return;
+  }
   std::uint64_t prev = 0;
   for (std::uint64_t j = 0; j < nnz; ++j) {
     const std::uint64_t i =
@@ -346,7 +335,6 @@ void validate_sparse(const Payload& p) {
     }
     prev = i;
   }
-  const std::byte* vp = p.sections[1].data;
   for (std::uint64_t j = 0; j < nnz; ++j) {
     const bool finite = vb == 4 ? (load_le<std::uint32_t>(vp + 4 * j) & kInfBits) != kInfBits
                                 : half_is_finite(load_le<std::uint16_t>(vp + 2 * j));
@@ -359,14 +347,7 @@ void decode_add_sparse(const Payload& p, float* acc, float alpha) {
   const auto ib = static_cast<std::uint8_t>(p.params[1]);
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
   const std::byte* ip = p.sections[0].data;
-  const std::byte* vp = p.sections[1].data;
-  for (std::uint64_t j = 0; j < nnz; ++j) {
-    const std::uint64_t i =
-        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
-    const float v =
-        f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
-    acc[i] += alpha * v;
-  }
+  scatter_add(acc, ip, p.sections[1].data, static_cast<std::size_t>(nnz), ib, f16, alpha);
 }
 
 std::string describe_sparse(const Payload& p) {

@@ -17,16 +17,12 @@
 #include "bytes.hpp"
 #include "chunks.hpp"
 #include "codec_impl.hpp"
+#include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
 #include "reduce_avx512.hpp"
 #include "simd.hpp"
-
-#if defined(__AVX512F__) && defined(__BMI2__)
-#define GCOMP_TERN_AVX512 1
-#include <immintrin.h>
-#endif
 
 namespace gcomp::detail {
 
@@ -41,33 +37,52 @@ struct BlockStats {
   std::uint32_t max_abs_bits;  // bits of max |v|; >= kInfBits when non-finite
 };
 
+#if GCOMP_X86
+GCOMP_TARGET_AVX512 inline BlockStats block_stats_avx512(const float* v, std::size_t len) {
+  Lanes16 s1;
+  Lanes16 s2;
+  __m512i vmax = _mm512_setzero_si512();
+  for (std::size_t i = 0; i < len; i += 16) {
+    const __m512 x = load_once(v + i);
+    s1.add(x);
+    s2.add_squares(x);
+    vmax = _mm512_max_epu32(vmax, _mm512_castps_si512(abs_ps(x)));
+  }
+  return {s1.fold(), s2.fold(), static_cast<std::uint32_t>(_mm512_reduce_max_epu32(vmax))};
+}
+#endif
+
+// The scalar reference.
 BlockStats block_stats(const float* v, std::size_t len) {
   BlockStats s{};
-  std::size_t i = 0;
   std::uint32_t mx = 0;
-#if GCOMP_TERN_AVX512
-  if (simd_enabled() && len % 16 == 0) {
-    Lanes16 s1;
-    Lanes16 s2;
-    __m512i vmax = _mm512_setzero_si512();
-    for (; i < len; i += 16) {
-      const __m512 x = _mm512_loadu_ps(v + i);
-      s1.add(x);
-      s2.add_squares(x);
-      vmax = _mm512_max_epu32(vmax, _mm512_castps_si512(abs_ps(x)));
-    }
-    s.sum = s1.fold();
-    s.sum_squares = s2.fold();
-    s.max_abs_bits = _mm512_reduce_max_epu32(vmax);
-    return s;
-  }
-#endif
   s.sum = lane_sum(v, len, [](float a) { return static_cast<double>(a); });
   s.sum_squares =
       lane_sum(v, len, [](float a) { return static_cast<double>(a) * static_cast<double>(a); });
-  for (; i < len; ++i) mx = std::max(mx, abs_bits(v[i]));
+  for (std::size_t i = 0; i < len; ++i) mx = std::max(mx, abs_bits(v[i]));
   s.max_abs_bits = mx;
   return s;
+}
+
+#if GCOMP_X86
+GCOMP_TARGET_AVX512 void stats_of_blocks_avx512(const float* v, std::size_t b, std::size_t e,
+                                                BlockStats* stats) {
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
+    stats[bb / kReduceBlock] = l % 16 == 0 ? block_stats_avx512(v + bb, l) : block_stats(v + bb, l);
+  }
+}
+#endif
+
+// The statistics of the reduction blocks of [b, e) (b a multiple of kReduceBlock) into
+// stats[block]; one call per chunk.
+void stats_of_blocks(const float* v, std::size_t b, std::size_t e, BlockStats* stats) {
+#if GCOMP_X86
+  if (use_avx512()) return stats_of_blocks_avx512(v, b, e, stats);
+#endif
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    stats[bb / kReduceBlock] = block_stats(v + bb, std::min(e, bb + kReduceBlock) - bb);
+  }
 }
 
 struct Ternary {
@@ -85,6 +100,40 @@ inline std::uint32_t ternary_one(const Ternary& t, float v, std::uint16_t draw, 
   return b ? (neg ? 2u : 1u) : 0u;
 }
 
+#if GCOMP_X86
+// ternarize_range's AVX-512 kernel for [ws, hi) in steps of 16, with the window's draws in words;
+// returns where it stopped.
+GCOMP_TARGET_AVX512 std::size_t ternarize_avx512(const Ternary& t, const std::uint32_t* words,
+                                                 const float* src, std::size_t ws, std::size_t hi,
+                                                 std::byte* codes, float* ef) {
+  const __m512 vs = _mm512_set1_ps(t.s);
+  const __m512 vc = _mm512_set1_ps(t.c);
+  const __m512 vnc = _mm512_set1_ps(-t.c);
+  const __m512 scale16 = _mm512_set1_ps(0x1p-16f);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 neg_s = _mm512_set1_ps(-t.s);
+  std::size_t i = ws;
+  for (; i + 16 <= hi; i += 16) {
+    const __m512 v = load_once(src + i);
+    const __m512 g = t.clip ? _mm512_min_ps(_mm512_max_ps(v, vnc), vc) : v;
+    const __m256i d16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(d16)), scale16);
+    const __mmask16 sel = _mm512_cmp_ps_mask(_mm512_mul_ps(u, vs), abs_ps(g), _CMP_LT_OQ);
+    const __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
+    const std::uint32_t plus = static_cast<std::uint32_t>(sel & ~neg);
+    const std::uint32_t minus = static_cast<std::uint32_t>(sel & neg);
+    const std::uint32_t word = _pdep_u32(plus, 0x55555555u) | _pdep_u32(minus, 0xaaaaaaaau);
+    std::memcpy(codes + i / 4, &word, 4);
+    if (ef) {
+      __m512 dec = _mm512_maskz_mov_ps(sel & ~neg, vs);
+      dec = _mm512_mask_mov_ps(dec, sel & neg, neg_s);
+      _mm512_storeu_ps(ef + i, _mm512_sub_ps(v, dec));
+    }
+  }
+  return i;
+}
+#endif
+
 // Codes for [b, e) (b a multiple of 64) from src; ef (if not null) receives v - decode.
 void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src, std::size_t b,
                      std::size_t e, std::byte* codes, float* ef) {
@@ -93,33 +142,8 @@ void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src,
     const std::size_t hi = std::min(ws + kWindow, e);
     philox_fill(st, ws / 2, (((hi - ws) + 63) & ~std::size_t{63}) / 2, words);
     std::size_t i = ws;
-#if GCOMP_TERN_AVX512
-    if (simd_enabled()) {
-      const __m512 vs = _mm512_set1_ps(t.s);
-      const __m512 vc = _mm512_set1_ps(t.c);
-      const __m512 vnc = _mm512_set1_ps(-t.c);
-      const __m512 scale16 = _mm512_set1_ps(0x1p-16f);
-      const __m512 zero = _mm512_setzero_ps();
-      const __m512 neg_s = _mm512_set1_ps(-t.s);
-      for (; i + 16 <= hi; i += 16) {
-        const __m512 v = _mm512_loadu_ps(src + i);
-        const __m512 g = t.clip ? _mm512_min_ps(_mm512_max_ps(v, vnc), vc) : v;
-        const __m256i d16 =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + (i - ws) / 2));
-        const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(d16)), scale16);
-        const __mmask16 sel = _mm512_cmp_ps_mask(_mm512_mul_ps(u, vs), abs_ps(g), _CMP_LT_OQ);
-        const __mmask16 neg = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
-        const std::uint32_t plus = static_cast<std::uint32_t>(sel & ~neg);
-        const std::uint32_t minus = static_cast<std::uint32_t>(sel & neg);
-        const std::uint32_t word = _pdep_u32(plus, 0x55555555u) | _pdep_u32(minus, 0xaaaaaaaau);
-        std::memcpy(codes + i / 4, &word, 4);
-        if (ef) {
-          __m512 dec = _mm512_maskz_mov_ps(sel & ~neg, vs);
-          dec = _mm512_mask_mov_ps(dec, sel & neg, neg_s);
-          _mm512_storeu_ps(ef + i, _mm512_sub_ps(v, dec));
-        }
-      }
-    }
+#if GCOMP_X86
+    if (use_avx512()) i = ternarize_avx512(t, words, src, ws, hi, codes, ef);
 #endif
     if (i < hi) {
       BitWriter w(codes + i / 4);  // i is a multiple of 16 here, so byte aligned
@@ -168,11 +192,9 @@ class TernGradCodec final : public CodecImpl {
     const float* src = e_old ? e_new : x;
     for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
       if (e_old) {
-        for (std::size_t i = b; i < e; ++i) e_new[i] = x[i] + e_old[i];
+        add(x + b, e_old + b, e - b, e_new + b);
       }
-      for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-        stats[bb / kReduceBlock] = block_stats(src + bb, std::min(e, bb + kReduceBlock) - bb);
-      }
+      stats_of_blocks(src, b, e, stats.data());
     });
     std::vector<double>& s1 = scratch_vector<double, 0>();
     std::vector<double>& s2 = scratch_vector<double, 1>();
@@ -264,29 +286,38 @@ void validate_terngrad(const Payload& p) {
     bad_payload("terngrad code padding bits are not zero");
 }
 
+#if GCOMP_X86
+// acc[i] += code i's value (+-plus or nothing) for i in [b, e) in steps of 16 (b a multiple of
+// 16); returns where it stopped.
+GCOMP_TARGET_AVX512 std::size_t decode_ternary_avx512(const std::byte* codes, float plus,
+                                                      std::size_t b, std::size_t e, float* acc) {
+  const __m512 vp = _mm512_set1_ps(plus);
+  const __m512 vm = _mm512_set1_ps(-plus);
+  std::size_t i = b;
+  for (; i + 16 <= e; i += 16) {
+    std::uint32_t word;
+    std::memcpy(&word, codes + i / 4, 4);
+    const auto pm = static_cast<__mmask16>(_pext_u32(word, 0x55555555u));
+    const auto mm = static_cast<__mmask16>(_pext_u32(word, 0xaaaaaaaau));
+    // Only the lanes with a code add (as the scalar loop): adding +0 elsewhere would turn a -0
+    // accumulator into +0.
+    __m512 a = _mm512_loadu_ps(acc + i);
+    a = _mm512_mask_add_ps(a, pm, a, vp);
+    a = _mm512_mask_add_ps(a, mm, a, vm);
+    _mm512_storeu_ps(acc + i, a);
+  }
+  return i;
+}
+#endif
+
 void decode_add_terngrad(const Payload& p, float* acc, float alpha) {
   const float s = load_le<float>(p.sections[0].data);
   const std::byte* codes = p.sections[1].data;
   const float plus = alpha * s;
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     std::size_t i = b;
-#if GCOMP_TERN_AVX512
-    if (simd_enabled()) {
-      const __m512 vp = _mm512_set1_ps(plus);
-      const __m512 vm = _mm512_set1_ps(-plus);
-      for (; i + 16 <= e; i += 16) {
-        std::uint32_t word;
-        std::memcpy(&word, codes + i / 4, 4);
-        const auto pm = static_cast<__mmask16>(_pext_u32(word, 0x55555555u));
-        const auto mm = static_cast<__mmask16>(_pext_u32(word, 0xaaaaaaaau));
-        // Only the lanes with a code add (as the scalar loop): adding +0 elsewhere would turn a
-        // -0 accumulator into +0.
-        __m512 a = _mm512_loadu_ps(acc + i);
-        a = _mm512_mask_add_ps(a, pm, a, vp);
-        a = _mm512_mask_add_ps(a, mm, a, vm);
-        _mm512_storeu_ps(acc + i, a);
-      }
-    }
+#if GCOMP_X86
+    if (use_avx512()) i = decode_ternary_avx512(codes, plus, b, e, acc);
 #endif
     for (; i < e; ++i) {
       const std::uint32_t c = get_bits(codes, i, 2);

@@ -198,7 +198,7 @@ class Restore {
  public:
   ~Restore() {
     set_num_threads(1);
-    detail::set_simd_enabled(true);
+    detail::set_simd_level(detail::SimdLevel::avx512);
   }
 };
 
@@ -221,17 +221,31 @@ std::vector<std::byte> fingerprint(const Codec& c, const std::vector<float>& x) 
   return p;
 }
 
-TEST(Determinism, SimdKernelsMatchTheScalarReference) {
+// Every SIMD level this machine can run (baseline, AVX2, AVX-512: simd.hpp) writes the same
+// payloads, residuals and decodes. Sizes around the vector widths and a large odd one.
+TEST(Determinism, EveryKernelLevelGivesTheSameBytes) {
   Restore restore;
-  for (std::size_t n : {1u, 15u, 16u, 1000u, 70001u}) {
+  using detail::SimdLevel;
+  detail::set_simd_level(SimdLevel::avx512);  // the best this CPU (and GCOMP_SIMD) allows
+  const SimdLevel best = detail::simd_level();
+  std::vector<SimdLevel> levels = {SimdLevel::baseline};
+  if (best >= SimdLevel::avx2) levels.push_back(SimdLevel::avx2);
+  if (best >= SimdLevel::avx512) levels.push_back(SimdLevel::avx512);
+  std::printf("kernel levels compared on this CPU: %zu (best: %s)\n", levels.size(),
+              std::string(detail::simd_level_name(best)).c_str());
+  for (std::size_t n : {1u, 15u, 16u, 33u, 1000u, 70001u}) {
     const auto x = test::normal(n, 26);
     for (const auto& spec : test::all_specs()) {
       const Codec c(spec);
-      detail::set_simd_enabled(true);
-      const auto a = fingerprint(c, x);
-      detail::set_simd_enabled(false);
-      const auto b = fingerprint(c, x);
-      ASSERT_EQ(a, b) << spec << " n=" << n;
+      detail::set_simd_level(SimdLevel::baseline);
+      ASSERT_EQ(detail::simd_level(), SimdLevel::baseline);
+      const auto reference = fingerprint(c, x);
+      for (SimdLevel level : levels) {
+        detail::set_simd_level(level);
+        ASSERT_EQ(detail::simd_level(), level);
+        ASSERT_EQ(fingerprint(c, x), reference)
+            << spec << " n=" << n << " level " << detail::simd_level_name(level);
+      }
     }
   }
 }

@@ -2,6 +2,7 @@
 // .npy reader (a small parser of the header's Python dict literal) and writer.
 #include "array_file.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -9,6 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace gcomp::tools {
 
@@ -153,24 +158,78 @@ std::vector<float> floats_of(const std::byte* data, std::size_t n) {
 
 }  // namespace
 
-std::vector<std::byte> read_bytes(const std::string& path) {
+std::uint64_t stream_read_limit() {
+  double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    memory = memory > 0 ? std::min(memory, static_cast<double>(as.rlim_cur))
+                        : static_cast<double>(as.rlim_cur);
+  }
+  constexpr std::uint64_t kFloor = std::uint64_t{64} << 20;
+  return memory > 4.0 * static_cast<double>(kFloor) ? static_cast<std::uint64_t>(memory / 4) : kFloor;
+}
+
+std::optional<std::uint64_t> payload_declared_size(std::span<const std::byte> prefix) {
+  constexpr std::size_t kFixed = 16;  // magic, version, codec, P, S, n (docs/wire-format.md)
+  if (prefix.size() < kFixed) return std::nullopt;
+  if (std::memcmp(prefix.data(), "GCMP", 4) != 0) return prefix.size();
+  const auto params = std::to_integer<std::size_t>(prefix[6]);
+  const auto sections = std::to_integer<std::size_t>(prefix[7]);
+  const std::size_t header = kFixed + params + 8 * sections + 4;
+  if (prefix.size() < header) return std::nullopt;
+  std::uint64_t total = header;
+  for (std::size_t s = 0; s < sections; ++s) {
+    const std::uint64_t len = load_le(prefix.data() + kFixed + params + 8 * s, 8);
+    total = len > UINT64_MAX - total ? UINT64_MAX : total + len;
+  }
+  return total;
+}
+
+std::vector<std::byte> read_bytes(const std::string& path, const DeclaredSize& declared) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  struct stat st{};
+  const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+  // Regular files: their size, plus one byte to see one that grew. Streams: the first MiB, then
+  // what it declares, or the limit.
+  std::uint64_t want = regular ? static_cast<std::uint64_t>(st.st_size) + 1 : std::uint64_t{1} << 20;
+  const std::uint64_t limit = regular ? want : stream_read_limit();
+  bool asked = regular;
   std::vector<std::byte> bytes;
   std::size_t got = 0;
-  int error = 0;
   while (true) {
-    bytes.resize(got + (std::size_t{1} << 20) + got / 2);
-    const std::size_t want = bytes.size() - got;
-    const std::size_t r = std::fread(bytes.data() + got, 1, want, f);
+    const std::uint64_t target = std::min<std::uint64_t>(want, got + (std::uint64_t{64} << 20) + got / 2);
+    try {
+      bytes.resize(static_cast<std::size_t>(target));
+    } catch (const std::exception&) {
+      fail(path, "cannot hold " + std::to_string(target) + " bytes in memory");
+    }
+    const std::size_t r = std::fread(bytes.data() + got, 1, bytes.size() - got, f);
     got += r;
-    if (r < want) {
-      if (std::ferror(f)) error = errno;
+    if (got < bytes.size()) {
+      if (std::ferror(f)) fail(path, std::string("cannot read: ") + std::strerror(errno));
+      break;  // the end
+    }
+    if (got < want) continue;
+    if (!asked) {
+      asked = true;
+      const std::optional<std::uint64_t> d =
+          declared ? declared(std::span<const std::byte>(bytes.data(), got)) : std::nullopt;
+      want = d ? std::min(*d == UINT64_MAX ? *d : *d + 1, limit + 1) : limit + 1;
+      if (want > got) continue;
       break;
     }
+    if (!regular && got > limit) {
+      fail(path, "more than " + std::to_string(limit) +
+                     " bytes without an end (the most gcomp reads from a stream of no declared "
+                     "size: a quarter of the memory it may use)");
+    }
+    break;
   }
-  std::fclose(f);
-  if (error != 0) fail(path, std::string("cannot read: ") + std::strerror(error));
   bytes.resize(got);
   return bytes;
 }
@@ -295,7 +354,13 @@ std::vector<std::byte> format_npy(std::span<const float> x) {
 }
 
 std::vector<float> read_array(const std::string& path) {
-  const std::vector<std::byte> bytes = read_bytes(path);
+  // A stream that is not an .npy (by its name or its first bytes) stops at its first bytes: the
+  // parser then says why. Raw float32 declares nothing.
+  const std::vector<std::byte> bytes = read_bytes(path, [&](std::span<const std::byte> prefix) {
+    return path.ends_with(".npy") && !is_npy("", prefix)
+               ? std::optional<std::uint64_t>(prefix.size())
+               : std::nullopt;
+  });
   if (is_npy(path, bytes)) return parse_npy(bytes, path);
   if (bytes.size() % 4 != 0) {
     fail(path, "size " + std::to_string(bytes.size()) +

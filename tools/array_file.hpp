@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -18,8 +21,25 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The whole file. Throws InputError when it cannot be opened or read.
-std::vector<std::byte> read_bytes(const std::string& path);
+// What a file's first bytes say of its whole size: nullopt when they say nothing.
+using DeclaredSize = std::function<std::optional<std::uint64_t>(std::span<const std::byte> prefix)>;
+
+// The whole file. A regular file is read to the size it has. A stream (a pipe, a device such as
+// /dev/zero) does not say its size: it is read to the size its first bytes declare (`declared`,
+// asked once the first MiB or the whole stream is in) and one byte beyond, so that a parser
+// sees what does not fit, else to at most stream_read_limit() bytes. Throws InputError naming the
+// file when it cannot be opened or read, when a stream holds more than the limit, and when its
+// bytes do not fit in memory.
+std::vector<std::byte> read_bytes(const std::string& path, const DeclaredSize& declared = {});
+
+// A quarter of the memory this process may use (the smaller of the machine's physical memory and
+// its address-space limit), at least 64 MiB: the most read_bytes takes from a stream of no
+// declared size.
+std::uint64_t stream_read_limit();
+
+// The size a gcomp payload's header declares (kept, header and sections), from its first bytes;
+// for bytes that are not a payload's start, their own size (reading stops; the parser says why).
+std::optional<std::uint64_t> payload_declared_size(std::span<const std::byte> prefix);
 
 // Writes (replaces) the file. Throws std::runtime_error naming the file on failure.
 void write_bytes(const std::string& path, std::span<const std::byte> bytes);

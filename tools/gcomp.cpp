@@ -36,7 +36,7 @@ auto naming(const std::string& path, F&& f) -> decltype(f()) {
 
 // The whole payload file, validated in full by inspect().
 std::vector<std::byte> read_payload(const std::string& path, PayloadInfo* info) {
-  std::vector<std::byte> bytes = read_bytes(path);
+  std::vector<std::byte> bytes = read_bytes(path, payload_declared_size);
   *info = naming(path, [&] { return inspect(bytes); });
   return bytes;
 }
@@ -276,6 +276,7 @@ int run(int argc, char** argv) {
   }
 
   try {
+    check_environment();  // a bad GCOMP_* variable is reported as such, not as a file's fault
     if (list->parsed()) cmd_list();
     if (encode->parsed()) cmd_encode(eo.spec, eo.seed, in, out);
     if (decode->parsed()) cmd_decode(in, out);

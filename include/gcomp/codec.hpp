@@ -217,6 +217,18 @@ PayloadInfo inspect(std::span<const std::byte> payload);
 void set_num_threads(int threads);
 int num_threads() noexcept;
 
+// Checks the environment variables gcomp reads (GCOMP_NUM_THREADS, GCOMP_SIMD): throws
+// Error(invalid_argument) naming the variable and its value when one is malformed. Codec
+// construction and decode_add check them too; a program can call this first, to report a bad
+// setting as such rather than as a failure of whatever it was doing.
+void check_environment();
+
+// The SIMD kernels in use: "avx512", "avx2" or "baseline". The library runs on any x86-64 CPU and
+// picks the widest level this CPU (and its OS) supports, at most GCOMP_SIMD when that is set (to
+// one of those names; another value makes Codec construction and decode_add throw). Every level
+// produces the same bytes.
+std::string_view simd_level() noexcept;
+
 // A seed for one (tensor, step, rank) from a user seed, so that every draw is keyed by all of them.
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
                           std::uint64_t rank) noexcept;
