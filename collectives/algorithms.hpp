@@ -50,7 +50,11 @@ struct Job {
   bool average = false;
   bool majority_vote = false;
   bool skip_codec = false;      // auto found compression not worth it: send x + e as it is
-  bool out_ready = false;       // out already holds x (+ e), checked finite
+  bool out_ready = false;       // out already holds x (+ e), checked finite (device staging)
+  // x + e, formed and checked before the agreement for the uncompressed path, in the scratch
+  // vector run_dense sends from (scratch_vector<float, 101>): the caller's out stays untouched
+  // until the exchange.
+  bool sum_ready = false;
   // The whole-tensor payload, when it was made before the agreement (sparse codecs). Buffers
   // are thread-local and reused: fresh ones would cost a page fault per 4 KiB on every call.
   std::vector<std::byte>& payload = scratch_vector<std::byte, 100>();

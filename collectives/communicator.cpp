@@ -28,7 +28,9 @@
 #include "device_backend.hpp"
 #include "gcomp/cost_model.hpp"
 #include "fnv.hpp"
+#include "kernels.hpp"
 #include "learner.hpp"
+#include "nonfinite.hpp"
 #include "stream.hpp"
 
 namespace gcomp {
@@ -72,6 +74,7 @@ std::string describe(const Codec& codec, std::size_t n, Algorithm requested,
   return codec.spec() + " n=" + std::to_string(n) + " algorithm=" + algorithm_name(requested) +
          " average=" + std::to_string(opt.average) + " majority_vote=" +
          std::to_string(opt.majority_vote) + " tensor=" + std::to_string(opt.tensor) +
+         " seed=" + std::to_string(opt.seed) +
          " error_feedback=" + std::to_string(ef) + " allow_uncompressed=" +
          std::to_string(opt.allow_uncompressed) + " layout=" + std::to_string(extra);
 }
@@ -372,6 +375,35 @@ bool suits(Algorithm a, const Codec& codec) {
 
 }  // namespace
 
+namespace {
+
+// The sum of finite contributions can still overflow float32. Every algorithm reports it the
+// same way: Error(nonfinite) on every rank (they all hold the same bits, so they all see it),
+// before the residual is committed. compressed_reduce_scatter finds it earlier, when an owner
+// cannot re-encode its chunk.
+void check_sum_finite(const detail::Job& job, Algorithm alg) {
+  if (alg == Algorithm::compressed_reduce_scatter || job.out.empty()) return;
+  std::size_t at = job.out.size();
+  if (job.dev) {
+    try {
+      job.dev->check_finite(job.d_out, nullptr, job.out.size(), job.stream);
+      return;
+    } catch (const Error&) {
+      at = job.out.size();  // the device does not say where; the message does not need it
+    }
+  } else {
+    if (!detail::any_nonfinite(job.out.data(), job.out.size())) return;
+    at = detail::first_nonfinite(job.out.data(), job.out.size());
+  }
+  throw Error(Status::nonfinite,
+              std::string("the sum over ranks is not finite") +
+                  (at < job.out.size() ? " at element " + std::to_string(at) : std::string()) +
+                  " (the ranks' finite contributions overflow float32; " + algorithm_name(alg) +
+                  ")");
+}
+
+}  // namespace
+
 // A call on device tensors: in and out of Impl::run are then host staging of n floats.
 struct DeviceCall {
   const detail::DeviceBackend* dev;
@@ -453,6 +485,7 @@ struct Communicator::Impl {
                 .add(opt.average * 1u + opt.majority_vote * 2u + (ef != nullptr) * 4u +
                      opt.allow_uncompressed * 8u)
                 .add(opt.tensor)
+                .add(opt.seed)
                 .add(extra_signature)
                 .h;
       // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
@@ -526,16 +559,17 @@ struct Communicator::Impl {
       } else {
         // Not encoded now (a dense codec encodes where the algorithm needs it; a sparse one is
         // not encoded when the plain allreduce is the likely choice, and is encoded after the
-        // agreement if the agreed choice compresses after all): check for NaN/Inf now. The
-        // uncompressed path reduces out in place, so when it is the likely choice (by this
-        // rank's numbers) the check happens in the copy that path needs anyway.
+        // agreement if the agreed choice compresses after all): check for NaN/Inf now. With
+        // error feedback and the uncompressed path likely (by this rank's numbers), x + e is
+        // formed in the same pass, into the scratch that path sends from. Nothing is written to
+        // out before the agreement: a call that fails there leaves it as it was.
         const std::span<const float> e =
             ef ? std::span<const float>(ef->residual()) : std::span<const float>();
-        const bool copy = in.data() != out.data() && !out.empty() &&
-                          (codec->kind() == CodecKind::none || likely_uncompressed);
-        if (copy) {
-          copy_checked(in, e, out);
-          job.out_ready = true;
+        if (ef && (codec->kind() == CodecKind::none || likely_uncompressed)) {
+          std::vector<float>& sum = detail::scratch_vector<float, 101>();
+          sum.resize(in.size());
+          copy_checked(in, e, sum);
+          job.sum_ready = true;
         } else {
           check_finite(in, e);
         }
@@ -580,8 +614,8 @@ struct Communicator::Impl {
     }
     if (all.sig != (k63 & ~all.not_sig)) {
       throw Error(Status::mismatch,
-                  "ranks disagree on the allreduce (codec spec, element count, algorithm or "
-                  "options); this rank: " +
+                  "ranks disagree on the allreduce (codec spec, element count, algorithm, "
+                  "options or seed); this rank: " +
                       describe(*codec, in.size(), requested, opt, ef != nullptr, extra_signature));
     }
 
@@ -630,6 +664,7 @@ struct Communicator::Impl {
       case Algorithm::compressed_reduce_scatter: detail::run_compressed_reduce_scatter(job); break;
       case Algorithm::automatic: break;
     }
+    check_sum_finite(job, alg);
     if (ef) ef->commit();
     if (choosing) {
       const Choice ran{alg, !job.skip_codec};

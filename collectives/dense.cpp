@@ -22,7 +22,9 @@ void run_dense(Job& job) {
     // Uncompressed: x, or with error feedback v = x + e, whose residual then is zero.
     if (job.ef) std::fill(job.ef_next.begin(), job.ef_next.end(), 0.0f);
     if (job.out_ready) {
-      send = job.out.data();  // copied and checked before the agreement: reduce in place
+      send = job.out.data();  // device staging, copied and checked: reduce in place
+    } else if (job.sum_ready) {
+      send = mine.data();  // x + e, formed and checked before the agreement
     } else if (job.ef) {
       const double start = now();
       mine.resize(n);

@@ -20,20 +20,22 @@ gcomp_status fail(gcomp_status s, std::string message) {
   return gcomp::detail::set_last_error(s, std::move(message));
 }
 
-// Runs f and maps what it throws onto a status.
+// Runs f and maps what it throws onto a status; `call` (when given) names the C function in
+// front of the message.
 template <class F>
-gcomp_status guarded(F&& f) {
+gcomp_status guarded(F&& f, const char* call = nullptr) {
+  const std::string prefix = call ? std::string(call) + ": " : std::string();
   try {
     f();
     return GCOMP_OK;
   } catch (const gcomp::Error& e) {
-    return fail(static_cast<gcomp_status>(e.code()), e.what());
+    return fail(static_cast<gcomp_status>(e.code()), prefix + e.what());
   } catch (const std::bad_alloc&) {
-    return fail(GCOMP_ERR_INTERNAL, "out of memory");
+    return fail(GCOMP_ERR_INTERNAL, prefix + "out of memory");
   } catch (const std::exception& e) {
-    return fail(GCOMP_ERR_INTERNAL, e.what());
+    return fail(GCOMP_ERR_INTERNAL, prefix + e.what());
   } catch (...) {
-    return fail(GCOMP_ERR_INTERNAL, "unknown error");
+    return fail(GCOMP_ERR_INTERNAL, prefix + "unknown error");
   }
 }
 
@@ -51,9 +53,12 @@ gcomp_status gcomp_codec_create(const char* spec, gcomp_codec* out) {
 void gcomp_codec_destroy(gcomp_codec codec) { delete codec; }
 
 size_t gcomp_codec_max_bytes(gcomp_codec codec, size_t n) {
-  if (!codec) return 0;
+  if (!codec) {
+    fail(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_codec_max_bytes: codec is NULL");
+    return 0;
+  }
   size_t r = 0;
-  guarded([&] { r = codec->codec.max_bytes(n); });
+  guarded([&] { r = codec->codec.max_bytes(n); }, "gcomp_codec_max_bytes");
   return r;
 }
 
@@ -67,14 +72,14 @@ gcomp_status gcomp_encode(gcomp_codec codec, const float* x, size_t n, uint64_t 
   const gcomp_status s = guarded([&] {
     *written = codec->codec.encode({x, n}, seed, {static_cast<std::byte*>(out), capacity});
   });
-  if (s == GCOMP_ERR_BUFFER_TOO_SMALL) *written = codec->codec.max_bytes(n);
+  if (s == GCOMP_ERR_BUFFER_TOO_SMALL) guarded([&] { *written = codec->codec.max_bytes(n); });
   return s;
 }
 
 gcomp_status gcomp_ef_create(size_t n, gcomp_ef* out) {
   if (!out) return fail(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_ef_create: out is NULL");
   *out = nullptr;
-  return guarded([&] { *out = new gcomp_ef_s{gcomp::ErrorFeedback(n)}; });
+  return guarded([&] { *out = new gcomp_ef_s{gcomp::ErrorFeedback(n)}; }, "gcomp_ef_create");
 }
 
 void gcomp_ef_destroy(gcomp_ef ef) { delete ef; }
@@ -91,7 +96,7 @@ gcomp_status gcomp_encode_ef(gcomp_codec codec, gcomp_ef ef, const float* x, siz
     *written =
         codec->codec.encode_ef(ef->ef, {x, n}, seed, {static_cast<std::byte*>(out), capacity});
   });
-  if (s == GCOMP_ERR_BUFFER_TOO_SMALL) *written = codec->codec.max_bytes(n);
+  if (s == GCOMP_ERR_BUFFER_TOO_SMALL) guarded([&] { *written = codec->codec.max_bytes(n); });
   return s;
 }
 

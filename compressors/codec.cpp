@@ -11,6 +11,7 @@
 #include "chunks.hpp"
 #include "codec_impl.hpp"
 #include "device_backend.hpp"
+#include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "parallel.hpp"
 #include "philox.hpp"
@@ -110,7 +111,19 @@ Codec::Codec(std::string_view spec) {
 CodecKind Codec::kind() const noexcept { return impl_->kind(); }
 CodecProperties Codec::properties() const { return impl_->properties(); }
 std::size_t Codec::selected(std::size_t n) const { return impl_->selected(n); }
-std::size_t Codec::max_bytes(std::size_t n) const { return impl_->max_bytes(n); }
+namespace {
+std::size_t checked_count(std::size_t n, const char* what) {
+  if (n > kMaxElements) {
+    throw Error(Status::invalid_argument, std::string(what) + ": " + std::to_string(n) +
+                                              " elements is more than the 2^60 gcomp supports");
+  }
+  return n;
+}
+}  // namespace
+
+std::size_t Codec::max_bytes(std::size_t n) const {
+  return impl_->max_bytes(checked_count(n, "max_bytes"));
+}
 
 std::size_t Codec::encode(std::span<const float> x, std::uint64_t seed,
                           std::span<std::byte> out) const {
@@ -248,15 +261,9 @@ void check_finite(std::span<const float> x, std::span<const float> residual) {
   }
   std::atomic<bool> bad{false};
   detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    std::uint32_t m = detail::kInfBits;
-    if (residual.empty()) {
-      for (std::size_t i = b; i < e; ++i) m = std::min(m, ~detail::float_bits(x[i]) & detail::kInfBits);
-    } else {
-      for (std::size_t i = b; i < e; ++i) {
-        m = std::min(m, ~detail::float_bits(x[i] + residual[i]) & detail::kInfBits);
-      }
-    }
-    if (m == 0) bad.store(true, std::memory_order_relaxed);
+    const bool hit = residual.empty() ? detail::any_nonfinite(x.data() + b, e - b)
+                                      : detail::any_nonfinite_sum(x.data() + b, residual.data() + b, e - b);
+    if (hit) bad.store(true, std::memory_order_relaxed);
   });
   if (!bad.load()) return;
   if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
@@ -270,29 +277,23 @@ void copy_checked(std::span<const float> x, std::span<const float> residual,
   }
   std::atomic<bool> bad{false};
   detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    std::uint32_t m = detail::kInfBits;
-    if (residual.empty()) {
-      for (std::size_t i = b; i < e; ++i) {
-        out[i] = x[i];
-        m = std::min(m, ~detail::float_bits(x[i]) & detail::kInfBits);
-      }
-    } else {
-      for (std::size_t i = b; i < e; ++i) {
-        out[i] = x[i] + residual[i];
-        m = std::min(m, ~detail::float_bits(out[i]) & detail::kInfBits);
-      }
-    }
-    if (m == 0) bad.store(true, std::memory_order_relaxed);
+    const bool hit =
+        residual.empty()
+            ? detail::encode_f32(x.data() + b, nullptr, e - b,
+                                 reinterpret_cast<std::byte*>(out.data() + b), nullptr)
+            : detail::add_checked(x.data() + b, residual.data() + b, e - b, out.data() + b);
+    if (hit) bad.store(true, std::memory_order_relaxed);
   });
   if (!bad.load()) return;
   if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
   detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
 }
 
-ErrorFeedback::ErrorFeedback(std::size_t n) : n_(n), residual_(n, 0.0f) {}
+ErrorFeedback::ErrorFeedback(std::size_t n)
+    : n_(checked_count(n, "ErrorFeedback")), residual_(n, 0.0f) {}
 
 ErrorFeedback::ErrorFeedback(std::size_t n, const detail::DeviceBackend* device, void* stream)
-    : n_(n), device_(device), stream_(stream) {
+    : n_(checked_count(n, "ErrorFeedback")), device_(device), stream_(stream) {
   if (!device) throw Error(Status::invalid_argument, "ErrorFeedback: no device backend");
   try {
     d_residual_ = static_cast<float*>(device->alloc(4 * n));

@@ -35,6 +35,13 @@ GCOMP_ALWAYS_INLINE bool any_nonfinite_body(const float* x, std::size_t n) noexc
   return m == 0;
 }
 
+GCOMP_ALWAYS_INLINE bool any_nonfinite_sum_body(const float* x, const float* e,
+                                                std::size_t n) noexcept {
+  std::uint32_t m = kInfBits;
+  for (std::size_t i = 0; i < n; ++i) m = std::min(m, ~float_bits(x[i] + e[i]) & kInfBits);
+  return m == 0;
+}
+
 GCOMP_ALWAYS_INLINE bool abs_keys_body(const float* v, std::size_t n, std::uint32_t* keys) noexcept {
   std::uint32_t mx = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -315,6 +322,8 @@ GCOMP_MULTIVERSION(bool, add_checked,
 GCOMP_MULTIVERSION(void, add, (const float* x, const float* e, std::size_t n, float* v) noexcept,
                    (x, e, n, v))
 GCOMP_MULTIVERSION(bool, any_nonfinite, (const float* x, std::size_t n) noexcept, (x, n))
+GCOMP_MULTIVERSION(bool, any_nonfinite_sum, (const float* x, const float* e, std::size_t n) noexcept,
+                   (x, e, n))
 GCOMP_MULTIVERSION(bool, abs_keys, (const float* v, std::size_t n, std::uint32_t* keys) noexcept,
                    (v, n, keys))
 GCOMP_MULTIVERSION(void, subtract_signs, (float* e, std::size_t n, float scale) noexcept,

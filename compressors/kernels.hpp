@@ -13,8 +13,9 @@ namespace gcomp::detail {
 bool add_checked(const float* x, const float* e, std::size_t n, float* v) noexcept;
 // v = x + e, unchecked.
 void add(const float* x, const float* e, std::size_t n, float* v) noexcept;
-// Whether x[0..n) holds a NaN or Inf.
+// Whether x[0..n) holds a NaN or Inf; whether x + e does.
 bool any_nonfinite(const float* x, std::size_t n) noexcept;
+bool any_nonfinite_sum(const float* x, const float* e, std::size_t n) noexcept;
 // keys = abs_bits(v) (monotone in |v|), checked.
 bool abs_keys(const float* v, std::size_t n, std::uint32_t* keys) noexcept;
 // v = x + e and keys = abs_bits(v), in one pass; checked.

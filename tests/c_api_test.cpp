@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "test_util.hpp"
 
 namespace {
 
@@ -67,6 +70,36 @@ TEST(CApi, ErrorsCarryStatusAndMessage) {
   gcomp_codec_destroy(codec);
   gcomp_codec_destroy(nullptr);
   gcomp_ef_destroy(nullptr);
+}
+
+// Sizes computed from an element count never wrap around: above 2^60 elements max_bytes fails
+// (0 and a message naming the call) instead of returning a small number, and error-feedback
+// memory that large is an invalid argument, not an internal error.
+TEST(CApi, CountsBeyondTheLimitAreInvalidArguments) {
+  gcomp_codec none = nullptr;
+  ASSERT_EQ(gcomp_codec_create("none", &none), GCOMP_OK);
+  EXPECT_EQ(gcomp_codec_max_bytes(none, std::size_t{1} << 62), 0u);
+  EXPECT_NE(std::string(gcomp_last_error()).find("gcomp_codec_max_bytes"), std::string::npos)
+      << gcomp_last_error();
+  EXPECT_EQ(gcomp_codec_max_bytes(none, SIZE_MAX), 0u);
+  gcomp_codec_destroy(none);
+  // Up to the limit no codec's bound shrinks as n grows (no wrap-around inside it).
+  constexpr std::size_t kMax = gcomp::kMaxElements;
+  for (const auto& spec : gcomp::test::all_specs()) {
+    gcomp_codec c = nullptr;
+    ASSERT_EQ(gcomp_codec_create(spec.c_str(), &c), GCOMP_OK);
+    const std::size_t top = gcomp_codec_max_bytes(c, kMax);
+    EXPECT_GE(top, gcomp_codec_max_bytes(c, kMax / 2)) << spec;
+    EXPECT_GE(gcomp_codec_max_bytes(c, kMax / 2), gcomp_codec_max_bytes(c, 1000)) << spec;
+    EXPECT_EQ(gcomp_codec_max_bytes(c, kMax + 1), 0u) << spec;
+    gcomp_codec_destroy(c);
+  }
+  gcomp_ef ef = reinterpret_cast<gcomp_ef>(&ef);  // not null: the call must clear it
+  EXPECT_EQ(gcomp_ef_create(SIZE_MAX, &ef), GCOMP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(ef, nullptr);
+  EXPECT_NE(std::string(gcomp_last_error()).find("gcomp_ef_create"), std::string::npos)
+      << gcomp_last_error();
+  EXPECT_THROW(gcomp::ErrorFeedback(kMax + 1), gcomp::Error);
 }
 
 TEST(CApi, LastErrorIsPerThread) {

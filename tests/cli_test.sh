@@ -267,12 +267,38 @@ bad 2 "--steps" eval --spec topk:k=1 --steps 5 x.bin
 bad 2 "--threads" eval --spec none --threads 0 x.bin
 bad 2 "subcommand"
 # A malformed environment variable is an error, not a silent default.
+# The message names the variable alone: the files are not at fault.
 export GCOMP_NUM_THREADS=lots
-bad 2 "GCOMP_NUM_THREADS='lots'" encode --spec sign x.bin o.gcp
-bad 2 "GCOMP_NUM_THREADS='lots'" decode none.gcp o.bin
+bad 2 "gcomp: GCOMP_NUM_THREADS='lots'" encode --spec sign x.bin o.gcp
+bad 2 "gcomp: GCOMP_NUM_THREADS='lots'" decode none.gcp o.bin
+bad 2 "gcomp: GCOMP_NUM_THREADS='lots'" inspect none.gcp
 export GCOMP_NUM_THREADS=2
 ok encode --spec sign x.bin o.gcp
 unset GCOMP_NUM_THREADS
+export GCOMP_SIMD=sse9
+bad 2 "gcomp: GCOMP_SIMD='sse9'" encode --spec sign x.bin o.gcp
+# Every kernel level writes the same bytes as the best this CPU has (levels above it run it).
+for spec in fp16 qsgd terngrad topk:ratio=0.1; do
+  env -u GCOMP_SIMD "$G" encode --spec "$spec" --seed 5 x.bin best.gcp || fail "$spec: encode failed"
+  for level in baseline avx2 avx512; do
+    export GCOMP_SIMD=$level
+    ok encode --spec "$spec" --seed 5 x.bin "level.gcp"
+    cmp -s level.gcp best.gcp || fail "$spec: GCOMP_SIMD=$level gives other bytes"
+  done
+done
+unset GCOMP_SIMD
+
+# ---- streams of no declared size: read with a bound, the file named ----
+bad 2 "/dev/zero" inspect /dev/zero
+bad 2 "/dev/zero" decode /dev/zero never.bin
+# A raw array from a stream reads at most a quarter of the memory the process may use (here
+# limited to 1 GiB; not under AddressSanitizer, whose shadow memory needs far more address space).
+if [ -z "${GCOMP_TEST_SANITIZED:-}" ]; then
+  (
+    ulimit -v 1048576
+    bad 2 "/dev/zero: more than" encode --spec none /dev/zero never.gcp
+  ) || exit 1
+fi
 
 # ---- other failures: exit 1 ----
 python3 helper.py huge huge.gcp || fail "python3 could not write huge.gcp"

@@ -62,6 +62,11 @@ const std::vector<CodecDescription>& codec_catalog();
 
 class ErrorFeedback;
 
+// The most elements a tensor may have (2^60: 4 EiB of float32). Larger counts are an
+// invalid_argument wherever a size is computed from them (max_bytes, ErrorFeedback), so that no
+// size wraps around.
+inline constexpr std::size_t kMaxElements = std::size_t{1} << 60;
+
 namespace detail {
 class CodecImpl;
 }
@@ -80,7 +85,8 @@ class Codec {
   // Elements a sparse codec selects out of n (0 for dense codecs; threshold: n, an upper bound).
   std::size_t selected(std::size_t n) const;
 
-  // Upper bound of the bytes encode() writes for n floats.
+  // Upper bound of the bytes encode() writes for n floats. Throws Error(invalid_argument) for
+  // n > kMaxElements (the bound would not fit in size_t).
   std::size_t max_bytes(std::size_t n) const;
 
   // Encodes x into out and returns the bytes written. Throws Error(buffer_too_small) when out is
@@ -129,6 +135,8 @@ class Codec {
 // by gcomp::cuda::error_feedback, library gcomp_cuda) in device memory. Copies are deep.
 class ErrorFeedback {
  public:
+  // n zeros. Throws Error(invalid_argument) for n > kMaxElements; std::bad_alloc when memory
+  // runs out.
   explicit ErrorFeedback(std::size_t n);
   // n zeros in device memory through `device` (what gcomp::cuda::error_feedback passes).
   ErrorFeedback(std::size_t n, const detail::DeviceBackend* device, void* stream = nullptr);

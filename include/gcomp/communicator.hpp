@@ -10,7 +10,15 @@
 // spec, element count, options and seed. Ranks that disagree, or a rank whose own part fails
 // (NaN/Inf input, bad arguments), never hang the others: every rank throws gcomp::Error, the
 // failing rank with its own status, the others with Status::mismatch naming the rank and reason.
-// Errors from MPI itself become Error(Status::mpi).
+// Finite inputs whose sum overflows float32 make every rank throw Error(Status::nonfinite), with
+// every algorithm. Errors from MPI itself become Error(Status::mpi).
+//
+// After a failure the error-feedback residual is as it was before the call. So are the output
+// and (in place) the input when the failure is found before the exchange: bad arguments, NaN/Inf
+// in x or x + e, ranks that disagree, another rank's such failure. A failure during the exchange
+// (the sum overflowing, an MPI error) leaves the output's contents unspecified (in place: the
+// input is lost). allreduce_buckets runs its buckets in turn: those before a failing one are
+// complete, their tensors reduced and their residuals committed.
 //
 // Threads: a Communicator is used by one thread at a time (MPI_THREAD_FUNNELED is enough).
 #pragma once

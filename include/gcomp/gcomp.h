@@ -47,7 +47,8 @@ gcomp_status gcomp_codec_create(const char* spec, gcomp_codec* out);
 void gcomp_codec_destroy(gcomp_codec codec);
 
 /* An upper bound of the bytes an encoding of n floats takes (exact for every codec but threshold,
- * whose bound assumes every element passes). Returns 0 for a NULL codec. */
+ * whose bound assumes every element passes). Returns 0 for a NULL codec and for n above 2^60 (whose
+ * bound would not fit); gcomp_last_error() then says which. */
 size_t gcomp_codec_max_bytes(gcomp_codec codec, size_t n);
 
 /* Encodes x[0..n) into out. `seed` drives the stochastic codecs (same seed, same bytes).
@@ -57,7 +58,8 @@ size_t gcomp_codec_max_bytes(gcomp_codec codec, size_t n);
 gcomp_status gcomp_encode(gcomp_codec codec, const float* x, size_t n, uint64_t seed, void* out,
                           size_t capacity, size_t* written);
 
-/* Creates zeroed error-feedback memory for a tensor of n floats. */
+/* Creates zeroed error-feedback memory for a tensor of n floats. GCOMP_ERR_INVALID_ARGUMENT for
+ * n above 2^60, GCOMP_ERR_INTERNAL when memory runs out (the message names this call). */
 gcomp_status gcomp_ef_create(size_t n, gcomp_ef* out);
 
 /* Frees error-feedback memory; NULL is ignored. */

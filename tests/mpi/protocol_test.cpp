@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "gcomp/gcomp_mpi.h"
@@ -17,6 +18,11 @@ using test::size;
 using test::world;
 
 // Runs f on this rank and returns the status it threw (ok when it did not).
+struct Case {
+  const char* spec;
+  Algorithm algorithm;
+};
+
 template <class F>
 Status status_of(F&& f, std::string* message = nullptr) {
   try {
@@ -88,6 +94,92 @@ TEST(Mismatch, NanOnOneRankFailsEveryRank) {
     }
     // Nobody's residual moved.
     EXPECT_EQ(std::vector<float>(ef.residual().begin(), ef.residual().end()), before);
+  }
+  still_works();
+}
+
+// The seed is part of what must agree: random-k's ranks would otherwise select different
+// supports (their sum no longer k-sparse) without a word.
+TEST(Mismatch, AnotherSeedOnOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  for (const char* spec : {"randomk:ratio=0.1", "qsgd", "none"}) {
+    const Codec codec(spec);
+    const auto x = test::input(1000, 8);
+    std::vector<float> out(x.size());
+    AllreduceOptions opt;
+    opt.seed = rank() == 1 ? 8 : 7;
+    std::string msg;
+    EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec, nullptr, opt); }, &msg),
+              Status::mismatch)
+        << spec;
+    EXPECT_NE(msg.find("seed=" + std::to_string(opt.seed)), std::string::npos) << msg;
+  }
+  still_works();
+}
+
+// What the caller's buffers hold after a failure found before the exchange (here NaN on one
+// rank): out as it was and the residual as it was, out of place and in place, on every rank
+// and for every kind of codec.
+TEST(Failure, BuffersAreUntouchedWhenTheCallFailsBeforeTheExchange) {
+  for (const char* spec : {"none", "fp16", "qsgd", "topk:ratio=0.01"}) {
+    for (bool with_ef : {false, true}) {
+      const Codec codec(spec);
+      auto x = test::input(3000, 9);
+      if (rank() == size() - 1) x[77] = std::numeric_limits<float>::quiet_NaN();
+      ErrorFeedback ef(x.size());
+      if (with_ef) {  // a residual that is not zero, from one good call
+        const auto good = test::input(3000, 10);
+        std::vector<float> scratch(good.size());
+        AllreduceOptions applied;
+        applied.allow_uncompressed = false;
+        world().allreduce(good, scratch, codec, &ef, applied);
+      }
+      const std::vector<float> residual(ef.residual().begin(), ef.residual().end());
+      const std::vector<float> sentinel(x.size(), 7.0f);
+      std::vector<float> out = sentinel;
+      EXPECT_NE(status_of([&] { world().allreduce(x, out, codec, with_ef ? &ef : nullptr); }),
+                Status::ok);
+      EXPECT_TRUE(test::all_ranks(out == sentinel)) << spec << " out of place";
+      std::vector<float> io = x;
+      EXPECT_NE(status_of([&] { world().allreduce(io, codec, with_ef ? &ef : nullptr); }),
+                Status::ok);
+      EXPECT_TRUE(test::all_ranks(std::memcmp(io.data(), x.data(), 4 * x.size()) == 0))
+          << spec << " in place";
+      EXPECT_TRUE(test::all_ranks(std::vector<float>(ef.residual().begin(), ef.residual().end()) ==
+                                  residual))
+          << spec;
+    }
+  }
+  still_works();
+}
+
+// Finite inputs whose sum overflows float32: one behaviour for every algorithm, Error(nonfinite)
+// on every rank, with the residual not committed.
+TEST(Failure, ASumThatOverflowsFailsEveryAlgorithmAlike) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to overflow";
+  const Case cases[] = {{"none", Algorithm::dense},
+                        {"none", Algorithm::allgather},
+                        {"none", Algorithm::compressed_reduce_scatter},
+                        {"topk:ratio=0.5", Algorithm::dense},
+                        {"topk:ratio=0.5", Algorithm::sparse_allgather},
+                        {"topk:ratio=0.5", Algorithm::sparse_recursive_doubling},
+                        {"topk:ratio=0.5", Algorithm::sparse_split}};
+  for (const Case& c : cases) {
+    for (bool average : {false, true}) {
+      const Codec codec(c.spec);
+      std::vector<float> x(4001, 2e38f);
+      x[5] = 1.0f;  // not every element overflows
+      ErrorFeedback ef(x.size());
+      std::vector<float> out(x.size());
+      AllreduceOptions opt;
+      opt.algorithm = c.algorithm;
+      opt.average = average;
+      std::string msg;
+      EXPECT_EQ(status_of([&] { world().allreduce(x, out, codec, &ef, opt); }, &msg),
+                Status::nonfinite)
+          << c.spec << " " << algorithm_name(c.algorithm);
+      for (float e : ef.residual()) ASSERT_EQ(e, 0.0f) << c.spec << ": residual committed";
+    }
   }
   still_works();
 }
