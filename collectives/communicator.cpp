@@ -26,8 +26,8 @@
 
 #include "algorithms.hpp"
 #include "device_backend.hpp"
-#include "gcomp/cost_model.hpp"
 #include "fnv.hpp"
+#include "gcomp/cost_model.hpp"
 #include "kernels.hpp"
 #include "learner.hpp"
 #include "nonfinite.hpp"
@@ -38,7 +38,7 @@ namespace gcomp {
 namespace {
 
 constexpr const char* kAlgorithmNames[kAlgorithmCount] = {
-    "auto",      "dense",     "sparse_allgather", "sparse_recursive_doubling",
+    "auto",         "dense",     "sparse_allgather",         "sparse_recursive_doubling",
     "sparse_split", "allgather", "compressed_reduce_scatter"};
 
 // ---- the agreement ----
@@ -54,12 +54,12 @@ struct Agreement {
   std::uint64_t sig;
   std::uint64_t not_sig;
   std::uint64_t not_fail;
-  std::uint64_t sent;    // entries a sparse payload holds
-  std::uint64_t bytes;   // whole-tensor payload bytes
-  std::uint64_t encode;  // the codec's encode seconds per element (double bits)
-  std::uint64_t decode;  // decode seconds per element or entry (double bits)
-  std::uint64_t learned_key;     // the previous call's (codec, size, algorithm) key
-  std::uint64_t learned_seconds; // and its seconds on this rank (double bits)
+  std::uint64_t sent;             // entries a sparse payload holds
+  std::uint64_t bytes;            // whole-tensor payload bytes
+  std::uint64_t encode;           // the codec's encode seconds per element (double bits)
+  std::uint64_t decode;           // decode seconds per element or entry (double bits)
+  std::uint64_t learned_key;      // the previous call's (codec, size, algorithm) key
+  std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
 };
 constexpr int kAgreementWords = sizeof(Agreement) / 8;
 constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
@@ -72,11 +72,12 @@ using detail::Fnv;
 std::string describe(const Codec& codec, std::size_t n, Algorithm requested,
                      const AllreduceOptions& opt, bool ef, std::uint64_t extra) {
   return codec.spec() + " n=" + std::to_string(n) + " algorithm=" + algorithm_name(requested) +
-         " average=" + std::to_string(opt.average) + " majority_vote=" +
-         std::to_string(opt.majority_vote) + " tensor=" + std::to_string(opt.tensor) +
-         " seed=" + std::to_string(opt.seed) +
-         " error_feedback=" + std::to_string(ef) + " allow_uncompressed=" +
-         std::to_string(opt.allow_uncompressed) + " layout=" + std::to_string(extra);
+         " average=" + std::to_string(opt.average) +
+         " majority_vote=" + std::to_string(opt.majority_vote) +
+         " tensor=" + std::to_string(opt.tensor) + " seed=" + std::to_string(opt.seed) +
+         " error_feedback=" + std::to_string(ef) +
+         " allow_uncompressed=" + std::to_string(opt.allow_uncompressed) +
+         " layout=" + std::to_string(extra);
 }
 
 std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(std::max(0.0, v)); }
@@ -227,8 +228,7 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::init(MPI_Comm comm, const NetworkModel* given,
-                        std::shared_ptr<Timing> timing) {
+void Communicator::init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing) {
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
   timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
   learner_ = std::make_unique<detail::AutoLearner>();
@@ -251,9 +251,14 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given,
   }
   network_ = given ? *given : measure_network(comm_, rank_, size_);
   const ComputeModel rm = timing_->shared_speeds();
-  double local[8] = {network_.alpha,    network_.beta,           network_.beta_all,
-                     network_.beta_one, network_.beta_allreduce, network_.beta_allreduce_large,
-                     rm.reduce,         rm.merge};
+  double local[8] = {network_.alpha,
+                     network_.beta,
+                     network_.beta_all,
+                     network_.beta_one,
+                     network_.beta_allreduce,
+                     network_.beta_allreduce_large,
+                     rm.reduce,
+                     rm.merge};
   double agreed[8];
   detail::allreduce(local, agreed, 8, MPI_DOUBLE, MPI_MAX, comm_);
   if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4], agreed[5]};
@@ -328,8 +333,8 @@ std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, st
 
 double Communicator::predict_uncompressed(std::size_t n) {
   static const Codec none("none");
-  return gcomp::predict_uncompressed(model_input(none, n, 0, 4 * n, size_, network_,
-                                                 compute_model(none, n), false, false));
+  return gcomp::predict_uncompressed(
+      model_input(none, n, 0, 4 * n, size_, network_, compute_model(none, n), false, false));
 }
 
 Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
@@ -432,8 +437,8 @@ struct Communicator::Impl {
 
     // 1. Local work that may fail.
     Agreement mine{};
-    std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
-    bool choosing = false;  // auto on a codec other than none: the learner decides
+    std::uint64_t sig = 0;          // of what must agree (describe() spells it out)
+    bool choosing = false;          // auto on a codec other than none: the learner decides
     std::uint64_t calibration = 0;  // keys of this (codec, size) in calibrated_ and the learner
     std::uint64_t group = 0;
     Algorithm requested = opt.algorithm;
@@ -465,13 +470,16 @@ struct Communicator::Impl {
         }
       }
       if (!suits(requested, *codec)) {
-        throw Error(Status::invalid_argument, std::string("algorithm ") + algorithm_name(requested) +
+        throw Error(Status::invalid_argument, std::string("algorithm ") +
+                                                  algorithm_name(requested) +
                                                   " needs a sparse codec (topk, randomk, "
-                                                  "threshold), not " + codec->spec());
+                                                  "threshold), not " +
+                                                  codec->spec());
       }
       if (opt.majority_vote) {
         if (codec->kind() != CodecKind::sign) {
-          throw Error(Status::invalid_argument, "majority_vote needs the sign codec, not " + codec->spec());
+          throw Error(Status::invalid_argument,
+                      "majority_vote needs the sign codec, not " + codec->spec());
         }
         if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
           throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
@@ -535,8 +543,7 @@ struct Communicator::Impl {
       if (choosing && known && opt.allow_uncompressed) {
         const std::uint64_t s0 = default_sent(*codec, in.size());
         ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
-                                    self.size_, self.network_, compute, opt.average,
-                                    ef != nullptr);
+                                    self.size_, self.network_, compute, opt.average, ef != nullptr);
         mi.allow_uncompressed = true;
         // The previous call's time is not agreed yet: count it as this rank measured it.
         likely_uncompressed = !self.choose_learned(group, mi, true).compressed;
@@ -646,8 +653,8 @@ struct Communicator::Impl {
       }
       self.calibrated_[calibration] = {compute.encode, compute.decode, 0, 0};
       compute = self.with_shared_speeds(compute);
-      ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_,
-                                  self.network_, compute, opt.average, ef != nullptr);
+      ModelInput mi = model_input(*codec, in.size(), all.sent, all.bytes, self.size_, self.network_,
+                                  compute, opt.average, ef != nullptr);
       mi.allow_uncompressed = opt.allow_uncompressed;
       const Choice choice = self.choose_learned(group, mi);
       alg = choice.algorithm;
@@ -655,15 +662,29 @@ struct Communicator::Impl {
     }
     if (job.dev) {
       detail::run_device(job, alg);
-    } else switch (alg) {
-      case Algorithm::dense: detail::run_dense(job); break;
-      case Algorithm::sparse_allgather: detail::run_sparse_allgather(job); break;
-      case Algorithm::sparse_recursive_doubling: detail::run_sparse_recursive_doubling(job); break;
-      case Algorithm::sparse_split: detail::run_sparse_split(job); break;
-      case Algorithm::allgather: detail::run_allgather(job); break;
-      case Algorithm::compressed_reduce_scatter: detail::run_compressed_reduce_scatter(job); break;
-      case Algorithm::automatic: break;
-    }
+    } else
+      switch (alg) {
+        case Algorithm::dense:
+          detail::run_dense(job);
+          break;
+        case Algorithm::sparse_allgather:
+          detail::run_sparse_allgather(job);
+          break;
+        case Algorithm::sparse_recursive_doubling:
+          detail::run_sparse_recursive_doubling(job);
+          break;
+        case Algorithm::sparse_split:
+          detail::run_sparse_split(job);
+          break;
+        case Algorithm::allgather:
+          detail::run_allgather(job);
+          break;
+        case Algorithm::compressed_reduce_scatter:
+          detail::run_compressed_reduce_scatter(job);
+          break;
+        case Algorithm::automatic:
+          break;
+      }
     check_sum_finite(job, alg);
     if (ef) ef->commit();
     if (choosing) {
@@ -705,9 +726,8 @@ void Communicator::allreduce(std::span<const float> in, std::span<float> out, co
   run_call(in, out, &codec, ef, options, nullptr, 0);
 }
 
-void Communicator::allreduce(TensorView<const float> in, TensorView<float> out,
-                             const Codec& codec, ErrorFeedback* ef,
-                             const AllreduceOptions& options) {
+void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, const Codec& codec,
+                             ErrorFeedback* ef, const AllreduceOptions& options) {
   if (!in.on_device() && !out.on_device()) {
     return run_call(in.host(), out.host(), &codec, ef, options, nullptr, 0);
   }

@@ -163,9 +163,9 @@ namespace {
 // The caller-owned error-feedback buffers must match the input; the input must not be null.
 void check_ef_buffers(std::size_t n, std::size_t e_old, std::size_t e_new, bool x_null) {
   if (e_old != n || e_new != n) {
-    throw Error(Status::invalid_argument,
-                "error-feedback buffers of " + std::to_string(e_old) + " and " +
-                    std::to_string(e_new) + " elements for an input of " + std::to_string(n));
+    throw Error(Status::invalid_argument, "error-feedback buffers of " + std::to_string(e_old) +
+                                              " and " + std::to_string(e_new) +
+                                              " elements for an input of " + std::to_string(n));
   }
   if (x_null && n > 0) throw Error(Status::invalid_argument, "input is null");
 }
@@ -202,8 +202,9 @@ const detail::DeviceBackend* one_place(const char* what, const V&... views) {
   (visit(views), ...);
   if (mixed) {
     throw Error(Status::invalid_argument,
-                std::string(what) + ": the views are in different memories (host and device); "
-                                    "copy them to one side first");
+                std::string(what) +
+                    ": the views are in different memories (host and device); "
+                    "copy them to one side first");
   }
   if (streams) {
     throw Error(Status::invalid_argument,
@@ -243,11 +244,11 @@ std::size_t Codec::encode_ef(ErrorFeedback& ef, TensorView<const float> x, std::
   if (!ef.on_device()) return encode_ef(ef, x.host(), seed, out.host());
   const TensorView<float> e = ef.view();
   // The views must agree on memory and stream; the residual takes the input's stream.
-  const TensorView<float> e_old = TensorView<float>::device(e.data(), e.size(), x.stream(),
-                                                            e.backend());
+  const TensorView<float> e_old =
+      TensorView<float>::device(e.data(), e.size(), x.stream(), e.backend());
   const TensorView<float> s = ef.scratch_view();
-  const TensorView<float> e_new = TensorView<float>::device(s.data(), s.size(), x.stream(),
-                                                            s.backend());
+  const TensorView<float> e_new =
+      TensorView<float>::device(s.data(), s.size(), x.stream(), s.backend());
   const std::size_t bytes = encode_ef(x, e_old, e_new, seed, out);
   ef.commit();
   return bytes;
@@ -261,8 +262,9 @@ void check_finite(std::span<const float> x, std::span<const float> residual) {
   }
   std::atomic<bool> bad{false};
   detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    const bool hit = residual.empty() ? detail::any_nonfinite(x.data() + b, e - b)
-                                      : detail::any_nonfinite_sum(x.data() + b, residual.data() + b, e - b);
+    const bool hit = residual.empty()
+                         ? detail::any_nonfinite(x.data() + b, e - b)
+                         : detail::any_nonfinite_sum(x.data() + b, residual.data() + b, e - b);
     if (hit) bad.store(true, std::memory_order_relaxed);
   });
   if (!bad.load()) return;
@@ -270,8 +272,7 @@ void check_finite(std::span<const float> x, std::span<const float> residual) {
   detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
 }
 
-void copy_checked(std::span<const float> x, std::span<const float> residual,
-                  std::span<float> out) {
+void copy_checked(std::span<const float> x, std::span<const float> residual, std::span<float> out) {
   if ((!residual.empty() && residual.size() != x.size()) || out.size() != x.size()) {
     throw Error(Status::invalid_argument, "copy_checked: sizes differ");
   }

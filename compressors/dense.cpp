@@ -78,8 +78,7 @@ void validate_dense(const Payload& p) {
   const std::uint64_t w = p.kind == CodecKind::none ? 4 : 2;
   const std::byte* d = p.sections[0].data;
   std::atomic<std::size_t> first_bad{p.n};
-  const std::uint32_t inf =
-      w == 4 ? kInfBits : (p.kind == CodecKind::fp16 ? 0x7c00u : 0x7f80u);
+  const std::uint32_t inf = w == 4 ? kInfBits : (p.kind == CodecKind::fp16 ? 0x7c00u : 0x7f80u);
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     if (any_inf_bits(d + w * b, e - b, w, inf)) {
       std::size_t cur = first_bad.load();
@@ -100,7 +99,8 @@ void decode_add_dense(const Payload& p, float* acc, float alpha) {
                    : p.kind == CodecKind::fp16 ? add_scaled_half
                                                : add_scaled_bf16;
   const std::size_t w = p.kind == CodecKind::none ? 4 : 2;
-  for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) { add(acc + b, d + w * b, alpha, e - b); });
+  for_chunks(p.n, kChunk,
+             [&](std::size_t b, std::size_t e) { add(acc + b, d + w * b, alpha, e - b); });
 }
 
 std::string describe_dense(const Payload& p) {

@@ -25,7 +25,8 @@ GCOMP_ALWAYS_INLINE bool add_checked_body(const float* x, const float* e, std::s
   return m == 0;
 }
 
-GCOMP_ALWAYS_INLINE void add_body(const float* x, const float* e, std::size_t n, float* v) noexcept {
+GCOMP_ALWAYS_INLINE void add_body(const float* x, const float* e, std::size_t n,
+                                  float* v) noexcept {
   for (std::size_t i = 0; i < n; ++i) v[i] = x[i] + e[i];
 }
 
@@ -42,7 +43,8 @@ GCOMP_ALWAYS_INLINE bool any_nonfinite_sum_body(const float* x, const float* e,
   return m == 0;
 }
 
-GCOMP_ALWAYS_INLINE bool abs_keys_body(const float* v, std::size_t n, std::uint32_t* keys) noexcept {
+GCOMP_ALWAYS_INLINE bool abs_keys_body(const float* v, std::size_t n,
+                                       std::uint32_t* keys) noexcept {
   std::uint32_t mx = 0;
   for (std::size_t i = 0; i < n; ++i) {
     keys[i] = abs_bits(v[i]);
@@ -155,7 +157,8 @@ GCOMP_ALWAYS_INLINE void add_scaled_f32_body(float* acc, const std::byte* v, flo
 
 GCOMP_ALWAYS_INLINE void add_scaled_bf16_body(float* acc, const std::byte* v, float alpha,
                                               std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) acc[i] += alpha * bf16_to_float(load_le<std::uint16_t>(v + 2 * i));
+  for (std::size_t i = 0; i < n; ++i)
+    acc[i] += alpha * bf16_to_float(load_le<std::uint16_t>(v + 2 * i));
 }
 
 GCOMP_ALWAYS_INLINE void add_scaled_half_from(std::size_t i, float* acc, const std::byte* v,
@@ -176,7 +179,8 @@ template <class I, bool F16>
 GCOMP_ALWAYS_INLINE void scatter_add_as(float* acc, const std::byte* ip, const std::byte* vp,
                                         std::size_t nnz, float alpha) noexcept {
   for (std::size_t j = 0; j < nnz; ++j) {
-    const float v = F16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
+    const float v =
+        F16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
     acc[load_le<I>(ip + sizeof(I) * j)] += alpha * v;
   }
 }
@@ -196,7 +200,8 @@ GCOMP_ALWAYS_INLINE void scatter_add_body(float* acc, const std::byte* ip, const
 // Branch-free over all entries (each index against its predecessor, both loaded), so that it
 // vectorizes; a bad payload is then searched for its first fault by the caller.
 template <class I>
-GCOMP_ALWAYS_INLINE bool indices_valid_as(const std::byte* ip, std::size_t nnz, std::uint64_t n) noexcept {
+GCOMP_ALWAYS_INLINE bool indices_valid_as(const std::byte* ip, std::size_t nnz,
+                                          std::uint64_t n) noexcept {
   if (nnz == 0) return true;
   bool bad = load_le<I>(ip) >= n;
   for (std::size_t j = 1; j < nnz; ++j) {
@@ -220,7 +225,8 @@ GCOMP_ALWAYS_INLINE bool any_inf_bits_body(const std::byte* d, std::size_t n, st
     for (std::size_t i = 0; i < n; ++i) m = std::min(m, ~load_le<std::uint32_t>(d + 4 * i) & inf);
   } else {
     for (std::size_t i = 0; i < n; ++i) {
-      m = std::min<std::uint32_t>(m, ~static_cast<std::uint32_t>(load_le<std::uint16_t>(d + 2 * i)) & inf);
+      m = std::min<std::uint32_t>(
+          m, ~static_cast<std::uint32_t>(load_le<std::uint16_t>(d + 2 * i)) & inf);
     }
   }
   return m == 0;
@@ -297,7 +303,8 @@ GCOMP_TARGET_AVX512 void add_scaled_half_avx512(float* acc, const std::byte* v, 
   const __m512 a = _mm512_set1_ps(alpha);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 2 * i)));
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 2 * i)));
     _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_mul_ps(a, d)));
   }
   add_scaled_half_from(i, acc, v, alpha, n);
@@ -322,8 +329,8 @@ GCOMP_MULTIVERSION(bool, add_checked,
 GCOMP_MULTIVERSION(void, add, (const float* x, const float* e, std::size_t n, float* v) noexcept,
                    (x, e, n, v))
 GCOMP_MULTIVERSION(bool, any_nonfinite, (const float* x, std::size_t n) noexcept, (x, n))
-GCOMP_MULTIVERSION(bool, any_nonfinite_sum, (const float* x, const float* e, std::size_t n) noexcept,
-                   (x, e, n))
+GCOMP_MULTIVERSION(bool, any_nonfinite_sum,
+                   (const float* x, const float* e, std::size_t n) noexcept, (x, e, n))
 GCOMP_MULTIVERSION(bool, abs_keys, (const float* v, std::size_t n, std::uint32_t* keys) noexcept,
                    (v, n, keys))
 GCOMP_MULTIVERSION(void, subtract_signs, (float* e, std::size_t n, float scale) noexcept,
@@ -337,10 +344,12 @@ GCOMP_MULTIVERSION(void, scatter_add,
                     std::size_t index_bytes, bool fp16, float alpha) noexcept,
                    (acc, ip, vp, nnz, index_bytes, fp16, alpha))
 GCOMP_MULTIVERSION(bool, indices_valid,
-                   (const std::byte* ip, std::size_t nnz, std::size_t bytes, std::uint64_t n) noexcept,
+                   (const std::byte* ip, std::size_t nnz, std::size_t bytes,
+                    std::uint64_t n) noexcept,
                    (ip, nnz, bytes, n))
 GCOMP_MULTIVERSION(bool, any_inf_bits,
-                   (const std::byte* d, std::size_t n, std::size_t bytes, std::uint32_t inf) noexcept,
+                   (const std::byte* d, std::size_t n, std::size_t bytes,
+                    std::uint32_t inf) noexcept,
                    (d, n, bytes, inf))
 
 GCOMP_MULTIVERSION(bool, encode_f32,
@@ -362,9 +371,12 @@ bool encode_half(const float* x, const float* e, std::size_t n, std::byte* out,
                  float* e_new) noexcept {
 #if GCOMP_X86
   switch (simd_level()) {
-    case SimdLevel::avx512: return encode_half_avx512(x, e, n, out, e_new);
-    case SimdLevel::avx2: return encode_half_avx2(x, e, n, out, e_new);
-    default: break;
+    case SimdLevel::avx512:
+      return encode_half_avx512(x, e, n, out, e_new);
+    case SimdLevel::avx2:
+      return encode_half_avx2(x, e, n, out, e_new);
+    default:
+      break;
   }
 #endif
   return encode_half_body(x, e, n, out, e_new);
@@ -381,9 +393,12 @@ std::size_t positions_at_least(const std::uint32_t* keys, std::size_t n, std::ui
 void add_scaled_half(float* acc, const std::byte* v, float alpha, std::size_t n) noexcept {
 #if GCOMP_X86
   switch (simd_level()) {
-    case SimdLevel::avx512: return add_scaled_half_avx512(acc, v, alpha, n);
-    case SimdLevel::avx2: return add_scaled_half_avx2(acc, v, alpha, n);
-    default: break;
+    case SimdLevel::avx512:
+      return add_scaled_half_avx512(acc, v, alpha, n);
+    case SimdLevel::avx2:
+      return add_scaled_half_avx2(acc, v, alpha, n);
+    default:
+      break;
   }
 #endif
   add_scaled_half_body(acc, v, alpha, n);

@@ -29,9 +29,12 @@ std::size_t positions_at_least(const std::uint32_t* keys, std::size_t n, std::ui
 // The dense codecs' one pass: v = x (+ e when e is not null), written to out (any alignment) as
 // little-endian float32, fp16 or bf16 (round to nearest even, saturating: half.hpp); with error
 // feedback (e and e_new not null) also e_new = v - the value sent. Checked (v).
-bool encode_f32(const float* x, const float* e, std::size_t n, std::byte* out, float* e_new) noexcept;
-bool encode_half(const float* x, const float* e, std::size_t n, std::byte* out, float* e_new) noexcept;
-bool encode_bf16(const float* x, const float* e, std::size_t n, std::byte* out, float* e_new) noexcept;
+bool encode_f32(const float* x, const float* e, std::size_t n, std::byte* out,
+                float* e_new) noexcept;
+bool encode_half(const float* x, const float* e, std::size_t n, std::byte* out,
+                 float* e_new) noexcept;
+bool encode_bf16(const float* x, const float* e, std::size_t n, std::byte* out,
+                 float* e_new) noexcept;
 
 // acc += alpha * v for the n little-endian float32, fp16 or bf16 values at v (any alignment).
 void add_scaled_f32(float* acc, const std::byte* v, float alpha, std::size_t n) noexcept;
@@ -43,7 +46,8 @@ void scatter_add(float* acc, const std::byte* ip, const std::byte* vp, std::size
                  std::size_t index_bytes, bool fp16, float alpha) noexcept;
 // Whether the nnz little-endian indices of `bytes` bytes each (4 or 8) at ip are strictly
 // increasing and below n.
-bool indices_valid(const std::byte* ip, std::size_t nnz, std::size_t bytes, std::uint64_t n) noexcept;
+bool indices_valid(const std::byte* ip, std::size_t nnz, std::size_t bytes,
+                   std::uint64_t n) noexcept;
 // The sign codec's residual: e -= (e < 0 ? -scale : scale), i.e. v minus its decode.
 void subtract_signs(float* e, std::size_t n, float scale) noexcept;
 // Whether the n little-endian words of `bytes` bytes each (2 or 4) at d hold a value whose

@@ -122,8 +122,9 @@ inline std::uint64_t byte_mask() {
 
 // One bucket whose length is a multiple of 16; codes written whole bytes at a time.
 template <int B>
-GCOMP_TARGET_AVX512 bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket, const float* src, std::uint64_t bs,
-                   std::size_t len, float* norm_out, std::byte* codes, float* ef) {
+GCOMP_TARGET_AVX512 bool bucket_avx512(const PhiloxStream& st, std::uint64_t bucket,
+                                       const float* src, std::uint64_t bs, std::size_t len,
+                                       float* norm_out, std::byte* codes, float* ef) {
   const double ss = norm_avx512(src + bs, len);
   if (!std::isfinite(ss)) return false;
   const Quant q = make_quant(B, bucket, norm_from(ss));
@@ -209,8 +210,9 @@ BucketKernel avx512_kernel(int bits) {
 // acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 16 (begin a multiple of 16);
 // returns where it stopped.
 template <int B>
-GCOMP_TARGET_AVX512 std::uint64_t decode_range_avx512(const std::byte* codes, float step, float alpha,
-                                  std::uint64_t begin, std::uint64_t end, float* acc) {
+GCOMP_TARGET_AVX512 std::uint64_t decode_range_avx512(const std::byte* codes, float step,
+                                                      float alpha, std::uint64_t begin,
+                                                      std::uint64_t end, float* acc) {
   const __m512 vstep = _mm512_set1_ps(step);
   const __m512 valpha = _mm512_set1_ps(alpha);
   const __m512i lmask = _mm512_set1_epi32((1 << (B - 1)) - 1);
@@ -239,8 +241,9 @@ GCOMP_TARGET_AVX512 std::uint64_t decode_range_avx512(const std::byte* codes, fl
   return i;
 }
 
-GCOMP_TARGET_AVX512 inline std::uint64_t decode_avx512(int bits, const std::byte* codes, float step, float alpha,
-                            std::uint64_t begin, std::uint64_t end, float* acc) {
+GCOMP_TARGET_AVX512 inline std::uint64_t decode_avx512(int bits, const std::byte* codes, float step,
+                                                       float alpha, std::uint64_t begin,
+                                                       std::uint64_t end, float* acc) {
   switch (bits) {
     case 2:
       return decode_range_avx512<2>(codes, step, alpha, begin, end, acc);
@@ -426,8 +429,8 @@ inline void decode_buckets(const QsgdLayout& l, const std::byte* norms, const st
 // The same with the AVX-512 kernel on each bucket that starts on a multiple of 16 (the rest of a
 // bucket, and buckets that start elsewhere, in scalar code). One call per chunk.
 GCOMP_TARGET_AVX512 void decode_buckets_avx512(const QsgdLayout& l, const std::byte* norms,
-                                               const std::byte* codes, float alpha,
-                                               std::uint64_t b, std::uint64_t e, float* acc) {
+                                               const std::byte* codes, float alpha, std::uint64_t b,
+                                               std::uint64_t e, float* acc) {
   const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
   const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
   for (std::uint64_t bs = b; bs < e; bs += l.bucket) {

@@ -15,7 +15,9 @@ struct Lanes16 {
   __m512d hi;
   GCOMP_TARGET_AVX512 Lanes16() : lo(_mm512_setzero_pd()), hi(_mm512_setzero_pd()) {}
 
-  GCOMP_TARGET_AVX512 static __m512d low8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+  GCOMP_TARGET_AVX512 static __m512d low8(__m512 v) {
+    return _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  }
   GCOMP_TARGET_AVX512 static __m512d high8(__m512 v) {
     return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   }

@@ -103,9 +103,8 @@ class SignCodec final : public CodecImpl {
     const float scale = n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.0f;
     store_le<float>(data, scale);
     if (e_old) {
-      for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
-        subtract_signs(e_new + b, e - b, scale);
-      });
+      for_chunks(n, kChunk,
+                 [&](std::size_t b, std::size_t e) { subtract_signs(e_new + b, e - b, scale); });
     }
     return need;
   }

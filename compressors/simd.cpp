@@ -52,7 +52,9 @@ const EnvCap& env_cap() {
   return e;
 }
 
-SimdLevel min_level(SimdLevel a, SimdLevel b) { return static_cast<int>(a) < static_cast<int>(b) ? a : b; }
+SimdLevel min_level(SimdLevel a, SimdLevel b) {
+  return static_cast<int>(a) < static_cast<int>(b) ? a : b;
+}
 
 std::atomic<int>& level_in_use() {
   static std::atomic<int> l{static_cast<int>(min_level(cpu_simd_level(), env_cap().cap))};
@@ -71,14 +73,18 @@ SimdLevel simd_level() noexcept {
 }
 
 void set_simd_level(SimdLevel cap) noexcept {
-  level_in_use().store(static_cast<int>(min_level(min_level(cpu_simd_level(), env_cap().cap), cap)));
+  level_in_use().store(
+      static_cast<int>(min_level(min_level(cpu_simd_level(), env_cap().cap), cap)));
 }
 
 std::string_view simd_level_name(SimdLevel level) noexcept {
   switch (level) {
-    case SimdLevel::avx512: return "avx512";
-    case SimdLevel::avx2: return "avx2";
-    default: return "baseline";
+    case SimdLevel::avx512:
+      return "avx512";
+    case SimdLevel::avx2:
+      return "avx2";
+    default:
+      return "baseline";
   }
 }
 

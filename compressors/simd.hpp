@@ -48,15 +48,18 @@ inline bool use_avx512() noexcept { return GCOMP_X86 && simd_level() >= SimdLeve
 // are vectorized by the compiler for AVX-512, AVX2 or the baseline (static functions name_avx512,
 // name_avx2, name_baseline).
 #if GCOMP_X86
-#define GCOMP_MULTIVERSION(ret, name, params, args)                              \
+#define GCOMP_MULTIVERSION(ret, name, params, args)                                \
   GCOMP_TARGET_AVX512 static ret name##_avx512 params { return name##_body args; } \
   GCOMP_TARGET_AVX2 static ret name##_avx2 params { return name##_body args; }     \
   static ret name##_baseline params { return name##_body args; }                   \
   ret name params {                                                                \
     switch (::gcomp::detail::simd_level()) {                                       \
-      case ::gcomp::detail::SimdLevel::avx512: return name##_avx512 args;          \
-      case ::gcomp::detail::SimdLevel::avx2: return name##_avx2 args;              \
-      default: return name##_baseline args;                                        \
+      case ::gcomp::detail::SimdLevel::avx512:                                     \
+        return name##_avx512 args;                                                 \
+      case ::gcomp::detail::SimdLevel::avx2:                                       \
+        return name##_avx2 args;                                                   \
+      default:                                                                     \
+        return name##_baseline args;                                               \
     }                                                                              \
   }
 #else

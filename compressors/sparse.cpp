@@ -317,8 +317,7 @@ void validate_sparse(const Payload& p) {
   const std::byte* ip = p.sections[0].data;
   const std::byte* vp = p.sections[1].data;
   // The fast checks first (kernels.hpp); only a bad payload is searched for what is wrong.
-  if (indices_valid(ip, nnz, ib, p.n) &&
-      !any_inf_bits(vp, nnz, vb, vb == 4 ? kInfBits : 0x7c00u)) {
+  if (indices_valid(ip, nnz, ib, p.n) && !any_inf_bits(vp, nnz, vb, vb == 4 ? kInfBits : 0x7c00u)) {
     return;
   }
   std::uint64_t prev = 0;
@@ -374,8 +373,7 @@ const std::vector<SpecKey> kRatioKeys = {
 }  // namespace
 
 void read_sparse_entries(const Payload& p, SparseEntries& out) {
-  if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk &&
-      p.kind != CodecKind::threshold) {
+  if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk && p.kind != CodecKind::threshold) {
     throw Error(Status::invalid_argument,
                 std::string("sparse_entries: a ") + codec_name(p.kind) + " payload is not sparse");
   }
@@ -389,8 +387,10 @@ void read_sparse_entries(const Payload& p, SparseEntries& out) {
   out.indices.resize(nnz);
   out.values.resize(nnz);
   for (std::uint64_t j = 0; j < nnz; ++j) {
-    out.indices[j] = ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
-    out.values[j] = f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
+    out.indices[j] =
+        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
+    out.values[j] =
+        f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
   }
 }
 

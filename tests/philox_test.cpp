@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "simd.hpp"
+
 namespace gcomp::detail {
 namespace {
 
@@ -23,19 +25,28 @@ TEST(Philox, Random123KnownAnswers) {
   EXPECT_EQ(r[3], 0x24126ea1u);
 }
 
+// At every SIMD level the machine can run (simd.hpp).
 TEST(Philox, BatchMatchesReference) {
-  for (std::uint64_t seed : {0ull, 1ull, 0xdeadbeefcafef00dull}) {
-    const PhiloxStream s = philox_stream(seed, CodecKind::qsgd);
-    for (std::uint64_t first : {0ull, 32ull, 4096ull, (1ull << 35) + 96}) {
-      for (std::size_t count : {32u, 96u, 128u, 160u, 1024u}) {
-        std::vector<std::uint32_t> a(count), b(count);
-        philox_fill(s, first, count, a.data());
-        philox_fill_reference(s, first, count, b.data());
-        ASSERT_EQ(a, b) << "seed " << seed << " first " << first << " count " << count;
-        for (std::size_t i = 0; i < count; i += 37) ASSERT_EQ(a[i], philox_word(s, first + i));
+  set_simd_level(SimdLevel::avx512);
+  const SimdLevel best = simd_level();
+  for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+    if (level > best) break;
+    set_simd_level(level);
+    for (std::uint64_t seed : {0ull, 1ull, 0xdeadbeefcafef00dull}) {
+      const PhiloxStream s = philox_stream(seed, CodecKind::qsgd);
+      for (std::uint64_t first : {0ull, 32ull, 4096ull, (1ull << 35) + 96}) {
+        for (std::size_t count : {32u, 64u, 96u, 128u, 160u, 1024u}) {
+          std::vector<std::uint32_t> a(count), b(count);
+          philox_fill(s, first, count, a.data());
+          philox_fill_reference(s, first, count, b.data());
+          ASSERT_EQ(a, b) << "seed " << seed << " first " << first << " count " << count
+                          << " level " << simd_level_name(level);
+          for (std::size_t i = 0; i < count; i += 37) ASSERT_EQ(a[i], philox_word(s, first + i));
+        }
       }
     }
   }
+  set_simd_level(SimdLevel::avx512);
 }
 
 TEST(Philox, StreamLayout) {

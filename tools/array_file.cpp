@@ -2,6 +2,10 @@
 // .npy reader (a small parser of the header's Python dict literal) and writer.
 #include "array_file.hpp"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -10,10 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace gcomp::tools {
 
@@ -159,14 +159,16 @@ std::vector<float> floats_of(const std::byte* data, std::size_t n) {
 }  // namespace
 
 std::uint64_t stream_read_limit() {
-  double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
     memory = memory > 0 ? std::min(memory, static_cast<double>(as.rlim_cur))
                         : static_cast<double>(as.rlim_cur);
   }
   constexpr std::uint64_t kFloor = std::uint64_t{64} << 20;
-  return memory > 4.0 * static_cast<double>(kFloor) ? static_cast<std::uint64_t>(memory / 4) : kFloor;
+  return memory > 4.0 * static_cast<double>(kFloor) ? static_cast<std::uint64_t>(memory / 4)
+                                                    : kFloor;
 }
 
 std::optional<std::uint64_t> payload_declared_size(std::span<const std::byte> prefix) {
@@ -192,17 +194,19 @@ std::vector<std::byte> read_bytes(const std::string& path, const DeclaredSize& d
     std::FILE* f;
     ~Closer() { std::fclose(f); }
   } closer{f};
-  struct stat st{};
+  struct stat st {};
   const bool regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
   // Regular files: their size, plus one byte to see one that grew. Streams: the first MiB, then
   // what it declares, or the limit.
-  std::uint64_t want = regular ? static_cast<std::uint64_t>(st.st_size) + 1 : std::uint64_t{1} << 20;
+  std::uint64_t want =
+      regular ? static_cast<std::uint64_t>(st.st_size) + 1 : std::uint64_t{1} << 20;
   const std::uint64_t limit = regular ? want : stream_read_limit();
   bool asked = regular;
   std::vector<std::byte> bytes;
   std::size_t got = 0;
   while (true) {
-    const std::uint64_t target = std::min<std::uint64_t>(want, got + (std::uint64_t{64} << 20) + got / 2);
+    const std::uint64_t target =
+        std::min<std::uint64_t>(want, got + (std::uint64_t{64} << 20) + got / 2);
     try {
       bytes.resize(static_cast<std::size_t>(target));
     } catch (const std::exception&) {

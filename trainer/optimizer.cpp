@@ -35,13 +35,15 @@ Dgc parse_dgc(const std::string& spec) {
     std::size_t pos = 0;
     while (pos <= rest.size()) {
       const std::size_t comma = rest.find(',', pos);
-      const std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      const std::string item =
+          rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
       const std::size_t eq = item.find('=');
       if (eq == std::string::npos) bad("'" + item + "' is not key=value");
       const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
       char* end = nullptr;
       const double v = std::strtod(val.c_str(), &end);
-      if (val.empty() || *end != '\0' || !std::isfinite(v)) bad(key + " must be a number, got '" + val + "'");
+      if (val.empty() || *end != '\0' || !std::isfinite(v))
+        bad(key + " must be a number, got '" + val + "'");
       if (key == "ratio") {
         if (!(v > 0 && v <= 1)) bad("ratio must be in (0, 1], got " + val);
         d.ratio = v;
@@ -67,14 +69,16 @@ Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
       none_("none"),
       codec_(dgc_.on ? "none" : c.codec) {
   velocity_.resize(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) velocity_[i].assign(params_[i]->value.size(), 0.0f);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    velocity_[i].assign(params_[i]->value.size(), 0.0f);
   if (c.error_feedback && !dgc_.on) {
     for (Param* q : params_) memories_.emplace_back(q->value.size());
   }
   for (auto& m : memories_) efs_.push_back(&m);
   if (dgc_.on) {
     dgc_v_.resize(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i) dgc_v_[i].assign(params_[i]->value.size(), 0.0f);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      dgc_v_[i].assign(params_[i]->value.size(), 0.0f);
   }
   velocity_ef_ = !memories_.empty() && c.ef_on_velocity;
   for (Param* q : params_) grads_.emplace_back(q->grad);

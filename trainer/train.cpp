@@ -133,9 +133,9 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
   const std::size_t global_batch = c.batch * static_cast<std::size_t>(p);
   const std::size_t steps = n_train / global_batch;
   if (steps == 0) {
-    throw Error(Status::invalid_argument,
-                "the global batch (" + std::to_string(global_batch) + ") is larger than the " +
-                    std::to_string(n_train) + " training samples");
+    throw Error(Status::invalid_argument, "the global batch (" + std::to_string(global_batch) +
+                                              ") is larger than the " + std::to_string(n_train) +
+                                              " training samples");
   }
   const std::vector<Param*> params = model.params();
   const std::size_t f = train.features();
@@ -209,8 +209,9 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
     for (Param* q : params) {
       for (float w : q->value) {
         if (!std::isfinite(w)) {
-          throw Error(Status::nonfinite, "the model diverged in epoch " + std::to_string(epoch + 1) +
-                                             " (a weight of " + q->name + " is not finite; try a smaller --lr)");
+          throw Error(Status::nonfinite, "the model diverged in epoch " +
+                                             std::to_string(epoch + 1) + " (a weight of " +
+                                             q->name + " is not finite; try a smaller --lr)");
         }
       }
     }

@@ -105,8 +105,7 @@ class Codec {
   // v = x + e_old; payload = C(v); e_new = v - D(payload). e_new must not overlap x or e_old and
   // is written only in part when this throws.
   std::size_t encode_ef(std::span<const float> x, std::span<const float> e_old,
-                        std::span<float> e_new, std::uint64_t seed,
-                        std::span<std::byte> out) const;
+                        std::span<float> e_new, std::uint64_t seed, std::span<std::byte> out) const;
 
   // The same three on a host or a device view (tensor.hpp): host views run the CPU codec, device
   // views (gcomp::cuda::view, library gcomp_cuda) its CUDA kernels, which write the same bytes.
@@ -204,8 +203,7 @@ void check_finite(std::span<const float> x, std::span<const float> residual = {}
 
 // out = x (+ residual, when given), checking as it goes: throws Error(nonfinite) like
 // check_finite (out is then partly written). One pass where a copy is needed anyway.
-void copy_checked(std::span<const float> x, std::span<const float> residual,
-                  std::span<float> out);
+void copy_checked(std::span<const float> x, std::span<const float> residual, std::span<float> out);
 
 // A payload's header, validated as decode_add would validate the whole payload.
 struct PayloadInfo {

@@ -43,16 +43,16 @@ struct ModelInput;
 namespace detail {
 struct DeviceStage;
 class AutoLearner;
-}
+}  // namespace detail
 
 enum class Algorithm : int {
-  automatic = 0,               // chosen by the cost model ("auto")
-  dense,                       // MPI_Allreduce of float32 (each rank's decoded contribution)
-  sparse_allgather,            // allgatherv of sparse payloads, decode_add each
-  sparse_recursive_doubling,   // SparCML SSAR_Recursive_double
-  sparse_split,                // SparCML SSAR/DSAR_Split_allgather
-  allgather,                   // allgatherv of any codec's payloads, decode_add each
-  compressed_reduce_scatter,   // encode chunks, all-to-all, reduce + re-encode, allgather
+  automatic = 0,              // chosen by the cost model ("auto")
+  dense,                      // MPI_Allreduce of float32 (each rank's decoded contribution)
+  sparse_allgather,           // allgatherv of sparse payloads, decode_add each
+  sparse_recursive_doubling,  // SparCML SSAR_Recursive_double
+  sparse_split,               // SparCML SSAR/DSAR_Split_allgather
+  allgather,                  // allgatherv of any codec's payloads, decode_add each
+  compressed_reduce_scatter,  // encode chunks, all-to-all, reduce + re-encode, allgather
 };
 inline constexpr int kAlgorithmCount = 7;
 
@@ -72,20 +72,20 @@ Algorithm parse_algorithm(std::string_view name);
 // on fast networks also with beta_allreduce_large, fitted to 32 MiB (beyond the caches), and
 // between the two sizes the per-byte cost is interpolated in log size.
 struct NetworkModel {
-  double alpha = 0;           // seconds
-  double beta = 0;            // seconds per byte, every rank sending to one other
-  double beta_all = 0;        // seconds per byte, all-to-all
-  double beta_one = 0;        // seconds per byte, one message alone
-  double beta_allreduce = 0;  // seconds per byte of 2 (P-1)/P 4n in MPI's allreduce
+  double alpha = 0;                 // seconds
+  double beta = 0;                  // seconds per byte, every rank sending to one other
+  double beta_all = 0;              // seconds per byte, all-to-all
+  double beta_one = 0;              // seconds per byte, one message alone
+  double beta_allreduce = 0;        // seconds per byte of 2 (P-1)/P 4n in MPI's allreduce
   double beta_allreduce_large = 0;  // the same at 32 MiB; 0: as beta_allreduce
 };
 
 // Measured speeds of the local compute steps that the cost model needs.
 struct ComputeModel {
-  double encode = 0;     // seconds per element, this codec
-  double decode = 0;     // seconds per element decode_add, this codec
-  double reduce = 0;     // seconds per element of a float32 sum (MPI's reduction, dense merges)
-  double merge = 0;      // seconds per entry of a sparse stream merge
+  double encode = 0;  // seconds per element, this codec
+  double decode = 0;  // seconds per element decode_add, this codec
+  double reduce = 0;  // seconds per element of a float32 sum (MPI's reduction, dense merges)
+  double merge = 0;   // seconds per entry of a sparse stream merge
 };
 
 struct AllreduceOptions {
@@ -247,8 +247,7 @@ class Communicator {
   double pending_seconds_ = 0;
   // with_pending: also count the last call's own, not yet agreed, time (a rank's guess before
   // the agreement).
-  Choice choose_learned(std::uint64_t group, const ModelInput& in,
-                        bool with_pending = false) const;
+  Choice choose_learned(std::uint64_t group, const ModelInput& in, bool with_pending = false) const;
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
   std::unique_ptr<detail::DeviceStage> stage_;  // device staging for device tensors

@@ -183,7 +183,8 @@ TEST(Allreduce, MajorityVote) {
   for (float v : x) scale += std::fabs(v);
   scale /= static_cast<double>(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) vote[i] = x[i] < 0 ? -1 : 1;
-  MPI_Allreduce(vote.data(), votes.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(vote.data(), votes.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM,
+                MPI_COMM_WORLD);
   double scales = 0;
   MPI_Allreduce(&scale, &scales, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -240,7 +241,8 @@ TEST(Allreduce, FirstChoiceIsTheModelsMinimum) {
   ModelInput in;
   for (int a = 1; a < kAlgorithmCount; ++a) {
     if (auto_candidate(static_cast<Algorithm>(a), in)) {
-      EXPECT_GE(t[a], t[static_cast<int>(c.algorithm)]) << algorithm_name(static_cast<Algorithm>(a));
+      EXPECT_GE(t[a], t[static_cast<int>(c.algorithm)])
+          << algorithm_name(static_cast<Algorithm>(a));
     }
   }
 }
@@ -275,10 +277,12 @@ TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
   // The options auto weighs, and those it explores: predicted within 2x the best + 1 ms.
   std::vector<Choice> options = {{Algorithm::dense, false}};
   for (int a = 1; a < kAlgorithmCount; ++a) {
-    if (std::isfinite(comm.predict(codec, n)[a])) options.push_back({static_cast<Algorithm>(a), true});
+    if (std::isfinite(comm.predict(codec, n)[a]))
+      options.push_back({static_cast<Algorithm>(a), true});
   }
   double best_predicted = kNotApplicable;
-  for (Choice c : options) best_predicted = std::min(best_predicted, timing->predicted(codec, n, c));
+  for (Choice c : options)
+    best_predicted = std::min(best_predicted, timing->predicted(codec, n, c));
   std::vector<int> plausible;
   int truth_best = -1;
   double truth_best_seconds = kNotApplicable;
@@ -303,8 +307,8 @@ TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
     AllreduceOptions opt;
     opt.seed = static_cast<std::uint64_t>(call) + 1;
     comm.allreduce(x, out, codec, nullptr, opt);
-    const int mine = static_cast<int>(comm.last_stats().algorithm) * 2 +
-                     (comm.last_stats().compressed ? 1 : 0);
+    const int mine =
+        static_cast<int>(comm.last_stats().algorithm) * 2 + (comm.last_stats().compressed ? 1 : 0);
     int lo = 0;
     int hi = 0;
     MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -382,9 +386,12 @@ TEST(CompressedReduceScatter, UnbiasedForQsgd) {
     }
   }
   std::vector<double> var1(n), norm_sum(n), steps1(n);
-  MPI_Allreduce(stage1.data(), var1.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(bound2.data(), norm_sum.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(step1.data(), steps1.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(stage1.data(), var1.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  MPI_Allreduce(bound2.data(), norm_sum.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  MPI_Allreduce(step1.data(), steps1.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
   const int trials = 400;
   std::vector<double> mean(n, 0.0);
   AllreduceOptions opt;
@@ -451,8 +458,8 @@ TEST(ErrorFeedback, MeanOfResultsConvergesToTheDenseSum) {
   const auto sum = test::mpi_sum(x);
   const double u = 0x1p-24;
   const double p = size();
-  for (Algorithm a : {Algorithm::sparse_recursive_doubling, Algorithm::sparse_split,
-                      Algorithm::dense}) {
+  for (Algorithm a :
+       {Algorithm::sparse_recursive_doubling, Algorithm::sparse_split, Algorithm::dense}) {
     ErrorFeedback ef(n);
     AllreduceOptions opt;
     opt.algorithm = a;

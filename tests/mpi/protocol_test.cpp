@@ -263,8 +263,8 @@ TEST(Stats, BytesAreWhatMpiWasHanded) {
 TEST(Measured, ACommunicatorThatMeasuresWorks) {
   Communicator comm(MPI_COMM_WORLD);
   const NetworkModel& m = comm.network();
-  for (double v : {m.alpha, m.beta, m.beta_all, m.beta_one, m.beta_allreduce,
-                   m.beta_allreduce_large}) {
+  for (double v :
+       {m.alpha, m.beta, m.beta_all, m.beta_one, m.beta_allreduce, m.beta_allreduce_large}) {
     EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;
   }
   const Codec codec("topk:ratio=0.05");
@@ -427,10 +427,11 @@ TEST(CApi, AllreduceAndStats) {
   gcomp_ef ef = nullptr;
   ASSERT_EQ(gcomp_ef_create(x.size(), &ef), GCOMP_OK);
   std::vector<float> io = x;
-  ASSERT_EQ(gcomp_allreduce(io.data(), io.data(), io.size(), codec, ef, 5, MPI_COMM_WORLD), GCOMP_OK);
+  ASSERT_EQ(gcomp_allreduce(io.data(), io.data(), io.size(), codec, ef, 5, MPI_COMM_WORLD),
+            GCOMP_OK);
   // A NULL codec on one rank: that rank gets INVALID_ARGUMENT, the others MISMATCH.
-  const gcomp_status s = gcomp_allreduce(x.data(), out.data(), x.size(), rank() == 0 ? nullptr : codec,
-                                         nullptr, 5, MPI_COMM_WORLD);
+  const gcomp_status s = gcomp_allreduce(x.data(), out.data(), x.size(),
+                                         rank() == 0 ? nullptr : codec, nullptr, 5, MPI_COMM_WORLD);
   if (rank() == 0) {
     EXPECT_EQ(s, GCOMP_ERR_INVALID_ARGUMENT);
   } else {

@@ -1,6 +1,7 @@
 // The trainer under MPI: each rank takes its slice of the global batch, the two placements of
 // error feedback agree within their rounding bound, the bytes it reports are the bytes handed to
-// MPI, and a short run on Fashion-MNIST learns (when Debian's dataset-fashion-mnist is installed, as scripts/deps does).
+// MPI, and a short run on Fashion-MNIST learns (when Debian's dataset-fashion-mnist is installed,
+// as scripts/deps does).
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -45,7 +46,9 @@ std::vector<float> flat(Model& m) {
 // bucket of n floats counts the volume of a bandwidth-optimal allreduce, 2 (P-1)/P * 4n rounded
 // down; a sparse_allgather one sends its payload to each peer after its 8-byte size.
 constexpr std::uint64_t kWeights = 784 * 512 + 512 * 256 + 256 * 10, kBiases = 512 + 256 + 10;
-std::uint64_t dense_bucket(std::uint64_t n, std::uint64_t p) { return 144 + 2 * (p - 1) * 4 * n / p; }
+std::uint64_t dense_bucket(std::uint64_t n, std::uint64_t p) {
+  return 144 + 2 * (p - 1) * 4 * n / p;
+}
 std::uint64_t gathered_bucket(std::uint64_t payload, std::uint64_t p) {
   return 144 + (p - 1) * (8 + payload);
 }
@@ -250,8 +253,8 @@ TEST(Trainer, LearnsFashionMnistInOneShortEpoch) {
     if (std::string(codec) == "none") {
       // The float32 allreduce of both buckets and their agreements, every step.
       const std::uint64_t steps = c.subset / (c.batch * 2);
-      EXPECT_EQ(r.bytes_sent_per_rank,
-                static_cast<double>(steps * (dense_bucket(kWeights, 2) + dense_bucket(kBiases, 2))));
+      EXPECT_EQ(r.bytes_sent_per_rank, static_cast<double>(steps * (dense_bucket(kWeights, 2) +
+                                                                    dense_bucket(kBiases, 2))));
     } else {
       EXPECT_GE(ratio, 40.0) << codec;  // 1% of the weights as (index, value) pairs: ~50x
     }
