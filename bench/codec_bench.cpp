@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(args_count, args.data())) return 1;
   register_all();
   benchmark::AddCustomContext("gcomp_all_threads", std::to_string(all_threads()));
+  benchmark::AddCustomContext("gcomp_simd_level", std::string(gcomp::simd_level()));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

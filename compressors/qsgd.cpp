@@ -22,7 +22,7 @@
 #include "nonfinite.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
-#include "reduce_avx512.hpp"
+#include "reduce_simd.hpp"
 #include "simd.hpp"
 
 namespace gcomp::detail {
@@ -186,8 +186,99 @@ GCOMP_TARGET_AVX512 bool bucket_avx512(const PhiloxStream& st, std::uint64_t buc
   return true;
 }
 
+GCOMP_TARGET_AVX2 inline double norm_avx2(const float* x, std::size_t len) {
+  Lanes16Avx2 lanes;
+  for (std::size_t i = 0; i < len; i += 16)
+    lanes.add_squares(load_once8(x + i), load_once8(x + i + 8));
+  return lanes.fold();
+}
+
+// The low byte of each of 8 32-bit lanes, as 8 bytes (lane 0 lowest).
+GCOMP_TARGET_AVX2 inline std::uint64_t low_bytes(__m256i v) {
+  const __m256i pick =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(v, pick);
+  return static_cast<std::uint32_t>(_mm256_extract_epi32(b, 0)) |
+         static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_extract_epi32(b, 4))) << 32;
+}
+
+// The same bucket kernel with AVX2, 8 elements (B bytes of codes) at a time.
+template <int B>
+GCOMP_TARGET_AVX2 bool bucket_avx2(const PhiloxStream& st, std::uint64_t bucket, const float* src,
+                                   std::uint64_t bs, std::size_t len, float* norm_out,
+                                   std::byte* codes, float* ef) {
+  const double ss = norm_avx2(src + bs, len);
+  if (!std::isfinite(ss)) return false;
+  const Quant q = make_quant(B, bucket, norm_from(ss));
+  *norm_out = q.norm;
+  if (!q.use_inv) {  // tiny norms: the reference's divide form, same bytes
+    BitWriter w(codes + bs * B / 8);
+    return bucket_scalar(st, B, bucket, src, bs, len, norm_out, w, ef);
+  }
+  const __m256 inv = _mm256_set1_ps(q.inv);
+  const __m256 levels = _mm256_set1_ps(q.levels);
+  const __m256 step = _mm256_set1_ps(q.step);
+  const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i signbit = _mm256_set1_epi32(1 << (B - 1));
+  const __m256i fsign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256 zero = _mm256_setzero_ps();
+  const std::uint64_t pmask = byte_mask<B>();
+  alignas(64) std::uint32_t words[kWindow / 2];
+  const std::uint64_t end = bs + len;
+  for (std::uint64_t ws = bs & ~std::uint64_t{63}; ws < end; ws += kWindow) {
+    window_draws(st, ws, end, words);
+    const std::uint64_t lo = std::max(ws, bs);
+    const std::uint64_t hi = std::min(ws + kWindow, end);
+    for (std::uint64_t i = lo; i < hi; i += 8) {
+      const __m256 v = load_once8(src + i);
+      const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), absmask));
+      const __m256 r = _mm256_min_ps(_mm256_mul_ps(a, inv), levels);
+      const __m256 l = _mm256_floor_ps(r);
+      const __m256 up =
+          _mm256_cmp_ps(draws8(words + (i - ws) / 2), _mm256_sub_ps(r, l), _CMP_LT_OQ);
+      // up is all ones (-1) where the level rounds up.
+      const __m256i level = _mm256_sub_epi32(_mm256_cvttps_epi32(l), _mm256_castps_si256(up));
+      const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+      const __m256i code = _mm256_or_si256(level, _mm256_and_si256(neg, signbit));
+      const std::uint64_t bytes = low_bytes(code);
+      if constexpr (B == 8) {
+        std::memcpy(codes + i, &bytes, 8);
+      } else {
+        const std::uint64_t w = _pext_u64(bytes, pmask);
+        std::memcpy(codes + i * B / 8, &w, B);
+      }
+      if (ef) {
+        __m256 dec = _mm256_mul_ps(step, _mm256_cvtepi32_ps(level));
+        dec = _mm256_xor_ps(dec, _mm256_castsi256_ps(_mm256_and_si256(neg, fsign)));
+        _mm256_storeu_ps(ef + i, _mm256_sub_ps(v, dec));
+      }
+    }
+  }
+  return true;
+}
+
 using BucketKernel = bool (*)(const PhiloxStream&, std::uint64_t, const float*, std::uint64_t,
                               std::size_t, float*, std::byte*, float*);
+BucketKernel avx2_kernel(int bits) {
+  switch (bits) {
+    case 2:
+      return bucket_avx2<2>;
+    case 3:
+      return bucket_avx2<3>;
+    case 4:
+      return bucket_avx2<4>;
+    case 5:
+      return bucket_avx2<5>;
+    case 6:
+      return bucket_avx2<6>;
+    case 7:
+      return bucket_avx2<7>;
+    default:
+      return bucket_avx2<8>;
+  }
+}
+
 BucketKernel avx512_kernel(int bits) {
   switch (bits) {
     case 2:
@@ -204,6 +295,52 @@ BucketKernel avx512_kernel(int bits) {
       return bucket_avx512<7>;
     default:
       return bucket_avx512<8>;
+  }
+}
+
+// acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 8 (begin a multiple of 8);
+// returns where it stopped.
+template <int B>
+GCOMP_TARGET_AVX2 std::uint64_t decode_range_avx2(const std::byte* codes, float step, float alpha,
+                                                  std::uint64_t begin, std::uint64_t end,
+                                                  float* acc) {
+  const __m256 vstep = _mm256_set1_ps(step);
+  const __m256 valpha = _mm256_set1_ps(alpha);
+  const __m256i lmask = _mm256_set1_epi32((1 << (B - 1)) - 1);
+  const std::uint64_t pmask = byte_mask<B>();
+  std::uint64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    std::uint64_t r = 0;
+    std::memcpy(&r, codes + i * B / 8, B);
+    if constexpr (B != 8) r = _pdep_u64(r, pmask);
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(r)));
+    const __m256i level = _mm256_and_si256(c, lmask);
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(c, B - 1), 31);
+    __m256 d = _mm256_mul_ps(vstep, _mm256_cvtepi32_ps(level));
+    d = _mm256_xor_ps(d, _mm256_castsi256_ps(sign));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(valpha, d)));
+  }
+  return i;
+}
+
+GCOMP_TARGET_AVX2 inline std::uint64_t decode_avx2(int bits, const std::byte* codes, float step,
+                                                   float alpha, std::uint64_t begin,
+                                                   std::uint64_t end, float* acc) {
+  switch (bits) {
+    case 2:
+      return decode_range_avx2<2>(codes, step, alpha, begin, end, acc);
+    case 3:
+      return decode_range_avx2<3>(codes, step, alpha, begin, end, acc);
+    case 4:
+      return decode_range_avx2<4>(codes, step, alpha, begin, end, acc);
+    case 5:
+      return decode_range_avx2<5>(codes, step, alpha, begin, end, acc);
+    case 6:
+      return decode_range_avx2<6>(codes, step, alpha, begin, end, acc);
+    case 7:
+      return decode_range_avx2<7>(codes, step, alpha, begin, end, acc);
+    default:
+      return decode_range_avx2<8>(codes, step, alpha, begin, end, acc);
   }
 }
 
@@ -312,7 +449,10 @@ class QsgdCodec final : public CodecImpl {
     const std::uint64_t chunk = chunk_elements(bucket);
     std::atomic<bool> bad{false};
 #if GCOMP_X86
-    const BucketKernel fast = (use_avx512() && bucket % 16 == 0) ? avx512_kernel(bits) : nullptr;
+    const BucketKernel fast = bucket % 16 != 0                    ? nullptr
+                              : simd_level() == SimdLevel::avx512 ? avx512_kernel(bits)
+                              : simd_level() == SimdLevel::avx2   ? avx2_kernel(bits)
+                                                                  : nullptr;
 #endif
     for_chunks(n, chunk, [&](std::size_t b, std::size_t e) {
       const float* src = x;
@@ -428,6 +568,24 @@ inline void decode_buckets(const QsgdLayout& l, const std::byte* norms, const st
 #if GCOMP_X86
 // The same with the AVX-512 kernel on each bucket that starts on a multiple of 16 (the rest of a
 // bucket, and buckets that start elsewhere, in scalar code). One call per chunk.
+GCOMP_TARGET_AVX2 void decode_buckets_avx2(const QsgdLayout& l, const std::byte* norms,
+                                           const std::byte* codes, float alpha, std::uint64_t b,
+                                           std::uint64_t e, float* acc) {
+  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
+  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
+  for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
+    const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
+    const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
+    std::uint64_t i = bs;
+    if (bs % 8 == 0) i = decode_avx2(l.bits, codes, step, alpha, bs, end, acc);
+    for (; i < end; ++i) {
+      const std::uint32_t c = get_bits(codes, i, l.bits);
+      const float d = step * static_cast<float>(c & level_mask);
+      acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
+    }
+  }
+}
+
 GCOMP_TARGET_AVX512 void decode_buckets_avx512(const QsgdLayout& l, const std::byte* norms,
                                                const std::byte* codes, float alpha, std::uint64_t b,
                                                std::uint64_t e, float* acc) {
@@ -453,7 +611,10 @@ void decode_add_qsgd(const Payload& p, float* acc, float alpha) {
   const std::byte* codes = p.sections[1].data;
   for_chunks(p.n, chunk_elements(l.bucket), [&](std::size_t b, std::size_t e) {
 #if GCOMP_X86
-    if (use_avx512()) return decode_buckets_avx512(l, norms, codes, alpha, b, e, acc);
+    if (simd_level() == SimdLevel::avx512)
+      return decode_buckets_avx512(l, norms, codes, alpha, b, e, acc);
+    if (simd_level() == SimdLevel::avx2)
+      return decode_buckets_avx2(l, norms, codes, alpha, b, e, acc);
 #endif
     decode_buckets(l, norms, codes, alpha, b, e, acc);
   });

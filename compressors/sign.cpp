@@ -15,7 +15,7 @@
 #include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "reduce.hpp"
-#include "reduce_avx512.hpp"
+#include "reduce_simd.hpp"
 #include "simd.hpp"
 
 namespace gcomp::detail {
@@ -46,6 +46,29 @@ GCOMP_TARGET_AVX512 double signs_and_sum_avx512(const float* v, std::size_t len,
   return lanes.fold();
 }
 
+GCOMP_TARGET_AVX2 double signs_and_sum_avx2(const float* v, std::size_t len, std::byte* bits) {
+  Lanes16Avx2 lanes;
+  const __m256 zero = _mm256_setzero_ps();
+  for (std::size_t i = 0; i < len; i += 16) {
+    const __m256 a = load_once8(v + i);
+    const __m256 b = load_once8(v + i + 8);
+    lanes.add(abs_ps8(a), abs_ps8(b));
+    const auto m = static_cast<std::uint16_t>(mask8(_mm256_cmp_ps(a, zero, _CMP_LT_OQ)) |
+                                              mask8(_mm256_cmp_ps(b, zero, _CMP_LT_OQ)) << 8);
+    std::memcpy(bits + i / 8, &m, 2);
+  }
+  return lanes.fold();
+}
+
+GCOMP_TARGET_AVX2 void blocks_avx2(const float* v, std::size_t b, std::size_t e, std::byte* bits,
+                                   double* sums) {
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
+    sums[bb / kReduceBlock] = l % 16 == 0 ? signs_and_sum_avx2(v + bb, l, bits + bb / 8)
+                                          : signs_and_sum(v + bb, l, bits + bb / 8);
+  }
+}
+
 GCOMP_TARGET_AVX512 void blocks_avx512(const float* v, std::size_t b, std::size_t e,
                                        std::byte* bits, double* sums) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
@@ -60,7 +83,8 @@ GCOMP_TARGET_AVX512 void blocks_avx512(const float* v, std::size_t b, std::size_
 // block's sum of |v| in sums[block].
 void sign_blocks(const float* v, std::size_t b, std::size_t e, std::byte* bits, double* sums) {
 #if GCOMP_X86
-  if (use_avx512()) return blocks_avx512(v, b, e, bits, sums);
+  if (simd_level() == SimdLevel::avx512) return blocks_avx512(v, b, e, bits, sums);
+  if (simd_level() == SimdLevel::avx2) return blocks_avx2(v, b, e, bits, sums);
 #endif
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
@@ -136,6 +160,19 @@ void validate_sign(const Payload& p) {
 #if GCOMP_X86
 // acc[i] += (sign bit i ? -plus : plus) for i in [b, e) in steps of 16 (b a multiple of 8);
 // returns where it stopped.
+GCOMP_TARGET_AVX2 std::size_t decode_signs_avx2(const std::byte* bits, float plus, std::size_t b,
+                                                std::size_t e, float* acc) {
+  const __m256 vp = _mm256_set1_ps(plus);
+  const __m256 vm = _mm256_set1_ps(-plus);
+  std::size_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    const auto m = std::to_integer<std::uint32_t>(bits[i / 8]);
+    const __m256 d = _mm256_blendv_ps(vp, vm, lanes_of(m));
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), d));
+  }
+  return i;
+}
+
 GCOMP_TARGET_AVX512 std::size_t decode_signs_avx512(const std::byte* bits, float plus,
                                                     std::size_t b, std::size_t e, float* acc) {
   const __m512 vp = _mm512_set1_ps(plus);
@@ -157,7 +194,8 @@ void decode_add_sign(const Payload& p, float* acc, float alpha) {
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     std::size_t i = b;
 #if GCOMP_X86
-    if (use_avx512()) i = decode_signs_avx512(bits, plus, b, e, acc);
+    if (simd_level() == SimdLevel::avx512) i = decode_signs_avx512(bits, plus, b, e, acc);
+    if (simd_level() == SimdLevel::avx2) i = decode_signs_avx2(bits, plus, b, e, acc);
 #endif
     for (; i < e; ++i) acc[i] += get_bits(bits, i, 1) ? -plus : plus;
   });

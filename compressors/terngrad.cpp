@@ -9,6 +9,7 @@
 //
 // Payload: params f32 clip; sections: f32 s, then 2-bit codes (0 = zero, 1 = +s, 2 = -s;
 // 3 is invalid).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -21,7 +22,7 @@
 #include "nonfinite.hpp"
 #include "philox.hpp"
 #include "reduce.hpp"
-#include "reduce_avx512.hpp"
+#include "reduce_simd.hpp"
 #include "simd.hpp"
 
 namespace gcomp::detail {
@@ -65,6 +66,31 @@ BlockStats block_stats(const float* v, std::size_t len) {
 }
 
 #if GCOMP_X86
+GCOMP_TARGET_AVX2 inline BlockStats block_stats_avx2(const float* v, std::size_t len) {
+  Lanes16Avx2 s1;
+  Lanes16Avx2 s2;
+  __m256i vmax = _mm256_setzero_si256();
+  for (std::size_t i = 0; i < len; i += 16) {
+    const __m256 a = load_once8(v + i);
+    const __m256 b = load_once8(v + i + 8);
+    s1.add(a, b);
+    s2.add_squares(a, b);
+    vmax = _mm256_max_epu32(vmax, _mm256_castps_si256(abs_ps8(a)));
+    vmax = _mm256_max_epu32(vmax, _mm256_castps_si256(abs_ps8(b)));
+  }
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  return {s1.fold(), s2.fold(), *std::max_element(lanes, lanes + 8)};
+}
+
+GCOMP_TARGET_AVX2 void stats_of_blocks_avx2(const float* v, std::size_t b, std::size_t e,
+                                            BlockStats* stats) {
+  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
+    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
+    stats[bb / kReduceBlock] = l % 16 == 0 ? block_stats_avx2(v + bb, l) : block_stats(v + bb, l);
+  }
+}
+
 GCOMP_TARGET_AVX512 void stats_of_blocks_avx512(const float* v, std::size_t b, std::size_t e,
                                                 BlockStats* stats) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
@@ -78,7 +104,8 @@ GCOMP_TARGET_AVX512 void stats_of_blocks_avx512(const float* v, std::size_t b, s
 // stats[block]; one call per chunk.
 void stats_of_blocks(const float* v, std::size_t b, std::size_t e, BlockStats* stats) {
 #if GCOMP_X86
-  if (use_avx512()) return stats_of_blocks_avx512(v, b, e, stats);
+  if (simd_level() == SimdLevel::avx512) return stats_of_blocks_avx512(v, b, e, stats);
+  if (simd_level() == SimdLevel::avx2) return stats_of_blocks_avx2(v, b, e, stats);
 #endif
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     stats[bb / kReduceBlock] = block_stats(v + bb, std::min(e, bb + kReduceBlock) - bb);
@@ -134,6 +161,37 @@ GCOMP_TARGET_AVX512 std::size_t ternarize_avx512(const Ternary& t, const std::ui
 }
 #endif
 
+#if GCOMP_X86
+// The same with AVX2, 8 elements (16 bits of codes) at a time.
+GCOMP_TARGET_AVX2 std::size_t ternarize_avx2(const Ternary& t, const std::uint32_t* words,
+                                             const float* src, std::size_t ws, std::size_t hi,
+                                             std::byte* codes, float* ef) {
+  const __m256 vs = _mm256_set1_ps(t.s);
+  const __m256 vc = _mm256_set1_ps(t.c);
+  const __m256 vnc = _mm256_set1_ps(-t.c);
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 neg_s = _mm256_set1_ps(-t.s);
+  std::size_t i = ws;
+  for (; i + 8 <= hi; i += 8) {
+    const __m256 v = load_once8(src + i);
+    const __m256 g = t.clip ? _mm256_min_ps(_mm256_max_ps(v, vnc), vc) : v;
+    const __m256 u = draws8(words + (i - ws) / 2);
+    const __m256 sel = _mm256_cmp_ps(_mm256_mul_ps(u, vs), abs_ps8(g), _CMP_LT_OQ);
+    const __m256 neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ);
+    const std::uint32_t plus = mask8(_mm256_andnot_ps(neg, sel));
+    const std::uint32_t minus = mask8(_mm256_and_ps(neg, sel));
+    const auto word =
+        static_cast<std::uint16_t>(_pdep_u32(plus, 0x5555u) | _pdep_u32(minus, 0xaaaau));
+    std::memcpy(codes + i / 4, &word, 2);
+    if (ef) {
+      const __m256 dec = _mm256_and_ps(sel, _mm256_blendv_ps(vs, neg_s, neg));
+      _mm256_storeu_ps(ef + i, _mm256_sub_ps(v, dec));
+    }
+  }
+  return i;
+}
+#endif
+
 // Codes for [b, e) (b a multiple of 64) from src; ef (if not null) receives v - decode.
 void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src, std::size_t b,
                      std::size_t e, std::byte* codes, float* ef) {
@@ -143,10 +201,11 @@ void ternarize_range(const Ternary& t, const PhiloxStream& st, const float* src,
     philox_fill(st, ws / 2, (((hi - ws) + 63) & ~std::size_t{63}) / 2, words);
     std::size_t i = ws;
 #if GCOMP_X86
-    if (use_avx512()) i = ternarize_avx512(t, words, src, ws, hi, codes, ef);
+    if (simd_level() == SimdLevel::avx512) i = ternarize_avx512(t, words, src, ws, hi, codes, ef);
+    if (simd_level() == SimdLevel::avx2) i = ternarize_avx2(t, words, src, ws, hi, codes, ef);
 #endif
     if (i < hi) {
-      BitWriter w(codes + i / 4);  // i is a multiple of 16 here, so byte aligned
+      BitWriter w(codes + i / 4);  // i is a multiple of 8 here, so byte aligned
       for (; i < hi; ++i) {
         const std::uint32_t word = words[(i - ws) >> 1];
         const auto draw = static_cast<std::uint16_t>((i & 1) ? word >> 16 : word & 0xffffu);
@@ -287,6 +346,24 @@ void validate_terngrad(const Payload& p) {
 }
 
 #if GCOMP_X86
+// acc[i] += code i's value (+-plus or nothing) for i in [b, e) in steps of 8 (b a multiple of
+// 8); returns where it stopped. Blends, so that lanes without a code keep their bits (-0).
+GCOMP_TARGET_AVX2 std::size_t decode_ternary_avx2(const std::byte* codes, float plus, std::size_t b,
+                                                  std::size_t e, float* acc) {
+  const __m256 vp = _mm256_set1_ps(plus);
+  const __m256 vm = _mm256_set1_ps(-plus);
+  std::size_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    std::uint16_t word;
+    std::memcpy(&word, codes + i / 4, 2);
+    __m256 a = _mm256_loadu_ps(acc + i);
+    a = _mm256_blendv_ps(a, _mm256_add_ps(a, vp), lanes_of(_pext_u32(word, 0x5555u)));
+    a = _mm256_blendv_ps(a, _mm256_add_ps(a, vm), lanes_of(_pext_u32(word, 0xaaaau)));
+    _mm256_storeu_ps(acc + i, a);
+  }
+  return i;
+}
+
 // acc[i] += code i's value (+-plus or nothing) for i in [b, e) in steps of 16 (b a multiple of
 // 16); returns where it stopped.
 GCOMP_TARGET_AVX512 std::size_t decode_ternary_avx512(const std::byte* codes, float plus,
@@ -317,7 +394,8 @@ void decode_add_terngrad(const Payload& p, float* acc, float alpha) {
   for_chunks(p.n, kChunk, [&](std::size_t b, std::size_t e) {
     std::size_t i = b;
 #if GCOMP_X86
-    if (use_avx512()) i = decode_ternary_avx512(codes, plus, b, e, acc);
+    if (simd_level() == SimdLevel::avx512) i = decode_ternary_avx512(codes, plus, b, e, acc);
+    if (simd_level() == SimdLevel::avx2) i = decode_ternary_avx2(codes, plus, b, e, acc);
 #endif
     for (; i < e; ++i) {
       const std::uint32_t c = get_bits(codes, i, 2);
