@@ -53,17 +53,6 @@ GCOMP_ALWAYS_INLINE bool abs_keys_body(const float* v, std::size_t n,
   return mx >= kInfBits;
 }
 
-GCOMP_ALWAYS_INLINE bool add_abs_keys_body(const float* x, const float* e, std::size_t n, float* v,
-                                           std::uint32_t* keys) noexcept {
-  std::uint32_t mx = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    v[i] = x[i] + e[i];
-    keys[i] = abs_bits(v[i]);
-    mx = std::max(mx, keys[i]);
-  }
-  return mx >= kInfBits;
-}
-
 // Branch-free: each position is written, and kept when its key passes.
 GCOMP_ALWAYS_INLINE std::size_t positions_at_least_from(std::size_t i, std::size_t c,
                                                         const std::uint32_t* keys, std::size_t n,
@@ -335,10 +324,6 @@ GCOMP_MULTIVERSION(bool, abs_keys, (const float* v, std::size_t n, std::uint32_t
                    (v, n, keys))
 GCOMP_MULTIVERSION(void, subtract_signs, (float* e, std::size_t n, float scale) noexcept,
                    (e, n, scale))
-GCOMP_MULTIVERSION(bool, add_abs_keys,
-                   (const float* x, const float* e, std::size_t n, float* v,
-                    std::uint32_t* keys) noexcept,
-                   (x, e, n, v, keys))
 GCOMP_MULTIVERSION(void, scatter_add,
                    (float* acc, const std::byte* ip, const std::byte* vp, std::size_t nnz,
                     std::size_t index_bytes, bool fp16, float alpha) noexcept,

@@ -18,9 +18,6 @@ bool any_nonfinite(const float* x, std::size_t n) noexcept;
 bool any_nonfinite_sum(const float* x, const float* e, std::size_t n) noexcept;
 // keys = abs_bits(v) (monotone in |v|), checked.
 bool abs_keys(const float* v, std::size_t n, std::uint32_t* keys) noexcept;
-// v = x + e and keys = abs_bits(v), in one pass; checked.
-bool add_abs_keys(const float* x, const float* e, std::size_t n, float* v,
-                  std::uint32_t* keys) noexcept;
 // The positions i (ascending) of the keys[i] >= t, into pos; returns their count. pos must have
 // room for n + 16 (the SIMD form stores whole vectors).
 std::size_t positions_at_least(const std::uint32_t* keys, std::size_t n, std::uint32_t t,

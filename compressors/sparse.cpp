@@ -51,7 +51,8 @@ struct TopkEfSource {
   const float* e_old;
   float* e_new;
   bool first(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
-    return add_abs_keys(x + b, e_old + b, e - b, e_new + b, keys);
+    add(x + b, e_old + b, e - b, e_new + b);
+    return abs_keys(e_new + b, e - b, keys);
   }
   void again(std::size_t b, std::size_t e, std::uint32_t* keys) const noexcept {
     abs_keys(e_new + b, e - b, keys);
