@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "bits.hpp"
 #include "bytes.hpp"
@@ -113,6 +114,28 @@ GCOMP_TARGET_AVX512 inline double norm_avx512(const float* x, std::size_t len) {
   Lanes16 lanes;
   for (std::size_t i = 0; i < len; i += 16) lanes.add_squares(load_once(x + i));
   return lanes.fold();
+}
+
+// f(std::integral_constant<int, B>{}) for the code width B in 2..8 that bits names: how the SIMD
+// kernels, templates on B, are picked at run time.
+template <class F>
+GCOMP_ALWAYS_INLINE decltype(auto) with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
 }
 
 template <int B>
@@ -261,41 +284,11 @@ GCOMP_TARGET_AVX2 bool bucket_avx2(const PhiloxStream& st, std::uint64_t bucket,
 using BucketKernel = bool (*)(const PhiloxStream&, std::uint64_t, const float*, std::uint64_t,
                               std::size_t, float*, std::byte*, float*);
 BucketKernel avx2_kernel(int bits) {
-  switch (bits) {
-    case 2:
-      return bucket_avx2<2>;
-    case 3:
-      return bucket_avx2<3>;
-    case 4:
-      return bucket_avx2<4>;
-    case 5:
-      return bucket_avx2<5>;
-    case 6:
-      return bucket_avx2<6>;
-    case 7:
-      return bucket_avx2<7>;
-    default:
-      return bucket_avx2<8>;
-  }
+  return with_bits(bits, [](auto b) -> BucketKernel { return bucket_avx2<decltype(b)::value>; });
 }
 
 BucketKernel avx512_kernel(int bits) {
-  switch (bits) {
-    case 2:
-      return bucket_avx512<2>;
-    case 3:
-      return bucket_avx512<3>;
-    case 4:
-      return bucket_avx512<4>;
-    case 5:
-      return bucket_avx512<5>;
-    case 6:
-      return bucket_avx512<6>;
-    case 7:
-      return bucket_avx512<7>;
-    default:
-      return bucket_avx512<8>;
-  }
+  return with_bits(bits, [](auto b) -> BucketKernel { return bucket_avx512<decltype(b)::value>; });
 }
 
 // acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 8 (begin a multiple of 8);
@@ -321,27 +314,6 @@ GCOMP_TARGET_AVX2 std::uint64_t decode_range_avx2(const std::byte* codes, float 
     _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(valpha, d)));
   }
   return i;
-}
-
-GCOMP_TARGET_AVX2 inline std::uint64_t decode_avx2(int bits, const std::byte* codes, float step,
-                                                   float alpha, std::uint64_t begin,
-                                                   std::uint64_t end, float* acc) {
-  switch (bits) {
-    case 2:
-      return decode_range_avx2<2>(codes, step, alpha, begin, end, acc);
-    case 3:
-      return decode_range_avx2<3>(codes, step, alpha, begin, end, acc);
-    case 4:
-      return decode_range_avx2<4>(codes, step, alpha, begin, end, acc);
-    case 5:
-      return decode_range_avx2<5>(codes, step, alpha, begin, end, acc);
-    case 6:
-      return decode_range_avx2<6>(codes, step, alpha, begin, end, acc);
-    case 7:
-      return decode_range_avx2<7>(codes, step, alpha, begin, end, acc);
-    default:
-      return decode_range_avx2<8>(codes, step, alpha, begin, end, acc);
-  }
 }
 
 // acc[i] += alpha * decode(code i) for i in [begin, end) in steps of 16 (begin a multiple of 16);
@@ -378,26 +350,28 @@ GCOMP_TARGET_AVX512 std::uint64_t decode_range_avx512(const std::byte* codes, fl
   return i;
 }
 
-GCOMP_TARGET_AVX512 inline std::uint64_t decode_avx512(int bits, const std::byte* codes, float step,
-                                                       float alpha, std::uint64_t begin,
-                                                       std::uint64_t end, float* acc) {
-  switch (bits) {
-    case 2:
-      return decode_range_avx512<2>(codes, step, alpha, begin, end, acc);
-    case 3:
-      return decode_range_avx512<3>(codes, step, alpha, begin, end, acc);
-    case 4:
-      return decode_range_avx512<4>(codes, step, alpha, begin, end, acc);
-    case 5:
-      return decode_range_avx512<5>(codes, step, alpha, begin, end, acc);
-    case 6:
-      return decode_range_avx512<6>(codes, step, alpha, begin, end, acc);
-    case 7:
-      return decode_range_avx512<7>(codes, step, alpha, begin, end, acc);
-    default:
-      return decode_range_avx512<8>(codes, step, alpha, begin, end, acc);
+// The SIMD part of a bucket's decode at each level: from begin (a multiple of the vector width)
+// as far as whole vectors go; returns where it stopped.
+struct DecodeAvx2 {
+  static constexpr std::uint64_t kWidth = 8;
+  GCOMP_TARGET_AVX2 static std::uint64_t run(int bits, const std::byte* codes, float step,
+                                             float alpha, std::uint64_t begin, std::uint64_t end,
+                                             float* acc) {
+    return with_bits(bits, [&](auto b) {
+      return decode_range_avx2<decltype(b)::value>(codes, step, alpha, begin, end, acc);
+    });
   }
-}
+};
+struct DecodeAvx512 {
+  static constexpr std::uint64_t kWidth = 16;
+  GCOMP_TARGET_AVX512 static std::uint64_t run(int bits, const std::byte* codes, float step,
+                                               float alpha, std::uint64_t begin, std::uint64_t end,
+                                               float* acc) {
+    return with_bits(bits, [&](auto b) {
+      return decode_range_avx512<decltype(b)::value>(codes, step, alpha, begin, end, acc);
+    });
+  }
+};
 #endif
 
 // Chunks hold whole buckets and start on a byte boundary of the codes (a multiple of 8 elements).
@@ -549,15 +523,23 @@ void validate_qsgd(const Payload& p) {
   }
 }
 
-// acc[i] += alpha * decode(code i) for the buckets of [b, e): the scalar reference.
-inline void decode_buckets(const QsgdLayout& l, const std::byte* norms, const std::byte* codes,
-                           float alpha, std::uint64_t b, std::uint64_t e, float* acc) {
+// acc[i] += alpha * decode(code i) for the buckets of [b, e): with Simd (DecodeAvx2 or
+// DecodeAvx512) on each bucket that starts on a multiple of its width, the rest of each bucket
+// in scalar code; Simd = void is the scalar reference. One call per chunk.
+template <class Simd>
+GCOMP_ALWAYS_INLINE void decode_buckets(const QsgdLayout& l, const std::byte* norms,
+                                        const std::byte* codes, float alpha, std::uint64_t b,
+                                        std::uint64_t e, float* acc) {
   const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
   const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
   for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
     const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
     const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
-    for (std::uint64_t i = bs; i < end; ++i) {
+    std::uint64_t i = bs;
+    if constexpr (!std::is_void_v<Simd>) {
+      if (bs % Simd::kWidth == 0) i = Simd::run(l.bits, codes, step, alpha, bs, end, acc);
+    }
+    for (; i < end; ++i) {
       const std::uint32_t c = get_bits(codes, i, l.bits);
       const float d = step * static_cast<float>(c & level_mask);
       acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
@@ -566,42 +548,15 @@ inline void decode_buckets(const QsgdLayout& l, const std::byte* norms, const st
 }
 
 #if GCOMP_X86
-// The same with the AVX-512 kernel on each bucket that starts on a multiple of 16 (the rest of a
-// bucket, and buckets that start elsewhere, in scalar code). One call per chunk.
 GCOMP_TARGET_AVX2 void decode_buckets_avx2(const QsgdLayout& l, const std::byte* norms,
                                            const std::byte* codes, float alpha, std::uint64_t b,
                                            std::uint64_t e, float* acc) {
-  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
-  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
-  for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
-    const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
-    const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
-    std::uint64_t i = bs;
-    if (bs % 8 == 0) i = decode_avx2(l.bits, codes, step, alpha, bs, end, acc);
-    for (; i < end; ++i) {
-      const std::uint32_t c = get_bits(codes, i, l.bits);
-      const float d = step * static_cast<float>(c & level_mask);
-      acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
-    }
-  }
+  decode_buckets<DecodeAvx2>(l, norms, codes, alpha, b, e, acc);
 }
-
 GCOMP_TARGET_AVX512 void decode_buckets_avx512(const QsgdLayout& l, const std::byte* norms,
                                                const std::byte* codes, float alpha, std::uint64_t b,
                                                std::uint64_t e, float* acc) {
-  const float levels = static_cast<float>((1 << (l.bits - 1)) - 1);
-  const std::uint32_t level_mask = (1u << (l.bits - 1)) - 1;
-  for (std::uint64_t bs = b; bs < e; bs += l.bucket) {
-    const float step = load_le<float>(norms + 4 * (bs / l.bucket)) / levels;
-    const std::uint64_t end = std::min<std::uint64_t>(bs + l.bucket, e);
-    std::uint64_t i = bs;
-    if (bs % 16 == 0) i = decode_avx512(l.bits, codes, step, alpha, bs, end, acc);
-    for (; i < end; ++i) {
-      const std::uint32_t c = get_bits(codes, i, l.bits);
-      const float d = step * static_cast<float>(c & level_mask);
-      acc[i] += alpha * ((c >> (l.bits - 1)) ? -d : d);
-    }
-  }
+  decode_buckets<DecodeAvx512>(l, norms, codes, alpha, b, e, acc);
 }
 #endif
 
@@ -616,7 +571,7 @@ void decode_add_qsgd(const Payload& p, float* acc, float alpha) {
     if (simd_level() == SimdLevel::avx2)
       return decode_buckets_avx2(l, norms, codes, alpha, b, e, acc);
 #endif
-    decode_buckets(l, norms, codes, alpha, b, e, acc);
+    decode_buckets<void>(l, norms, codes, alpha, b, e, acc);
   });
 }
 

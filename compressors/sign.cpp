@@ -60,36 +60,40 @@ GCOMP_TARGET_AVX2 double signs_and_sum_avx2(const float* v, std::size_t len, std
   return lanes.fold();
 }
 
-GCOMP_TARGET_AVX2 void blocks_avx2(const float* v, std::size_t b, std::size_t e, std::byte* bits,
-                                   double* sums) {
-  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    sums[bb / kReduceBlock] = l % 16 == 0 ? signs_and_sum_avx2(v + bb, l, bits + bb / 8)
-                                          : signs_and_sum(v + bb, l, bits + bb / 8);
-  }
-}
-
-GCOMP_TARGET_AVX512 void blocks_avx512(const float* v, std::size_t b, std::size_t e,
-                                       std::byte* bits, double* sums) {
-  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    sums[bb / kReduceBlock] = l % 16 == 0 ? signs_and_sum_avx512(v + bb, l, bits + bb / 8)
-                                          : signs_and_sum(v + bb, l, bits + bb / 8);
-  }
-}
 #endif
+
+using BlockKernel = double (*)(const float*, std::size_t, std::byte*);
 
 // The reduction blocks of [b, e) (b a multiple of kReduceBlock): their sign bits, and each
-// block's sum of |v| in sums[block].
-void sign_blocks(const float* v, std::size_t b, std::size_t e, std::byte* bits, double* sums) {
-#if GCOMP_X86
-  if (simd_level() == SimdLevel::avx512) return blocks_avx512(v, b, e, bits, sums);
-  if (simd_level() == SimdLevel::avx2) return blocks_avx2(v, b, e, bits, sums);
-#endif
+// block's sum of |v| in sums[block]; with Simd on every block whose length is a multiple of 16.
+template <BlockKernel Simd>
+GCOMP_ALWAYS_INLINE void sign_blocks_with(const float* v, std::size_t b, std::size_t e,
+                                          std::byte* bits, double* sums) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    sums[bb / kReduceBlock] = signs_and_sum(v + bb, l, bits + bb / 8);
+    sums[bb / kReduceBlock] = (Simd && l % 16 == 0) ? Simd(v + bb, l, bits + bb / 8)
+                                                    : signs_and_sum(v + bb, l, bits + bb / 8);
   }
+}
+
+#if GCOMP_X86
+GCOMP_TARGET_AVX2 void sign_blocks_avx2(const float* v, std::size_t b, std::size_t e,
+                                        std::byte* bits, double* sums) {
+  sign_blocks_with<signs_and_sum_avx2>(v, b, e, bits, sums);
+}
+GCOMP_TARGET_AVX512 void sign_blocks_avx512(const float* v, std::size_t b, std::size_t e,
+                                            std::byte* bits, double* sums) {
+  sign_blocks_with<signs_and_sum_avx512>(v, b, e, bits, sums);
+}
+#endif
+
+// One call per chunk, at the level in use.
+void sign_blocks(const float* v, std::size_t b, std::size_t e, std::byte* bits, double* sums) {
+#if GCOMP_X86
+  if (simd_level() == SimdLevel::avx512) return sign_blocks_avx512(v, b, e, bits, sums);
+  if (simd_level() == SimdLevel::avx2) return sign_blocks_avx2(v, b, e, bits, sums);
+#endif
+  sign_blocks_with<nullptr>(v, b, e, bits, sums);
 }
 
 class SignCodec final : public CodecImpl {

@@ -83,33 +83,39 @@ GCOMP_TARGET_AVX2 inline BlockStats block_stats_avx2(const float* v, std::size_t
   return {s1.fold(), s2.fold(), *std::max_element(lanes, lanes + 8)};
 }
 
-GCOMP_TARGET_AVX2 void stats_of_blocks_avx2(const float* v, std::size_t b, std::size_t e,
-                                            BlockStats* stats) {
+#endif
+
+using StatsKernel = BlockStats (*)(const float*, std::size_t);
+
+// The statistics of the reduction blocks of [b, e) (b a multiple of kReduceBlock) into
+// stats[block]; with Simd on every block whose length is a multiple of 16.
+template <StatsKernel Simd>
+GCOMP_ALWAYS_INLINE void stats_of_blocks_with(const float* v, std::size_t b, std::size_t e,
+                                              BlockStats* stats) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    stats[bb / kReduceBlock] = l % 16 == 0 ? block_stats_avx2(v + bb, l) : block_stats(v + bb, l);
+    stats[bb / kReduceBlock] = (Simd && l % 16 == 0) ? Simd(v + bb, l) : block_stats(v + bb, l);
   }
 }
 
+#if GCOMP_X86
+GCOMP_TARGET_AVX2 void stats_of_blocks_avx2(const float* v, std::size_t b, std::size_t e,
+                                            BlockStats* stats) {
+  stats_of_blocks_with<block_stats_avx2>(v, b, e, stats);
+}
 GCOMP_TARGET_AVX512 void stats_of_blocks_avx512(const float* v, std::size_t b, std::size_t e,
                                                 BlockStats* stats) {
-  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-    const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    stats[bb / kReduceBlock] = l % 16 == 0 ? block_stats_avx512(v + bb, l) : block_stats(v + bb, l);
-  }
+  stats_of_blocks_with<block_stats_avx512>(v, b, e, stats);
 }
 #endif
 
-// The statistics of the reduction blocks of [b, e) (b a multiple of kReduceBlock) into
-// stats[block]; one call per chunk.
+// One call per chunk, at the level in use.
 void stats_of_blocks(const float* v, std::size_t b, std::size_t e, BlockStats* stats) {
 #if GCOMP_X86
   if (simd_level() == SimdLevel::avx512) return stats_of_blocks_avx512(v, b, e, stats);
   if (simd_level() == SimdLevel::avx2) return stats_of_blocks_avx2(v, b, e, stats);
 #endif
-  for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
-    stats[bb / kReduceBlock] = block_stats(v + bb, std::min(e, bb + kReduceBlock) - bb);
-  }
+  stats_of_blocks_with<nullptr>(v, b, e, stats);
 }
 
 struct Ternary {
