@@ -71,8 +71,13 @@ GCOMP_ALWAYS_INLINE void sign_blocks_with(const float* v, std::size_t b, std::si
                                           std::byte* bits, double* sums) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    sums[bb / kReduceBlock] = (Simd && l % 16 == 0) ? Simd(v + bb, l, bits + bb / 8)
-                                                    : signs_and_sum(v + bb, l, bits + bb / 8);
+    if constexpr (Simd != nullptr) {
+      if (l % 16 == 0) {
+        sums[bb / kReduceBlock] = Simd(v + bb, l, bits + bb / 8);
+        continue;
+      }
+    }
+    sums[bb / kReduceBlock] = signs_and_sum(v + bb, l, bits + bb / 8);
   }
 }
 

@@ -5,25 +5,37 @@
 #include <cstdlib>
 #include <string>
 
+#if GCOMP_X86
+#include <cpuid.h>
+#endif
+
 namespace gcomp::detail {
 
 namespace {
+
+// F16C (the half conversions of the AVX2 level): CPUID leaf 1, ECX bit 29. Every CPU with AVX2
+// has it, but clang's __builtin_cpu_supports does not know its name.
+bool has_f16c() noexcept {
+#if GCOMP_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+#else
+  return false;
+#endif
+}
 
 SimdLevel detect() noexcept {
 #if GCOMP_X86
   __builtin_cpu_init();
   // __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+                    __builtin_cpu_supports("fma") && __builtin_cpu_supports("popcnt") && has_f16c();
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("avx512vl")) {
     return SimdLevel::avx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-      __builtin_cpu_supports("popcnt")) {
-    return SimdLevel::avx2;
-  }
+  if (avx2) return SimdLevel::avx2;
 #endif
   return SimdLevel::baseline;
 }

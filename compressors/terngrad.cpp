@@ -94,7 +94,13 @@ GCOMP_ALWAYS_INLINE void stats_of_blocks_with(const float* v, std::size_t b, std
                                               BlockStats* stats) {
   for (std::size_t bb = b; bb < e; bb += kReduceBlock) {
     const std::size_t l = std::min(e, bb + kReduceBlock) - bb;
-    stats[bb / kReduceBlock] = (Simd && l % 16 == 0) ? Simd(v + bb, l) : block_stats(v + bb, l);
+    if constexpr (Simd != nullptr) {
+      if (l % 16 == 0) {
+        stats[bb / kReduceBlock] = Simd(v + bb, l);
+        continue;
+      }
+    }
+    stats[bb / kReduceBlock] = block_stats(v + bb, l);
   }
 }
 
