@@ -9,10 +9,13 @@
 //   ratio    4 n / payload bytes (the compression ratio)
 //   threads  the library's thread count during the run
 // The default --benchmark_min_time is 0.2 s (the whole run takes 1-2 minutes on 2 cores); pass
-// --benchmark_min_time and --benchmark_filter as usual.
+// --benchmark_min_time and --benchmark_filter as usual, and --sizes=N,N,... for other sizes
+// (bench/python_overhead.py adds 65536).
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -42,7 +45,7 @@ const char* const kSpecs[] = {
     "terngrad",
     "sign",
 };
-constexpr std::size_t kSizes[] = {std::size_t{1} << 20, std::size_t{1} << 24};
+std::vector<std::size_t> g_sizes = {std::size_t{1} << 20, std::size_t{1} << 24};
 constexpr std::uint64_t kInputSeed = 20240611;
 
 enum class Op { encode, encode_ef, decode_add };
@@ -144,7 +147,7 @@ void register_all() {
   for (const char* spec : kSpecs) {
     const gcomp::Codec codec(spec);
     for (const Op op : ops) {
-      for (const std::size_t n : kSizes) {
+      for (const std::size_t n : g_sizes) {
         for (const bool all : {false, true}) {
           const int threads = all ? every : 1;
           const std::string name = std::string(op_name(op)) + "/" + spec + "/" + std::to_string(n) +
@@ -166,10 +169,24 @@ void register_all() {
 int main(int argc, char** argv) {
   // Default --benchmark_min_time to 0.2 s unless given (MinTime() on each benchmark would
   // override the flag instead).
-  std::vector<char*> args(argv, argv + argc);
+  std::vector<char*> args = {argv[0]};
   bool has_min_time = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--benchmark_min_time", 20) == 0) has_min_time = true;
+    if (std::strncmp(argv[i], "--sizes=", 8) == 0) {
+      g_sizes.clear();
+      for (const char* p = argv[i] + 8; *p;) {
+        char* end = nullptr;
+        g_sizes.push_back(std::strtoull(p, &end, 10));
+        if (end == p || g_sizes.back() == 0 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "gcomp_bench_codecs: bad %s (expected --sizes=N,N,...)\n", argv[i]);
+          return 2;
+        }
+        p = *end ? end + 1 : end;
+      }
+      continue;
+    }
+    args.push_back(argv[i]);
   }
   static char min_time[] = "--benchmark_min_time=0.2";
   if (!has_min_time) args.insert(args.begin() + 1, min_time);

@@ -73,6 +73,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     sum.comm_seconds += s.comm_seconds;
     sum.decode_seconds += s.decode_seconds;
     sum.algorithm = s.algorithm;
+    sum.compressed = sum.compressed && s.compressed;
+    sum.calls += s.calls;
   };
   thread_local std::vector<float> fused;
   for (std::size_t b = 0; b < buckets.size(); ++b) {

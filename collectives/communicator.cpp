@@ -702,6 +702,7 @@ struct Communicator::Impl {
     s.decode_seconds = job.decode_seconds;
     s.algorithm = alg;
     s.compressed = !job.skip_codec;
+    s.calls = 1;
     TotalStats& t = self.total_;
     ++t.calls;
     t.bytes_sent += s.bytes_sent;
@@ -710,6 +711,7 @@ struct Communicator::Impl {
     t.comm_seconds += s.comm_seconds;
     t.decode_seconds += s.decode_seconds;
     ++t.by_algorithm[static_cast<int>(alg)];
+    if (s.compressed) ++t.compressed;
   }
 };
 

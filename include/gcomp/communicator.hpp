@@ -117,8 +117,9 @@ struct CallStats {
   double encode_seconds = 0;
   double comm_seconds = 0;  // in MPI calls, including the agreement between ranks
   double decode_seconds = 0;
-  Algorithm algorithm = Algorithm::dense;
+  Algorithm algorithm = Algorithm::dense;  // allreduce_buckets: the last bucket's
   bool compressed = true;  // false when auto skipped the codec (see allow_uncompressed)
+  std::uint64_t calls = 0;  // collectives made: 1, or allreduce_buckets' buckets
 };
 struct TotalStats {
   std::uint64_t calls = 0;
@@ -128,6 +129,7 @@ struct TotalStats {
   double comm_seconds = 0;
   double decode_seconds = 0;
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // calls per algorithm
+  std::uint64_t compressed = 0;  // calls that applied the codec (see CallStats::compressed)
 };
 
 // Fusing many tensors (a model's layers) into buckets, one collective per bucket.

@@ -252,9 +252,12 @@ TEST(Stats, BytesAreWhatMpiWasHanded) {
   EXPECT_EQ(s.bytes_received, 2 * 72 + (p - 1) * (8 + payload));
   EXPECT_GE(s.comm_seconds, 0.0);
   EXPECT_GT(s.encode_seconds, 0.0);
-  const std::uint64_t before = world().total_stats().calls;
+  EXPECT_EQ(s.calls, 1u);
+  EXPECT_TRUE(s.compressed);
+  const TotalStats before = world().total_stats();
   world().allreduce(x, out, codec, nullptr, opt);
-  EXPECT_EQ(world().total_stats().calls, before + 1);
+  EXPECT_EQ(world().total_stats().calls, before.calls + 1);
+  EXPECT_EQ(world().total_stats().compressed, before.compressed + 1);
 }
 
 // The other tests' communicator is given its numbers (test::world()); this one measures them, as
@@ -302,6 +305,8 @@ TEST(Buckets, FusedTensorsWithPerTensorErrorFeedback) {
   opt.bucket_bytes = 4 * 150000;  // several buckets
   const Codec codec("topk:ratio=0.01");
   world().allreduce_buckets(spans, codec, efs, opt);
+  // Buckets {5000, 100000}, {200000}, {20000} and the dense one of {3, 7}.
+  EXPECT_EQ(world().last_stats().calls, 4u);
   // What each rank sent for tensor t is v - e_after = x + e_before - e_after (e_before = 0);
   // small tensors go dense, uncompressed (their residual stays zero). For top-k, e_after is v or
   // 0, so the test's fl(fl(x + e_before) - e_after) is exactly what was sent, and only the order

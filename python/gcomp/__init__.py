@@ -1,0 +1,57 @@
+"""gcomp: gradient compression and compressed allreduce, from Python.
+
+Codecs turn a float32 gradient into a compact payload and back::
+
+    import numpy as np, gcomp
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    c = gcomp.Codec("topk:ratio=0.01")       # specs: gcomp.codecs(), or `gcomp list`
+    p = c.encode(x, seed=0)                  # numpy uint8, c.max_bytes(len(x)) at most
+    acc = np.zeros_like(x)
+    gcomp.decode_add(p, acc)                 # acc += decode(p), in place
+    ef = gcomp.ErrorFeedback(len(x))         # what a codec did not send, carried over
+    p = c.encode(x, seed=1, ef=ef)
+
+The Communicator sums tensors over MPI ranks with any codec on the wire
+(``mpiexec.mpich -n 4 /usr/bin/python3 script.py``)::
+
+    comm = gcomp.Communicator()
+    comm.allreduce(x, c, ef=ef, average=True)    # in place
+    print(comm.last_stats)
+
+Arrays are 1-D float32 numpy arrays or torch CPU tensors (payloads: uint8), used in place:
+nothing is copied or converted, and anything else raises TypeError or ValueError saying what
+is needed. The GIL is released while the library works. Errors of the library raise
+gcomp.Error, whose ``status`` names the kind. Reference: docs/python.md.
+"""
+
+from ._gcomp import (
+    __version__,
+    Codec,
+    Communicator,
+    Error,
+    ErrorFeedback,
+    codecs,
+    decode_add,
+    inspect,
+    num_threads,
+    set_num_threads,
+    simd_level,
+)
+
+Error.__module__ = "gcomp"
+for _cls in (Codec, Communicator, ErrorFeedback):
+    _cls.__module__ = "gcomp"
+del _cls
+
+__all__ = [
+    "Codec",
+    "Communicator",
+    "Error",
+    "ErrorFeedback",
+    "codecs",
+    "decode_add",
+    "inspect",
+    "num_threads",
+    "set_num_threads",
+    "simd_level",
+]

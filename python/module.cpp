@@ -1,0 +1,786 @@
+// gcomp._gcomp: the Python binding of gcomp's C++ API (include/gcomp/codec.hpp, communicator.hpp),
+// re-exported by the package gcomp (python/gcomp/__init__.py). Reference: docs/python.md.
+//
+// What this file does and nothing more: it takes arrays and tensors in place (the buffer
+// protocol; torch CPU tensors through their .numpy() view), checks that each is what the call
+// needs (dtype, 1-D, contiguous, aligned, writable, size) and says so otherwise, releases the GIL
+// around every call into the library, turns gcomp::Error into gcomp.Error, and initializes and
+// finalizes MPI for the Communicator. Every computation is the C++ library's.
+#include <mpi.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gcomp/codec.hpp"
+#include "gcomp/communicator.hpp"
+#include "wire.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using gcomp::Status;
+
+// ---- errors ----
+
+PyObject* g_error = nullptr;  // gcomp.Error, created at import and never freed
+
+void raise_gcomp_error(Status status, const char* message) {
+  PyObject* instance = PyObject_CallFunction(g_error, "s", message);
+  if (instance == nullptr) return;  // the error of that call is set instead
+  PyObject* name = PyUnicode_FromString(gcomp::status_name(status));
+  if (name != nullptr) {
+    PyObject_SetAttrString(instance, "status", name);
+    Py_DECREF(name);
+  }
+  PyErr_SetObject(g_error, instance);
+  Py_DECREF(instance);
+}
+
+// ---- arrays and tensors, in place ----
+
+enum class Elem { float32, byte };
+
+const char* needed(Elem e) {
+  return e == Elem::float32 ? "a 1-D float32 numpy array or torch CPU tensor"
+                            : "a 1-D uint8 numpy array (or bytes, bytearray, a uint8 torch CPU "
+                              "tensor)";
+}
+
+std::string type_name(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
+
+// torch.Tensor, when torch has been imported by someone (this module never imports it).
+bool is_torch_tensor(py::handle obj) {
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (torch == nullptr) return false;
+  py::object tensor = py::reinterpret_borrow<py::object>(torch).attr("Tensor");
+  return PyObject_IsInstance(obj.ptr(), tensor.ptr()) == 1;
+}
+
+// A buffer exported by a Python object for the length of one call: the object can be neither
+// freed nor resized while it is held. Made and destroyed with the GIL held; used without it.
+class Held {
+ public:
+  Held(py::handle obj, const std::string& what, Elem elem, bool writable) {
+    py::handle source = obj;
+    if (!PyObject_CheckBuffer(obj.ptr()) && is_torch_tensor(obj)) {
+      numpy_view_ = torch_view(obj, what, elem, writable);
+      source = numpy_view_;
+    } else if (!PyObject_CheckBuffer(obj.ptr())) {
+      throw py::type_error(what + " must be " + needed(elem) + ", not " + type_name(obj));
+    }
+    if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_RECORDS_RO) != 0) {
+      throw py::error_already_set();
+    }
+    held_ = true;
+    check(obj, what, elem, writable);
+  }
+  ~Held() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+  std::size_t size() const { return static_cast<std::size_t>(view_.shape[0]); }
+  std::span<float> floats() const { return {static_cast<float*>(view_.buf), size()}; }
+  std::span<std::byte> bytes() const { return {static_cast<std::byte*>(view_.buf), size()}; }
+
+ private:
+  static py::object torch_view(py::handle t, const std::string& what, Elem elem, bool writable) {
+    const std::string device = py::str(t.attr("device").attr("type"));
+    if (device != "cpu") {
+      throw py::type_error(what + " is a " + device + " tensor; " + needed(elem) +
+                           " is needed (the C++ API takes device memory)");
+    }
+    const std::string dtype = py::str(t.attr("dtype"));
+    const char* want = elem == Elem::float32 ? "torch.float32" : "torch.uint8";
+    if (dtype != want) {
+      throw py::type_error(what + " has dtype " + dtype + "; " + needed(elem) + " is needed");
+    }
+    const py::tuple shape = py::reinterpret_steal<py::tuple>(PySequence_Tuple(t.attr("shape").ptr()));
+    if (!shape) throw py::error_already_set();
+    if (shape.size() != 1) {
+      throw py::value_error(what + " has shape " + std::string(py::repr(shape)) + "; " +
+                            needed(elem) + " is needed");
+    }
+    if (!t.attr("is_contiguous")().cast<bool>()) {
+      throw py::value_error(what + " is not contiguous (stride " +
+                            std::string(py::str(t.attr("stride")())) + "); " + needed(elem) +
+                            " is needed (.contiguous() makes one)");
+    }
+    if (writable && t.attr("requires_grad").cast<bool>()) {
+      throw py::value_error(what + " requires grad and would be written in place; pass a "
+                            "tensor that does not (a .grad, or .detach())");
+    }
+    return t.attr("detach")().attr("numpy")();
+  }
+
+  void check(py::handle obj, const std::string& what, Elem elem, bool writable) const {
+    std::string format = view_.format ? view_.format : "B";
+    if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<')) {
+      format.erase(0, 1);
+    }
+    const bool ok = elem == Elem::float32
+                        ? format == "f" && view_.itemsize == 4
+                        : (format == "B" || format == "b" || format == "c") && view_.itemsize == 1;
+    if (!ok) {
+      std::string dtype = "buffer format '" + std::string(view_.format ? view_.format : "B") + "'";
+      if (py::hasattr(obj, "dtype")) dtype = py::str(obj.attr("dtype"));
+      throw py::type_error(what + " has dtype " + dtype + "; " + needed(elem) + " is needed");
+    }
+    if (view_.ndim != 1) {
+      std::string shape = "(";
+      for (int d = 0; d < view_.ndim; ++d) {
+        shape += (d ? ", " : "") + std::to_string(view_.shape[d]);
+      }
+      shape += view_.ndim == 1 ? ",)" : ")";
+      throw py::value_error(what + " has shape " + shape + "; " + needed(elem) + " is needed");
+    }
+    if (view_.shape[0] > 1 && view_.strides[0] != view_.itemsize) {
+      throw py::value_error(what + " is not contiguous (stride " +
+                            std::to_string(view_.strides[0]) + " bytes); " + needed(elem) +
+                            " is needed (numpy.ascontiguousarray makes one)");
+    }
+    if (reinterpret_cast<std::uintptr_t>(view_.buf) % view_.itemsize != 0) {
+      throw py::value_error(what + " is not aligned to its element size");
+    }
+    if (writable && view_.readonly) {
+      throw py::value_error(what + " is read-only; it is written in place");
+    }
+  }
+
+  Py_buffer view_{};
+  bool held_ = false;
+  py::object numpy_view_;  // a torch tensor's .numpy(), kept for the call
+};
+
+std::uint64_t to_seed(py::handle seed) {
+  const py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(seed.ptr()));
+  if (!v) {
+    PyErr_Clear();
+    throw py::type_error("seed must be an int in 0..2**64-1, not " + type_name(seed));
+  }
+  const unsigned long long s = PyLong_AsUnsignedLongLong(v.ptr());
+  if (s == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error("seed must be an int in 0..2**64-1, not " + std::string(py::str(seed)));
+  }
+  return s;
+}
+
+std::size_t to_count(py::handle v, const std::string& what) {
+  const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+  if (!i) {
+    PyErr_Clear();
+    throw py::type_error(what + " must be an int, not " + type_name(v));
+  }
+  const unsigned long long n = PyLong_AsUnsignedLongLong(i.ptr());
+  if (n == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(what + " must be a non-negative int, not " + std::string(py::str(v)));
+  }
+  return static_cast<std::size_t>(n);
+}
+
+// A payload the module allocated, handed to numpy without a copy.
+py::array own_bytes(std::unique_ptr<std::byte[]> data, std::size_t size) {
+  std::byte* raw = data.release();
+  py::capsule owner(raw, [](void* p) { delete[] static_cast<std::byte*>(p); });
+  return py::array(py::dtype::of<std::uint8_t>(), {size}, {1}, raw, owner);
+}
+
+// ---- error feedback ----
+
+// gcomp::ErrorFeedback, marked busy while a call uses it with the GIL released, so that two
+// threads never run with one residual.
+struct PyErrorFeedback {
+  explicit PyErrorFeedback(std::size_t n) : ef(n) {}
+  gcomp::ErrorFeedback ef;
+  std::atomic<bool> busy{false};
+};
+
+class Using {
+ public:
+  explicit Using(PyErrorFeedback* e) : e_(e) {
+    if (e_ && e_->busy.exchange(true)) {
+      e_ = nullptr;
+      throw gcomp::Error(Status::invalid_argument,
+                         "this ErrorFeedback is in use (by another thread, or twice in one call)");
+    }
+  }
+  ~Using() {
+    if (e_) e_->busy.store(false);
+  }
+  Using(const Using&) = delete;
+  Using& operator=(const Using&) = delete;
+
+ private:
+  PyErrorFeedback* e_;
+};
+
+PyErrorFeedback* to_ef(py::handle ef, std::size_t n, const std::string& what) {
+  if (ef.is_none()) return nullptr;
+  if (!py::isinstance<PyErrorFeedback>(ef)) {
+    throw py::type_error(what + " must be a gcomp.ErrorFeedback or None, not " + type_name(ef));
+  }
+  PyErrorFeedback* e = ef.cast<PyErrorFeedback*>();
+  if (e->ef.size() != n) {
+    throw py::value_error(what + " holds " + std::to_string(e->ef.size()) +
+                          " elements; its tensor has " + std::to_string(n));
+  }
+  return e;
+}
+
+// ---- the codecs ----
+
+py::object encode(const gcomp::Codec& codec, py::handle x, py::handle seed, py::handle ef,
+                  py::handle out) {
+  const Held in(x, "x", Elem::float32, false);
+  const std::uint64_t s = to_seed(seed);
+  PyErrorFeedback* e = to_ef(ef, in.size(), "ef");
+  if (!out.is_none()) {
+    const Held o(out, "out", Elem::byte, true);
+    std::size_t bytes = 0;
+    {
+      const Using using_ef(e);
+      py::gil_scoped_release nogil;
+      bytes = e ? codec.encode_ef(e->ef, in.floats(), s, o.bytes())
+                : codec.encode(in.floats(), s, o.bytes());
+    }
+    if (is_torch_tensor(out)) return out[py::slice(0, static_cast<py::ssize_t>(bytes), 1)];
+    return py::module_::import("numpy").attr("frombuffer")(out, "uint8", bytes);
+  }
+  const std::size_t max = codec.max_bytes(in.size());
+  std::unique_ptr<std::byte[]> buf(new std::byte[max]);  // not zeroed: encode writes every byte
+  std::size_t bytes = 0;
+  {
+    const Using using_ef(e);
+    py::gil_scoped_release nogil;
+    bytes = e ? codec.encode_ef(e->ef, in.floats(), s, {buf.get(), max})
+              : codec.encode(in.floats(), s, {buf.get(), max});
+    if (bytes < max / 2) {  // a bound far above the payload (threshold): keep what was written
+      std::unique_ptr<std::byte[]> exact(new std::byte[bytes]);
+      std::memcpy(exact.get(), buf.get(), bytes);
+      buf = std::move(exact);
+    }
+  }
+  return own_bytes(std::move(buf), bytes);
+}
+
+py::object decode_add(py::handle payload, py::handle acc, double alpha) {
+  const Held p(payload, "payload", Elem::byte, false);
+  const Held a(acc, "acc", Elem::float32, true);
+  // The element count from the header alone (decode_add validates the whole payload).
+  const gcomp::detail::Payload head = gcomp::detail::parse_payload(p.bytes());
+  if (head.n != a.size()) {
+    throw py::value_error("acc has " + std::to_string(a.size()) + " elements; the payload holds " +
+                          std::to_string(head.n));
+  }
+  {
+    py::gil_scoped_release nogil;
+    gcomp::decode_add(p.bytes(), a.floats(), static_cast<float>(alpha));
+  }
+  return py::reinterpret_borrow<py::object>(acc);
+}
+
+py::dict inspect(py::handle payload) {
+  const Held p(payload, "payload", Elem::byte, false);
+  gcomp::PayloadInfo info;
+  {
+    py::gil_scoped_release nogil;
+    info = gcomp::inspect(p.bytes());
+  }
+  const std::string codec = gcomp::codec_name(info.kind);
+  py::dict d;
+  d["codec"] = codec;
+  d["spec"] = info.params.empty() ? codec : codec + ":" + info.params;
+  d["version"] = info.version;
+  d["n"] = info.elements;
+  d["bytes"] = info.total_bytes;
+  d["header_bytes"] = info.header_bytes;
+  d["ratio"] = info.total_bytes ? 4.0 * static_cast<double>(info.elements) /
+                                      static_cast<double>(info.total_bytes)
+                                : 0.0;
+  d["sections"] = info.sections;
+  return d;
+}
+
+py::list codecs() {
+  py::list out;
+  for (const gcomp::CodecDescription& c : gcomp::codec_catalog()) {
+    py::list keys;
+    py::dict defaults, help;
+    for (const gcomp::SpecKey& k : c.keys) {
+      keys.append(k.name);
+      defaults[py::str(k.name)] =
+          k.default_value.empty() ? py::object(py::none()) : py::object(py::str(k.default_value));
+      help[py::str(k.name)] = k.help;
+    }
+    py::dict d;
+    d["name"] = c.name;
+    d["summary"] = c.summary;
+    d["keys"] = keys;
+    d["defaults"] = defaults;
+    d["help"] = help;
+    out.append(d);
+  }
+  return out;
+}
+
+// ---- MPI and the Communicator ----
+
+struct PyCommunicator;
+
+// MPI as this module sees it. All of it is touched with the GIL held.
+struct Mpi {
+  bool we_initialized = false;
+  int provided = MPI_THREAD_SINGLE;
+  std::mutex serial;  // below MPI_THREAD_MULTIPLE: one MPI call at a time in this process
+  std::set<PyCommunicator*> live;
+};
+Mpi& mpi() {
+  static Mpi* m = new Mpi;  // never destroyed: it outlives every Communicator
+  return *m;
+}
+
+void finalize_at_exit();
+
+void ensure_mpi() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw gcomp::Error(Status::mpi, "MPI has been finalized; no Communicator can be made");
+  }
+  if (initialized) {
+    MPI_Query_thread(&mpi().provided);
+    return;
+  }
+  int provided = MPI_THREAD_SINGLE;
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    throw gcomp::Error(Status::mpi, "MPI_Init_thread failed");
+  }
+  mpi().provided = provided;
+  mpi().we_initialized = true;
+  py::module_::import("atexit").attr("register")(py::cpp_function(&finalize_at_exit));
+}
+
+// Below MPI_THREAD_MULTIPLE, one MPI call at a time in this process (and below
+// MPI_THREAD_SERIALIZED, only from the main thread). Taken with the GIL released.
+class Serial {
+ public:
+  Serial() {
+    if (mpi().provided >= MPI_THREAD_MULTIPLE) return;
+    if (mpi().provided < MPI_THREAD_SERIALIZED) {
+      int main = 0;
+      MPI_Is_thread_main(&main);
+      if (!main) {
+        throw gcomp::Error(Status::mpi,
+                           "MPI was initialized below MPI_THREAD_SERIALIZED; call the "
+                           "Communicator from the main thread");
+      }
+    }
+    lock_ = std::unique_lock<std::mutex>(mpi().serial);
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+struct PyCommunicator {
+  std::unique_ptr<gcomp::Communicator> comm;
+  std::mutex busy;  // one call at a time, as the C++ Communicator requires
+
+  PyCommunicator() {
+    ensure_mpi();
+    {
+      py::gil_scoped_release nogil;
+      const Serial serial;
+      comm = std::make_unique<gcomp::Communicator>(MPI_COMM_WORLD);
+    }
+    mpi().live.insert(this);
+  }
+  ~PyCommunicator() {
+    mpi().live.erase(this);
+    close();
+  }
+  PyCommunicator(const PyCommunicator&) = delete;
+  PyCommunicator& operator=(const PyCommunicator&) = delete;
+
+  // Frees the communicator (a collective over its ranks, as MPI_Comm_free is); after MPI was
+  // finalized by someone else, forgets it instead.
+  void close() {
+    if (!comm) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      (void)comm.release();  // its MPI objects went with MPI
+      return;
+    }
+    py::gil_scoped_release nogil;
+    const std::lock_guard<std::mutex> own(busy);
+    const Serial serial;
+    comm.reset();
+  }
+
+  gcomp::Communicator& get() const {
+    if (!comm) {
+      throw gcomp::Error(Status::mpi, "this Communicator was closed when MPI was finalized");
+    }
+    return *comm;
+  }
+};
+
+// The locks of one call, taken with the GIL released.
+class Call {
+ public:
+  explicit Call(PyCommunicator& c) : own_(c.busy) {}
+
+ private:
+  std::lock_guard<std::mutex> own_;
+  Serial serial_;
+};
+
+void finalize_at_exit() {
+  for (PyCommunicator* c : std::set<PyCommunicator*>(mpi().live)) c->close();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (mpi().we_initialized && !finalized) {
+    py::gil_scoped_release nogil;
+    MPI_Finalize();
+  }
+}
+
+// Runs the conversion of a collective's arguments; when it fails, this rank still takes its part
+// (Communicator::abandon), so that the other ranks raise too instead of waiting, and the
+// conversion's own error is raised here.
+template <class F>
+auto prepared(PyCommunicator& self, F&& f) -> decltype(f()) {
+  gcomp::Communicator& comm = self.get();
+  try {
+    return f();
+  } catch (...) {
+    const std::exception_ptr failure = std::current_exception();
+    Status status = Status::invalid_argument;
+    std::string why = "a bad argument";
+    try {
+      std::rethrow_exception(failure);
+    } catch (const gcomp::Error& e) {
+      status = e.code();
+      why = e.what();
+    } catch (const py::error_already_set& e) {
+      why = e.what();
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    try {
+      py::gil_scoped_release nogil;
+      const Call call(self);
+      comm.abandon(status, why);
+    } catch (...) {
+      // The caller learns of its own failure; MPI's trouble telling the others is secondary.
+    }
+    std::rethrow_exception(failure);
+  }
+}
+
+gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py::handle seed) {
+  gcomp::AllreduceOptions o;
+  if (!py::isinstance<py::str>(algorithm)) {
+    throw py::type_error("algorithm must be a str, not " + type_name(algorithm));
+  }
+  o.algorithm = gcomp::parse_algorithm(algorithm.cast<std::string>());
+  o.average = average.cast<bool>();
+  o.seed = to_seed(seed);
+  return o;
+}
+
+const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made) {
+  if (py::isinstance<gcomp::Codec>(codec)) return codec.cast<const gcomp::Codec&>();
+  if (py::isinstance<py::str>(codec)) return made.emplace(codec.cast<std::string>());
+  throw py::type_error("codec must be a gcomp.Codec or a spec str, not " + type_name(codec));
+}
+
+py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::handle ef,
+                     py::handle algorithm, py::handle average, py::handle seed) {
+  std::optional<Held> buf;
+  std::optional<gcomp::Codec> made;
+  const gcomp::Codec* c = nullptr;
+  PyErrorFeedback* e = nullptr;
+  std::optional<Using> using_ef;
+  gcomp::AllreduceOptions options;
+  prepared(self, [&] {
+    buf.emplace(x, "x", Elem::float32, true);
+    c = &codec_of(codec, made);
+    e = to_ef(ef, buf->size(), "ef");
+    using_ef.emplace(e);
+    options = options_of(algorithm, average, seed);
+  });
+  {
+    py::gil_scoped_release nogil;
+    const Call call(self);
+    self.get().allreduce(buf->floats(), *c, e ? &e->ef : nullptr, options);
+  }
+  return py::reinterpret_borrow<py::object>(x);
+}
+
+py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handle codec,
+                             py::handle efs, py::handle bucket_bytes, py::handle dense_below,
+                             py::handle average, py::handle seed, py::handle algorithm) {
+  std::deque<Held> bufs;
+  std::vector<std::span<float>> spans;
+  std::vector<gcomp::ErrorFeedback*> memories;
+  std::deque<Using> using_efs;
+  std::optional<gcomp::Codec> made;
+  const gcomp::Codec* c = nullptr;
+  gcomp::BucketOptions options;
+  prepared(self, [&] {
+    if (!py::isinstance<py::sequence>(tensors) || py::isinstance<py::str>(tensors)) {
+      throw py::type_error("tensors must be a list of " + std::string(needed(Elem::float32)) +
+                           "s, not " + type_name(tensors));
+    }
+    const py::sequence ts = py::reinterpret_borrow<py::sequence>(tensors);
+    for (std::size_t t = 0; t < ts.size(); ++t) {
+      bufs.emplace_back(ts[t], "tensors[" + std::to_string(t) + "]", Elem::float32, true);
+      spans.push_back(bufs.back().floats());
+    }
+    c = &codec_of(codec, made);
+    if (!efs.is_none()) {
+      if (!py::isinstance<py::sequence>(efs)) {
+        throw py::type_error("efs must be None or a list of gcomp.ErrorFeedback (or None), not " +
+                             type_name(efs));
+      }
+      const py::sequence es = py::reinterpret_borrow<py::sequence>(efs);
+      if (es.size() != ts.size()) {
+        throw py::value_error(std::to_string(es.size()) + " error-feedback memories for " +
+                              std::to_string(ts.size()) + " tensors");
+      }
+      for (std::size_t t = 0; t < es.size(); ++t) {
+        PyErrorFeedback* e = to_ef(es[t], spans[t].size(), "efs[" + std::to_string(t) + "]");
+        memories.push_back(e ? &e->ef : nullptr);
+        if (e) using_efs.emplace_back(e);
+      }
+    }
+    options.bucket_bytes = to_count(bucket_bytes, "bucket_bytes");
+    options.dense_below = to_count(dense_below, "dense_below");
+    options.allreduce = options_of(algorithm, average, seed);
+  });
+  {
+    py::gil_scoped_release nogil;
+    const Call call(self);
+    self.get().allreduce_buckets(spans, *c, memories, options);
+  }
+  return py::reinterpret_borrow<py::object>(tensors);
+}
+
+py::dict last_stats(const PyCommunicator& self) {
+  const gcomp::CallStats& s = self.get().last_stats();
+  py::dict d;
+  d["calls"] = s.calls;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["encode_seconds"] = s.encode_seconds;
+  d["comm_seconds"] = s.comm_seconds;
+  d["decode_seconds"] = s.decode_seconds;
+  d["algorithm"] = s.calls ? py::object(py::str(gcomp::algorithm_name(s.algorithm)))
+                           : py::object(py::none());
+  d["compressed"] = s.compressed;
+  return d;
+}
+
+py::dict total_stats(const PyCommunicator& self) {
+  const gcomp::TotalStats& s = self.get().total_stats();
+  py::dict d;
+  d["calls"] = s.calls;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["encode_seconds"] = s.encode_seconds;
+  d["comm_seconds"] = s.comm_seconds;
+  d["decode_seconds"] = s.decode_seconds;
+  py::dict by;
+  for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+    if (s.by_algorithm[a]) by[gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a))] = s.by_algorithm[a];
+  }
+  d["algorithm"] = by;
+  d["compressed"] = s.compressed;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_gcomp, m) {
+  m.doc() = "The compiled part of the gcomp package; import gcomp instead.";
+  m.attr("__version__") = GCOMP_VERSION;
+
+  g_error = PyErr_NewExceptionWithDoc(
+      "gcomp.Error",
+      "An error of the gcomp library.\n\n"
+      "``status`` names its kind: \"invalid_argument\", \"bad_payload\", \"buffer_too_small\",\n"
+      "\"nonfinite\", \"mpi\", \"cuda\", \"mismatch\" or \"internal\"; the message names the\n"
+      "offending value. In a collective, a failure on one rank raises on every rank: that rank\n"
+      "with its own status, the others with \"mismatch\" naming the rank and the reason.",
+      PyExc_RuntimeError, nullptr);
+  if (g_error == nullptr) throw py::error_already_set();
+  PyObject_SetAttrString(g_error, "status", Py_None);
+  m.add_object("Error", py::handle(g_error));
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const gcomp::Error& e) {
+      raise_gcomp_error(e.code(), e.what());
+    }
+  });
+
+  m.def("codecs", &codecs,
+        "codecs() -> list of dict\n\n"
+        "Every codec: its name, summary, spec keys, each key's default (None: required or one of\n"
+        "a required pair) and help, as `gcomp list` prints them.");
+  m.def("simd_level", [] { return std::string(gcomp::simd_level()); },
+        "simd_level() -> str\n\nThe SIMD kernels in use: \"avx512\", \"avx2\" or \"baseline\" "
+        "(at most GCOMP_SIMD when set).");
+  m.def("set_num_threads", &gcomp::set_num_threads, py::arg("threads"),
+        "set_num_threads(threads)\n\nThreads the library may use inside one call (>= 1; default "
+        "GCOMP_NUM_THREADS, else 1).");
+  m.def("num_threads", &gcomp::num_threads, "num_threads() -> int\n\nSee set_num_threads.");
+
+  py::class_<gcomp::Codec>(m, "Codec",
+                           "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"
+                           "Immutable; one Codec may be used by many threads at once. A bad spec\n"
+                           "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
+                           "the bad part.")
+      .def(py::init<std::string_view>(), py::arg("spec"))
+      .def_property_readonly("spec", &gcomp::Codec::spec,
+                             "The canonical spec, every key spelled out.")
+      .def_property_readonly(
+          "properties",
+          [](const gcomp::Codec& c) {
+            const gcomp::CodecProperties p = c.properties();
+            py::dict d;
+            d["sparse"] = p.sparse;
+            d["unbiased"] = p.unbiased;
+            d["stochastic"] = p.stochastic;
+            d["bits_per_element"] = p.bits_per_element;
+            return d;
+          },
+          "What the codec promises: sparse, unbiased, stochastic, bits_per_element (dense codecs).")
+      .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
+           "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
+      .def("selected", &gcomp::Codec::selected, py::arg("n"),
+           "selected(n) -> int\n\nElements a sparse codec keeps out of n (0 for dense codecs).")
+      .def("encode", &encode, py::arg("x"), py::arg("seed") = 0, py::arg("ef") = py::none(),
+           py::arg("out") = py::none(),
+           "encode(x, seed=0, ef=None, out=None) -> numpy.ndarray (uint8)\n\n"
+           "Encodes x (a 1-D float32 numpy array or torch CPU tensor, used in place, never\n"
+           "modified) into a payload. With ef (a gcomp.ErrorFeedback of x's size), encodes\n"
+           "x + residual and keeps what was not sent as the new residual. With out (a writable\n"
+           "1-D uint8 array of at least max_bytes(len(x)) bytes), writes there and returns the\n"
+           "written prefix as a view of out, allocating nothing. The GIL is released while it\n"
+           "runs. NaN/Inf in x (or x + residual) raises gcomp.Error(\"nonfinite\"), leaving ef as\n"
+           "it was.")
+      .def("__repr__", [](const gcomp::Codec& c) { return "gcomp.Codec('" + c.spec() + "')"; });
+
+  py::class_<PyErrorFeedback>(m, "ErrorFeedback",
+                              "ErrorFeedback(n): the error-feedback memory (residual) of one\n"
+                              "tensor of n floats, zeros at first. Use one per tensor, with one\n"
+                              "thread at a time.")
+      .def(py::init<std::size_t>(), py::arg("n"))
+      .def_property_readonly("size", [](const PyErrorFeedback& e) { return e.ef.size(); },
+                             "The number of elements.")
+      .def("__len__", [](const PyErrorFeedback& e) { return e.ef.size(); })
+      .def_property_readonly(
+          "residual",
+          [](py::object self) {
+            PyErrorFeedback& e = self.cast<PyErrorFeedback&>();
+            const std::span<float> r = e.ef.residual();
+            return py::array(py::dtype::of<float>(), {r.size()}, {sizeof(float)}, r.data(), self);
+          },
+          "The current residual: a float32 numpy view of it (no copy; writing to it changes it).\n"
+          "Each encode writes the new residual to the other of two buffers, so take\n"
+          "ef.residual again after an encode; an older view then shows a buffer the library\n"
+          "reuses (it stays valid memory as long as the view lives).")
+      .def("reset", [](PyErrorFeedback& e) { e.ef.reset(); }, "reset()\n\nSets the residual to zero.")
+      .def("__repr__", [](const PyErrorFeedback& e) {
+        return "gcomp.ErrorFeedback(" + std::to_string(e.ef.size()) + ")";
+      });
+
+  m.def("decode_add", &decode_add, py::arg("payload"), py::arg("acc"), py::arg("alpha") = 1.0,
+        "decode_add(payload, acc, alpha=1.0) -> acc\n\n"
+        "acc += alpha * decode(payload), in place. acc is a 1-D float32 numpy array or torch\n"
+        "CPU tensor of the payload's element count. The payload is validated in full first;\n"
+        "on any error (gcomp.Error \"bad_payload\" for a corrupt or truncated one) acc is\n"
+        "unchanged. The GIL is released while it runs.");
+  m.def("inspect", &inspect, py::arg("payload"),
+        "inspect(payload) -> dict\n\n"
+        "Validates a payload as decode_add would and describes it: codec, spec (the codec and\n"
+        "the parameters the payload records), version, n (elements), bytes, header_bytes,\n"
+        "ratio (4 n / bytes) and sections (the byte length of each).");
+
+  py::class_<PyCommunicator>(
+      m, "Communicator",
+      "Communicator(): gcomp's collectives over MPI_COMM_WORLD (collective over it).\n\n"
+      "Initializes MPI on first use (MPI_Init_thread asking for MPI_THREAD_MULTIPLE) and, when\n"
+      "it did, finalizes it at interpreter exit. Launch with\n"
+      "``mpiexec.mpich -n 4 /usr/bin/python3 script.py``. Measures the network when made.\n"
+      "Every call is collective: all ranks pass the same codec, sizes, options and seed; a\n"
+      "rank that disagrees or fails (a bad argument, NaN in its input) makes every rank raise\n"
+      "instead of hang. One call at a time per Communicator (calls from other threads wait).")
+      .def(py::init<>())
+      .def_property_readonly("rank", [](const PyCommunicator& c) { return c.get().rank(); },
+                             "This process's rank.")
+      .def_property_readonly("size", [](const PyCommunicator& c) { return c.get().size(); },
+                             "The number of ranks.")
+      .def_property_readonly(
+          "network",
+          [](const PyCommunicator& c) {
+            const gcomp::NetworkModel& n = c.get().network();
+            py::dict d;
+            d["alpha"] = n.alpha;
+            d["beta"] = n.beta;
+            d["beta_all"] = n.beta_all;
+            d["beta_one"] = n.beta_one;
+            d["beta_allreduce"] = n.beta_allreduce;
+            d["beta_allreduce_large"] = n.beta_allreduce_large;
+            return d;
+          },
+          "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
+      .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
+           py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
+           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0) -> x\n\n"
+           "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
+           "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
+           "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
+           "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
+           "compression pays) or one of \"dense\", \"sparse_allgather\",\n"
+           "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
+           "\"compressed_reduce_scatter\". The GIL is released while it runs.")
+      .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
+           py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
+           py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
+           py::arg("algorithm") = "auto",
+           "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
+           "                  average=False, seed=0, algorithm=\"auto\") -> tensors\n\n"
+           "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
+           "of float32, one collective each; tensors of fewer than dense_below elements are\n"
+           "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.")
+      .def_property_readonly("last_stats", &last_stats,
+                             "What the last call did: calls (collectives made), bytes_sent,\n"
+                             "bytes_received, encode_seconds, comm_seconds, decode_seconds,\n"
+                             "algorithm (of its last collective) and compressed (whether the\n"
+                             "codec was applied).")
+      .def_property_readonly("total_stats", &total_stats,
+                             "Totals over this Communicator's collectives: calls, bytes_sent,\n"
+                             "bytes_received, the three seconds, algorithm (calls per algorithm)\n"
+                             "and compressed (calls that applied the codec).");
+}

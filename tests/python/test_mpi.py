@@ -1,0 +1,263 @@
+"""The gcomp Communicator from Python, on every rank of `mpiexec.mpich -n P` (tests/python/
+mpi_test.sh runs it, then gcomp_python_reference, which redoes the recorded collectives with
+the C++ Communicator and compares the bits).
+
+Every test is collective: all ranks run the same tests in the same order. GCOMP_PYTHON_MPI_DIR
+is where the inputs and results of the compared collectives go.
+"""
+
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gcomp
+
+OUT = pathlib.Path(os.environ.get("GCOMP_PYTHON_MPI_DIR", "python_mpi_out"))
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return gcomp.Communicator()
+
+
+def gradient(n, seed):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_rank_and_size_are_mpiexecs(comm):
+    assert comm.size == int(os.environ.get("PMI_SIZE", "1"))
+    assert comm.rank == int(os.environ.get("PMI_RANK", "0"))
+    assert all(v >= 0 for v in comm.network.values())
+
+
+# (name, spec, algorithm, average, seed, error feedback, steps, sizes)
+CASES = [
+    ("none_dense", "none", "dense", 0, 0, 0, 2, [10007]),
+    ("fp16_dense_avg", "fp16", "dense", 1, 0, 1, 3, [10007]),
+    ("topk_allgather", "topk:ratio=0.01", "sparse_allgather", 0, 0, 1, 3, [10007]),
+    ("topk_rd", "topk:ratio=0.02", "sparse_recursive_doubling", 1, 0, 1, 3, [10007]),
+    ("topk_split", "topk:ratio=0.05,values=fp16", "sparse_split", 0, 0, 1, 3, [10007]),
+    ("randomk", "randomk:ratio=0.03", "sparse_allgather", 0, 5, 1, 3, [10007]),
+    ("threshold", "threshold:tau=2", "sparse_split", 0, 0, 0, 2, [10007]),
+    ("qsgd_allgather", "qsgd", "allgather", 1, 7, 0, 2, [10007]),
+    ("qsgd_crs", "qsgd:bits=3,bucket=100", "compressed_reduce_scatter", 0, 9, 1, 3, [10007]),
+    ("terngrad_crs", "terngrad", "compressed_reduce_scatter", 1, 11, 1, 3, [10007]),
+    ("sign_allgather", "sign", "allgather", 0, 0, 1, 3, [10007]),
+    ("buckets_topk", "topk:ratio=0.01", "sparse_allgather", 0, 3, 1, 3, [5000, 3, 20000, 100, 7000]),
+    ("buckets_qsgd", "qsgd", "compressed_reduce_scatter", 1, 3, 1, 2, [4000, 12000, 10, 4000]),
+]
+
+
+def run_case(comm, case, as_torch=False):
+    """Runs a case through the module; returns each step's results and the final residuals."""
+    name, spec, algorithm, average, seed, with_ef, steps, sizes = case
+    codec = gcomp.Codec(spec)
+    efs = [gcomp.ErrorFeedback(n) for n in sizes] if with_ef else None
+    results = []
+    for s in range(steps):
+        xs = [gradient(n, 1000 * comm.rank + 10 * s + t) for t, n in enumerate(sizes)]
+        ins = [x.copy() for x in xs]
+        if as_torch:
+            import torch
+            xs = [torch.tensor(x) for x in xs]
+        if len(sizes) == 1:
+            out = comm.allreduce(xs[0], codec, ef=efs[0] if efs else None, algorithm=algorithm,
+                                 average=bool(average), seed=seed)
+            assert out is xs[0]
+            assert comm.last_stats["algorithm"] == algorithm and comm.last_stats["calls"] == 1
+        else:
+            assert comm.allreduce_buckets(xs, codec, efs=efs, bucket_bytes=4 * sizes[0],
+                                          average=bool(average), seed=seed,
+                                          algorithm=algorithm) is xs
+        outs = [np.array(x) for x in xs]
+        results.append((ins, outs))
+    residuals = [ef.residual.copy() for ef in efs] if efs else []
+    return results, residuals
+
+
+def test_allreduce_is_the_cpp_communicators(comm):
+    """Records inputs and results for gcomp_python_reference (run after this, by mpi_test.sh)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for case in CASES:
+        name, spec, algorithm, average, seed, with_ef, steps, sizes = case
+        results, residuals = run_case(comm, case)
+        base = OUT / f"{name}.r{comm.rank}"
+        for s, (ins, outs) in enumerate(results):
+            for t in range(len(sizes)):
+                np.save(f"{base}.s{s}.t{t}.in.npy", ins[t])
+                np.save(f"{base}.s{s}.t{t}.out.npy", outs[t])
+        for t, r in enumerate(residuals):
+            np.save(f"{base}.t{t}.ef.npy", r)
+        lines.append(f"{name} {spec} {algorithm} {average} {seed} {with_ef} {steps} "
+                     + ",".join(map(str, sizes)))
+    # Every rank ends with the same bits: each compares its results with rank 0's files.
+    comm.allreduce(np.zeros(1, np.float32), "none")  # everyone has written
+    for name, *_, steps, sizes in CASES:
+        for s in range(steps):
+            for t in range(len(sizes)):
+                mine = np.load(f"{OUT}/{name}.r{comm.rank}.s{s}.t{t}.out.npy")
+                first = np.load(f"{OUT}/{name}.r0.s{s}.t{t}.out.npy")
+                assert mine.tobytes() == first.tobytes(), (name, s, t)
+    if comm.rank == 0:
+        (OUT / "cases.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_torch_tensors_give_the_same_results_as_numpy(comm):
+    pytest.importorskip("torch")
+    for case in (CASES[2], CASES[9], CASES[11]):
+        a, ra = run_case(comm, case)
+        b, rb = run_case(comm, case, as_torch=True)
+        for (_, oa), (_, ob) in zip(a, b):
+            assert all(np.array_equal(x, y) for x, y in zip(oa, ob)), case[0]
+        assert all(np.array_equal(x, y) for x, y in zip(ra, rb))
+
+
+def test_the_sum_and_the_mean_of_integers_are_exact(comm):
+    p = comm.size
+    x = np.full(1001, comm.rank + 1, np.float32)
+    comm.allreduce(x, "none", algorithm="dense")
+    assert np.all(x == p * (p + 1) / 2)
+    x = np.full(1001, 2.0 * p, np.float32)
+    comm.allreduce(x, gcomp.Codec("none"), average=True)
+    assert np.all(x == 2.0 * p)
+
+
+def test_stats_count_the_bytes(comm):
+    codec = gcomp.Codec("topk:ratio=0.01")
+    x = gradient(100000, comm.rank)
+    before = comm.total_stats
+    comm.allreduce(x, codec, algorithm="sparse_allgather")
+    s = comm.last_stats
+    p = comm.size
+    # The agreement (nine int64 each way), the sizes (8 bytes to each peer), the payload to each.
+    payload = codec.max_bytes(100000)  # top-k's size is exact
+    assert s["bytes_sent"] == 2 * 72 + (p - 1) * (8 + payload)
+    assert s["bytes_received"] == s["bytes_sent"]
+    assert s["encode_seconds"] > 0 and s["comm_seconds"] >= 0 and s["decode_seconds"] >= 0
+    assert s["compressed"] is True and s["calls"] == 1
+    after = comm.total_stats
+    assert after["calls"] == before["calls"] + 1
+    assert after["compressed"] == before["compressed"] + 1
+    assert after["bytes_sent"] == before["bytes_sent"] + s["bytes_sent"]
+    assert after["algorithm"]["sparse_allgather"] == before["algorithm"].get("sparse_allgather", 0) + 1
+    comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20)
+    assert comm.last_stats["calls"] == 2  # one bucket and the dense one
+
+
+def expect_every_rank_raises(comm, call, culprit, error, status):
+    """call() fails on rank `culprit` with `error` (and gcomp.Error `status` when that is it);
+    the others raise gcomp.Error("mismatch") naming the culprit. Then a good call works."""
+    with pytest.raises(Exception) as e:
+        call()
+    if comm.rank == culprit:
+        assert isinstance(e.value, error), repr(e.value)
+        if error is gcomp.Error:
+            assert e.value.status == status, repr(e.value)
+    else:
+        assert isinstance(e.value, gcomp.Error) and e.value.status == "mismatch", repr(e.value)
+        assert f"rank {culprit}" in str(e.value)
+    x = np.ones(100, np.float32)
+    comm.allreduce(x, "none")
+    assert np.all(x == comm.size)
+
+
+def test_nan_on_one_rank_raises_on_every_rank(comm):
+    culprit = comm.size - 1
+    x = gradient(5000, comm.rank)
+    if comm.rank == culprit:
+        x[123] = np.nan
+    for algorithm in ("auto", "sparse_allgather", "sparse_split"):
+        ef = gcomp.ErrorFeedback(5000)
+        y = x.copy()
+        expect_every_rank_raises(
+            comm, lambda: comm.allreduce(y, "topk:ratio=0.01", ef=ef, algorithm=algorithm),
+            culprit, gcomp.Error, "nonfinite")
+        assert not ef.residual.any()  # the residual is as it was
+        assert np.array_equal(y, x, equal_nan=True)  # found before the exchange: untouched
+
+
+@pytest.mark.skipif(int(os.environ.get("PMI_SIZE", "1")) < 2, reason="needs two ranks")
+def test_ranks_passing_different_specs_all_raise(comm):
+    spec = "topk:ratio=0.01" if comm.rank == 0 else "topk:ratio=0.02"
+    x = gradient(5000, 0)
+    with pytest.raises(gcomp.Error) as e:
+        comm.allreduce(x, spec)
+    assert e.value.status == "mismatch"
+
+
+@pytest.mark.parametrize(
+    "bad, error, status",
+    [
+        (lambda x: x.astype(np.float64), TypeError, None),
+        (lambda x: x[::2], ValueError, None),
+        (lambda x: x.reshape(2, -1), ValueError, None),
+        (lambda x: [1.0], TypeError, None),
+    ],
+)
+def test_a_bad_array_on_one_rank_raises_on_every_rank(comm, bad, error, status):
+    culprit = comm.size // 2
+    x = gradient(5000, 0)
+    arg = bad(x) if comm.rank == culprit else x
+    expect_every_rank_raises(comm, lambda: comm.allreduce(arg, "qsgd"), culprit, error, status)
+
+
+def test_bad_arguments_on_one_rank_raise_on_every_rank(comm):
+    culprit = 0
+    x = gradient(5000, 0)
+    mine = comm.rank == culprit
+    calls = [
+        (lambda: comm.allreduce(x, "nope" if mine else "fp16"), gcomp.Error, "invalid_argument"),
+        (lambda: comm.allreduce(x, "fp16", algorithm="nope" if mine else "dense"), gcomp.Error,
+         "invalid_argument"),
+        (lambda: comm.allreduce(x, "fp16", seed=-1 if mine else 0), ValueError, None),
+        (lambda: comm.allreduce(x, "fp16", ef=gcomp.ErrorFeedback(3 if mine else 5000)),
+         ValueError, None),
+        (lambda: comm.allreduce(x, 42 if mine else "fp16"), TypeError, None),
+        (lambda: comm.allreduce_buckets([x], "fp16", efs=[] if mine else None), ValueError, None),
+        (lambda: comm.allreduce_buckets([x, x[::2] if mine else x.copy()], "fp16"), ValueError,
+         None),
+        (lambda: comm.allreduce_buckets([x], "fp16", bucket_bytes=-1 if mine else 1 << 20),
+         ValueError, None),
+    ]
+    for call, error, status in calls:
+        expect_every_rank_raises(comm, call, culprit, error, status)
+
+
+@pytest.mark.skipif(int(os.environ.get("PMI_SIZE", "1")) < 2, reason="needs two ranks")
+def test_the_gil_is_released_during_a_collective(comm):
+    # Rank 0 calls from a thread while its main thread keeps counting; the others join a second
+    # later, so rank 0's call waits that long inside MPI. Held, the GIL would stop the count.
+    x = np.ones(1000, np.float32)
+    comm.allreduce(x, "none")  # everyone here
+    if comm.rank != 0:
+        time.sleep(1.0)
+        comm.allreduce(x, "none")
+        return
+    stamps = []
+    th = threading.Thread(target=lambda: comm.allreduce(x, "none"))
+    th.start()
+    while th.is_alive():
+        stamps.append(time.perf_counter())
+        time.sleep(0.001)
+    th.join()
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) < 0.5
+    assert np.all(x == comm.size * comm.size)
+
+
+def test_calls_from_another_thread_work(comm):
+    out = {}
+
+    def work():
+        x = np.ones(1000, np.float32)
+        comm.allreduce(x, "fp16")
+        out["x"] = x
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert np.all(out["x"] == comm.size)
