@@ -13,7 +13,10 @@ QSGD (compressed_reduce_scatter) under mpiexec.mpich, against gcomp_bench_collec
 time an iteration as the C++ benchmark does (a barrier, then the slowest rank's time).
 
 Prints a Markdown table: microseconds per call (medians over rounds of per-round medians), the
-ratio Python / C++ and the difference in microseconds per call.
+ratio Python / C++ and the difference in microseconds per call. For the codecs, a third timing
+isolates the binding: the library's C API called through ctypes on the very arrays the Python
+calls use (so the same memory, the same interpreter loop around it); "Python / C API" is then what
+the module itself costs, apart from where the arrays live.
 """
 
 import argparse
@@ -51,13 +54,29 @@ def median_batch_seconds(call, min_time=MIN_TIME, batches=5):
 
 # ---- codecs ----
 
-def python_codecs(sizes):
+def c_api(build):
+    import ctypes
+    lib = ctypes.CDLL(os.path.join(build, "lib", "libgcomp_core.so"))
+    lib.gcomp_codec_create.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.gcomp_encode.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.POINTER(ctypes.c_size_t)]
+    lib.gcomp_decode_add.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                     ctypes.c_size_t, ctypes.c_float]
+    return lib, ctypes
+
+
+def python_codecs(build, sizes):
     import numpy as np
     import gcomp
     gcomp.set_num_threads(1)
+    lib, ctypes = c_api(build)
+    lib.gcomp_set_num_threads(1)
     rows = {}
     for spec in CODEC_SPECS:
         c = gcomp.Codec(spec)
+        handle = ctypes.c_void_p()
+        assert lib.gcomp_codec_create(spec.encode(), ctypes.byref(handle)) == 0
         for n in sizes:
             x = np.random.default_rng(20240611).standard_normal(n).astype(np.float32)
             out = np.empty(c.max_bytes(n), np.uint8)
@@ -71,11 +90,22 @@ def python_codecs(sizes):
                 seed[0] += 1
                 c.encode(x, seed[0])
 
+            written = ctypes.c_size_t()
+
+            def enc_c():
+                seed[0] += 1
+                lib.gcomp_encode(handle, x.ctypes.data, n, seed[0], out.ctypes.data, out.size,
+                                 ctypes.byref(written))
+
             p = c.encode(x, 1)
             acc = np.zeros(n, np.float32)
             rows[("encode", spec, n)] = median_batch_seconds(enc_out)
             rows[("encode (new array)", spec, n)] = median_batch_seconds(enc_new)
             rows[("decode_add", spec, n)] = median_batch_seconds(lambda: gcomp.decode_add(p, acc))
+            rows[("c_api encode", spec, n)] = median_batch_seconds(enc_c)
+            rows[("c_api decode_add", spec, n)] = median_batch_seconds(
+                lambda: lib.gcomp_decode_add(p.ctypes.data, p.size, acc.ctypes.data, n, 1.0))
+        lib.gcomp_codec_destroy(handle)
     return rows
 
 
@@ -156,11 +186,12 @@ def allreduce_worker(sizes, out_path):
     print("", end="", flush=True)
 
 
-def python_allreduce(ranks, sizes):
+def python_allreduce(build, ranks, sizes):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run(["timeout", "-k", "10", "900", "mpiexec.mpich", "-n", str(ranks),
                         sys.executable, os.path.abspath(__file__), "--worker", f.name,
-                        "--sizes", ",".join(map(str, sizes))], check=True, timeout=960)
+                        "--build", build, "--sizes", ",".join(map(str, sizes))],
+                       check=True, timeout=960)
         got = json.load(open(f.name))
     return {("allreduce", spec, int(n)): s for key, s in got.items()
             for spec, n in [key.split("|")]}
@@ -192,38 +223,48 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    sys.path.insert(0, os.path.join(a.build, "python"))
     if a.worker:
         return allreduce_worker(sizes, a.worker)
-    sys.path.insert(0, os.path.join(a.build, "python"))
 
     cpp, py = {}, {}
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", file=sys.stderr, flush=True)
         for k, v in cpp_codecs(a.build, sizes).items():
             cpp.setdefault(k, []).append(v)
-        for k, v in python_codecs(sizes).items():
+        for k, v in python_codecs(a.build, sizes).items():
             py.setdefault(k, []).append(v)
         for k, v in cpp_allreduce(a.build, a.ranks, sizes).items():
             cpp.setdefault(k, []).append(v)
-        for k, v in python_allreduce(a.ranks, sizes).items():
+        for k, v in python_allreduce(a.build, a.ranks, sizes).items():
             py.setdefault(k, []).append(v)
 
     table = []
     for (op, spec, n), ts in py.items():
+        if op.startswith("c_api"):
+            continue
         base = cpp.get(("encode" if op.startswith("encode") else op, spec, n))
         if not base:
             continue
         c, p = statistics.median(base), statistics.median(ts)
-        table.append((op, spec, n, c * 1e6, p * 1e6, p / c, (p - c) * 1e6))
+        capi = py.get(("c_api " + ("encode" if op.startswith("encode") else op), spec, n))
+        capi = statistics.median(capi) if capi else None
+        table.append((op, spec, n, c * 1e6, capi * 1e6 if capi else None, p * 1e6, p / c,
+                      p / capi if capi else None, (p - c) * 1e6))
     print(f"\n{a.ranks}-rank allreduce and 1-thread codecs, medians of {a.rounds} rounds\n")
-    print("| call | codec | n | C++ us | Python us | Python / C++ | difference us |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for op, spec, n, c, p, ratio, diff in table:
-        print(f"| {op} | {spec} | {n} | {c:.1f} | {p:.1f} | {ratio:.3f} | {diff:+.1f} |")
+    print("| call | codec | n | C++ us | C API us | Python us | Python / C++ | Python / C API "
+          "| difference us |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for op, spec, n, c, capi, p, ratio, ratio_c, diff in table:
+        capi_s = f"{capi:.1f}" if capi else "-"
+        ratio_s = f"{ratio_c:.3f}" if ratio_c else "-"
+        print(f"| {op} | {spec} | {n} | {c:.1f} | {capi_s} | {p:.1f} | {ratio:.3f} | {ratio_s} "
+              f"| {diff:+.1f} |")
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["call", "codec", "n", "cpp_us", "python_us", "ratio", "difference_us"])
+            w.writerow(["call", "codec", "n", "cpp_us", "c_api_us", "python_us", "ratio",
+                        "ratio_c_api", "difference_us"])
             w.writerows(table)
 
 

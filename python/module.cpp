@@ -193,13 +193,6 @@ std::size_t to_count(py::handle v, const std::string& what) {
   return static_cast<std::size_t>(n);
 }
 
-// A payload the module allocated, handed to numpy without a copy.
-py::array own_bytes(std::unique_ptr<std::byte[]> data, std::size_t size) {
-  std::byte* raw = data.release();
-  py::capsule owner(raw, [](void* p) { delete[] static_cast<std::byte*>(p); });
-  return py::array(py::dtype::of<std::uint8_t>(), {size}, {1}, raw, owner);
-}
-
 // ---- error feedback ----
 
 // gcomp::ErrorFeedback, marked busy while a call uses it with the GIL released, so that two
@@ -258,24 +251,28 @@ py::object encode(const gcomp::Codec& codec, py::handle x, py::handle seed, py::
       bytes = e ? codec.encode_ef(e->ef, in.floats(), s, o.bytes())
                 : codec.encode(in.floats(), s, o.bytes());
     }
-    if (is_torch_tensor(out)) return out[py::slice(0, static_cast<py::ssize_t>(bytes), 1)];
+    const auto prefix = py::slice(0, static_cast<py::ssize_t>(bytes), 1);
+    if (is_torch_tensor(out)) return out[prefix];
+    if (py::isinstance<py::array>(out)) return out[prefix];  // a view; numpy holds out
+    // bytearray, memoryview, ...: a numpy view that holds an export of out, so it cannot move.
     return py::module_::import("numpy").attr("frombuffer")(out, "uint8", bytes);
   }
+  // The payload in numpy's memory (numpy asks for huge pages from 4 MiB, as for its arrays).
   const std::size_t max = codec.max_bytes(in.size());
-  std::unique_ptr<std::byte[]> buf(new std::byte[max]);  // not zeroed: encode writes every byte
+  py::array_t<std::uint8_t> payload(static_cast<py::ssize_t>(max));
+  const std::span<std::byte> buf(reinterpret_cast<std::byte*>(payload.mutable_data()), max);
   std::size_t bytes = 0;
   {
     const Using using_ef(e);
     py::gil_scoped_release nogil;
-    bytes = e ? codec.encode_ef(e->ef, in.floats(), s, {buf.get(), max})
-              : codec.encode(in.floats(), s, {buf.get(), max});
-    if (bytes < max / 2) {  // a bound far above the payload (threshold): keep what was written
-      std::unique_ptr<std::byte[]> exact(new std::byte[bytes]);
-      std::memcpy(exact.get(), buf.get(), bytes);
-      buf = std::move(exact);
-    }
+    bytes = e ? codec.encode_ef(e->ef, in.floats(), s, buf) : codec.encode(in.floats(), s, buf);
   }
-  return own_bytes(std::move(buf), bytes);
+  if (bytes == max) return payload;
+  if (bytes >= max / 2) return payload[py::slice(0, static_cast<py::ssize_t>(bytes), 1)];
+  // A bound far above the payload (threshold's): keep only what was written.
+  py::array_t<std::uint8_t> exact(static_cast<py::ssize_t>(bytes));
+  std::memcpy(exact.mutable_data(), buf.data(), bytes);
+  return exact;
 }
 
 py::object decode_add(py::handle payload, py::handle acc, double alpha) {
@@ -622,6 +619,9 @@ py::dict total_stats(const PyCommunicator& self) {
 
 PYBIND11_MODULE(_gcomp, m) {
   m.doc() = "The compiled part of the gcomp package; import gcomp instead.";
+  // Every docstring starts with its Python signature; pybind11's own would say "handle".
+  py::options options;
+  options.disable_function_signatures();
   m.attr("__version__") = GCOMP_VERSION;
 
   g_error = PyErr_NewExceptionWithDoc(
@@ -660,7 +660,7 @@ PYBIND11_MODULE(_gcomp, m) {
                            "Immutable; one Codec may be used by many threads at once. A bad spec\n"
                            "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
                            "the bad part.")
-      .def(py::init<std::string_view>(), py::arg("spec"))
+      .def(py::init<std::string_view>(), py::arg("spec"), "Codec(spec)")
       .def_property_readonly("spec", &gcomp::Codec::spec,
                              "The canonical spec, every key spelled out.")
       .def_property_readonly(
@@ -695,10 +695,10 @@ PYBIND11_MODULE(_gcomp, m) {
                               "ErrorFeedback(n): the error-feedback memory (residual) of one\n"
                               "tensor of n floats, zeros at first. Use one per tensor, with one\n"
                               "thread at a time.")
-      .def(py::init<std::size_t>(), py::arg("n"))
+      .def(py::init<std::size_t>(), py::arg("n"), "ErrorFeedback(n)")
       .def_property_readonly("size", [](const PyErrorFeedback& e) { return e.ef.size(); },
                              "The number of elements.")
-      .def("__len__", [](const PyErrorFeedback& e) { return e.ef.size(); })
+      .def("__len__", [](const PyErrorFeedback& e) { return e.ef.size(); }, "len(ef): its size")
       .def_property_readonly(
           "residual",
           [](py::object self) {
@@ -736,7 +736,7 @@ PYBIND11_MODULE(_gcomp, m) {
       "Every call is collective: all ranks pass the same codec, sizes, options and seed; a\n"
       "rank that disagrees or fails (a bad argument, NaN in its input) makes every rank raise\n"
       "instead of hang. One call at a time per Communicator (calls from other threads wait).")
-      .def(py::init<>())
+      .def(py::init<>(), "Communicator()")
       .def_property_readonly("rank", [](const PyCommunicator& c) { return c.get().rank(); },
                              "This process's rank.")
       .def_property_readonly("size", [](const PyCommunicator& c) { return c.get().size(); },

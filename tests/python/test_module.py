@@ -246,6 +246,16 @@ def test_encode_into_a_given_buffer():
     assert e.value.status == "buffer_too_small"
     with pytest.raises(ValueError, match="read-only"):
         c.encode(x, out=bytes(c.max_bytes(len(x))))
+    b = bytearray(c.max_bytes(len(x)))
+    view = c.encode(x, out=b)
+    assert view.tobytes() == c.encode(x).tobytes() and np.shares_memory(view, b)
+    with pytest.raises(BufferError):
+        b.extend(b"\0")  # the view holds b's memory: it cannot move
+    del view
+    b.extend(b"\0")
+    threshold = gcomp.Codec("threshold:tau=3")  # its bound is far above what it writes
+    p = threshold.encode(x)
+    assert len(p) < threshold.max_bytes(len(x)) / 2 and p.base is None
 
 
 # ---- bad inputs: each named, nothing copied or converted ----
@@ -385,7 +395,6 @@ def test_payloads_and_residual_views_keep_their_memory():
     gc.collect()
     filler = [np.full(50000, 3.0, np.float32) for _ in range(20)]  # reuse freed memory
     assert p.tobytes() == want
-    assert p.flags.owndata is False and p.base is not None  # numpy holds the owner
 
     ef = gcomp.ErrorFeedback(50000)
     gcomp.Codec("topk:ratio=0.1").encode(x, seed=0, ef=ef)
@@ -447,7 +456,8 @@ def longest_pause_of_python_while(call, min_seconds=0.05):
 def test_the_gil_is_released_while_the_library_works(what):
     # Held, the GIL would stop this thread for the whole call: the longest pause would be the
     # call's length. Released, this thread keeps counting (2 cores or not, the OS shares them
-    # in slices far shorter than the call). A loaded machine may stall a try; three are made.
+    # in slices far shorter than the call). A loaded machine may stall a try; five are made,
+    # and a held GIL fails every one of them.
     c = gcomp.Codec("qsgd:bits=8,bucket=64")
     n = 1 << 22
     while True:
@@ -460,7 +470,7 @@ def test_the_gil_is_released_while_the_library_works(what):
         if time.perf_counter() - t >= 0.08 or n >= 1 << 26:
             break
         n *= 2
-    results = [longest_pause_of_python_while(call) for _ in range(3)]
+    results = [longest_pause_of_python_while(call) for _ in range(5)]
     assert any(gap < 0.5 * length for gap, length in results), results
 
 
