@@ -1,0 +1,512 @@
+"""gcomp.torch: compressed gradient averaging for PyTorch data-parallel training (CPU tensors).
+
+Two ways in, both averaging gradients over the MPI ranks of ``mpiexec.mpich -n P``:
+
+* An existing DistributedDataParallel script adds one line::
+
+      import gcomp.torch as gt
+      gt.init_process_group()          # torch.distributed (gloo) from mpiexec's rank and size
+      model = torch.nn.parallel.DistributedDataParallel(model)
+      model.register_comm_hook(gt.CompressionState("topk:ratio=0.01"), gt.compression_hook)
+
+* A script without torch.distributed wraps its optimizer (Horovod's way)::
+
+      opt = gt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                    named_parameters=model.named_parameters(),
+                                    codec="qsgd:bits=4")
+      gt.broadcast_parameters(model.state_dict(), root_rank=0)
+
+Communication runs on one background thread that owns the gcomp Communicator, so it overlaps
+backward: the hook returns a future that thread completes; the optimizer's gradient hooks hand
+each bucket over as backward produces it and ``step()`` waits for the last. Calls reach that
+thread in the same order on every rank (DDP and autograd order the buckets alike), which is what
+the collectives need. A failure on any rank (NaN in a gradient, ranks with different codecs, a bad
+spec) raises on every rank, from backward (the hook) or from ``step()``, never a hang.
+Reference: docs/python.md, "PyTorch".
+"""
+
+import os
+import pickle
+import queue
+import threading
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gcomp
+
+__all__ = [
+    "CompressionState",
+    "DistributedOptimizer",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "communicator",
+    "compression_hook",
+    "init_process_group",
+]
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(seed, step, index):
+    """A seed per (user seed, step, bucket): the draws of two buckets or steps never repeat."""
+    return (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK
+
+
+def _feedback_wanted(codec, setting):
+    """Whether error feedback applies: setting False, True (the codecs whose error is a
+    contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for) or
+    "always". The stochastic quantizers (QSGD, TernGrad) and scaled random-k are not: their
+    error's variance is omega |x|^2 with omega >= 1 at useful compression, a residual fed back
+    grows instead of shrinking, and training diverges (4-bit QSGD on the MLP of
+    python_examples/horovod_style.py does within 120 steps on 4 ranks). They are averaged
+    without it unless setting is "always". Top-k, threshold, sign, fp16/bf16 and unscaled
+    random-k get it."""
+    if setting == "always":
+        return True
+    if setting is not True and setting is not False:
+        raise ValueError(f"error_feedback must be True, False or \"always\", not {setting!r}")
+    if not setting:
+        return False
+    try:
+        c = codec if isinstance(codec, gcomp.Codec) else gcomp.Codec(codec)
+    except gcomp.Error:
+        return True  # a bad spec: the first allreduce reports it, on every rank
+    p = c.properties
+    return not (p["unbiased"] or (p["stochastic"] and not p["sparse"]))
+
+
+# ---- the communication thread ----
+
+
+class _Engine:
+    """One thread that owns the Communicator and runs every collective of this module, one at a
+    time, in the order they were submitted."""
+
+    def __init__(self):
+        self.comm = gcomp.Communicator()
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gcomp-communication", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            job, fut = self._jobs.get()
+            try:
+                result = job(self.comm)
+            except BaseException as e:  # noqa: B902 - handed to the waiting side
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+
+    def submit(self, job):
+        """Queues job(comm); returns a torch.futures.Future of its result."""
+        fut = torch.futures.Future()
+        self._jobs.put((job, fut))
+        return fut
+
+    def run(self, job):
+        return self.submit(job).wait()
+
+
+_engine_lock = threading.Lock()
+_the_engine = None
+
+
+def _engine():
+    global _the_engine
+    with _engine_lock:
+        if _the_engine is None:
+            _the_engine = _Engine()
+        return _the_engine
+
+
+def communicator():
+    """The gcomp.Communicator this module uses (made, collectively, on first use). Call its
+    methods only through this module's functions while training runs: they run on its thread."""
+    return _engine().comm
+
+
+def _env_int(*names, default):
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    return default
+
+
+def init_process_group(backend="gloo", master_addr=None, master_port=None, **kwargs):
+    """init_process_group(backend="gloo", master_addr=None, master_port=None, **kwargs)
+    -> (rank, size)
+
+    Initializes torch.distributed from the rank and size that mpiexec.mpich gives each process
+    (PMI_RANK, PMI_SIZE; else RANK, WORLD_SIZE; else one process), with the rendezvous at
+    master_addr:master_port (default MASTER_ADDR and MASTER_PORT, else 127.0.0.1:29500).
+    Other keyword arguments (timeout, ...) go to torch.distributed.init_process_group.
+    """
+    rank = _env_int("PMI_RANK", "RANK", default=0)
+    size = _env_int("PMI_SIZE", "WORLD_SIZE", default=1)
+    addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = master_port or os.environ.get("MASTER_PORT", "29500")
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=size, **kwargs)
+    return rank, size
+
+
+# ---- statistics ----
+
+
+class _Stats:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.calls = self.dense_calls = self.compressed = 0
+        self.bytes_sent = self.bytes_received = 0
+        self.encode_seconds = self.comm_seconds = self.decode_seconds = 0.0
+        self.algorithm = {}
+
+    def add(self, s, dense):
+        with self.lock:
+            self.calls += s["calls"]
+            self.dense_calls += s["calls"] if dense else 0
+            self.compressed += s["calls"] if s["compressed"] and not dense else 0
+            self.bytes_sent += s["bytes_sent"]
+            self.bytes_received += s["bytes_received"]
+            self.encode_seconds += s["encode_seconds"]
+            self.comm_seconds += s["comm_seconds"]
+            self.decode_seconds += s["decode_seconds"]
+            if s["algorithm"]:
+                self.algorithm[s["algorithm"]] = self.algorithm.get(s["algorithm"], 0) + 1
+
+    def snapshot(self, **extra):
+        with self.lock:
+            d = {k: v for k, v in vars(self).items() if k != "lock"}
+            d["algorithm"] = dict(self.algorithm)
+        d.update(extra)
+        return d
+
+
+# ---- the DDP communication hook ----
+
+
+class CompressionState:
+    """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
+    dense_below=1024, seed=0, synchronous=False)
+
+    The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
+    error_feedback: keep what the codec did not send, per bucket, and add it to the next step's
+    gradient (it follows the parameters when DDP rebuilds its buckets after the first step).
+    True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16, bf16,
+    random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow without
+    bound; "always" applies it to every codec, False to none.
+    warmup_steps: the first steps are averaged uncompressed. dense_below: buckets of fewer
+    elements go uncompressed. algorithm: as gcomp.Communicator.allreduce. synchronous: wait
+    for each bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
+    """
+
+    def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
+                 dense_below=1024, seed=0, synchronous=False):
+        self.codec = codec
+        self.error_feedback = _feedback_wanted(codec, error_feedback)
+        self.warmup_steps = int(warmup_steps)
+        self.algorithm = algorithm
+        self.dense_below = int(dense_below)
+        self.seed = int(seed)
+        self.synchronous = bool(synchronous)
+        self.step = 0  # completed backward passes (a bucket with is_last() ends one)
+        self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
+        self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
+        self._stats = _Stats()
+
+    def stats(self):
+        """stats() -> dict: calls, dense_calls (warm-up and small buckets), compressed,
+        bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
+        algorithm) and steps, summed over this rank's hook calls so far."""
+        return self._stats.snapshot(steps=self.step)
+
+    def residual(self, param):
+        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
+        home = self._home.get(id(param))
+        if home is None:
+            return None
+        ef, offset, numel = home
+        return ef.residual[offset:offset + numel]
+
+    def _feedback_for(self, bucket):
+        """The bucket's ErrorFeedback; when DDP has laid out this bucket anew (its rebuild after
+        the first step), a new one filled with each parameter's residual from where it was."""
+        buffer = bucket.buffer()
+        base, size = buffer.data_ptr(), buffer.element_size()
+        entries, offset = [], 0
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            if g.data_ptr() >= base and g.data_ptr() < base + buffer.numel() * size:
+                offset = (g.data_ptr() - base) // size  # a view into the bucket
+            entries.append((id(p), offset, p.numel()))
+            offset += p.numel()
+        key = tuple(entries)
+        known = self._layout.get(bucket.index())
+        if known is not None and known[0] == key:
+            return known[1]
+        ef = gcomp.ErrorFeedback(buffer.numel())
+        residual = ef.residual
+        for pid, off, numel in entries:
+            home = self._home.get(pid)
+            if home is not None:
+                old, old_off, old_numel = home
+                if old_numel == numel:
+                    residual[off:off + numel] = old.residual[old_off:old_off + numel]
+        for pid, off, numel in entries:
+            self._home[pid] = (ef, off, numel)
+        self._layout[bucket.index()] = (key, ef)
+        return ef
+
+
+def compression_hook(state, bucket):
+    """compression_hook(state, bucket) -> torch.futures.Future[torch.Tensor]
+
+    A DDP communication hook (torch's contract: register it with
+    ``model.register_comm_hook(state, compression_hook)``): averages the bucket over the ranks
+    through gcomp with state's codec, on the communication thread, and returns a future of the
+    averaged bucket, as DDP's default hook does.
+    """
+    tensor = bucket.buffer()
+    step, index = state.step, bucket.index()
+    dense = step < state.warmup_steps or tensor.numel() < state.dense_below
+    ef = state._feedback_for(bucket) if state.error_feedback and not dense else None
+    seed = _mix(state.seed, step, index)
+    codec, algorithm = state.codec, state.algorithm
+
+    def job(comm):
+        try:
+            if dense:
+                comm.allreduce(tensor, "none", algorithm="dense", average=True)
+            else:
+                comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed)
+        except gcomp.Error as e:
+            # DDP raises the future's failure from backward as text: keep the status in it.
+            raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
+        state._stats.add(comm.last_stats, dense)
+        return tensor
+
+    if bucket.is_last():
+        state.step += 1
+    fut = _engine().submit(job)
+    if state.synchronous:
+        try:
+            fut.wait()
+        except Exception:  # noqa: BLE001 - the future holds it; DDP raises it from backward
+            pass
+    return fut
+
+
+# ---- the optimizer wrapper ----
+
+
+class DistributedOptimizer:
+    """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
+    warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
+    synchronous=False)
+
+    Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
+    gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
+    hook on each parameter's gradient accumulator collects the ready gradients into buckets of
+    bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
+    waits for all, and steps the wrapped optimizer. Error feedback is per parameter, as in
+    CompressionState (True: for the codecs whose error contracts). Every other attribute (param_groups,
+    state_dict, ...) is the wrapped optimizer's.
+    """
+
+    def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
+                 warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
+                 seed=0, synchronous=False):
+        self.optimizer = optimizer
+        if named_parameters is None:
+            named = [(f"param{i}", p) for i, p in
+                     enumerate(p for g in optimizer.param_groups for p in g["params"])]
+        else:
+            named = list(named_parameters)
+        seen = set()
+        for name, p in named:
+            if id(p) in seen:
+                raise ValueError(f"parameter {name} is given twice in named_parameters")
+            seen.add(id(p))
+        self.codec = codec
+        self.error_feedback = _feedback_wanted(codec, error_feedback)
+        self.warmup_steps = int(warmup_steps)
+        self.algorithm = algorithm
+        self.dense_below = int(dense_below)
+        self.bucket_bytes = int(bucket_bytes)
+        self.seed = int(seed)
+        self.synchronous = bool(synchronous)
+        self.steps = 0
+        self._names = {id(p): n for n, p in named}
+        self._efs = {}
+        self._ready, self._ready_bytes = [], 0
+        self._pending, self._buckets = [], 0
+        self._stats = _Stats()
+        self._accumulators = []  # kept alive: their hooks must stay registered
+        _engine()  # the Communicator, made now on every rank alike
+        for _, p in named:
+            if p.requires_grad:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._ready_hook(p))
+                self._accumulators.append(acc)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["optimizer"], name)
+
+    def stats(self):
+        """stats() -> dict, as CompressionState.stats(), with steps."""
+        return self._stats.snapshot(steps=self.steps)
+
+    def residual(self, param):
+        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
+        ef = self._efs.get(id(param))
+        return None if ef is None else ef.residual
+
+    def _ready_hook(self, p):
+        def hook(*_):
+            self._ready.append(p)
+            self._ready_bytes += 4 * p.numel()
+            if self._ready_bytes >= self.bucket_bytes:
+                self._submit()
+        return hook
+
+    def _submit(self):
+        params, self._ready, self._ready_bytes = self._ready, [], 0
+        if not params:
+            return
+        dense = self.steps < self.warmup_steps
+        grads = []
+        for p in params:
+            g = p.grad
+            if g is None or not g.is_contiguous():
+                raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
+                                 f"{'missing' if g is None else 'not contiguous'}")
+            grads.append(g.view(-1))
+        efs = None
+        if self.error_feedback and not dense:
+            efs = [self._efs.setdefault(id(p), gcomp.ErrorFeedback(p.numel())) for p in params]
+        codec = "none" if dense else self.codec
+        algorithm = "dense" if dense else self.algorithm
+        seed = _mix(self.seed, self.steps, self._buckets)
+        self._buckets += 1
+        stats, bucket_bytes, dense_below = self._stats, self.bucket_bytes, self.dense_below
+
+        def job(comm):
+            comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
+                                   dense_below=dense_below, average=True, seed=seed,
+                                   algorithm=algorithm)
+            stats.add(comm.last_stats, dense)
+
+        fut = _engine().submit(job)
+        self._pending.append(fut)
+        if self.synchronous:
+            self._wait()
+
+    def _wait(self):
+        pending, self._pending = self._pending, []
+        failure = None
+        for fut in pending:  # every one, so that nothing of this step is still in flight
+            try:
+                fut.wait()
+            except Exception as e:  # noqa: BLE001
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def synchronize(self):
+        """Sends the gradients still waiting and waits until every allreduce of this step is
+        done: the parameters' .grad then hold the averages."""
+        self._submit()
+        self._buckets = 0
+        self._wait()
+
+    def step(self, closure=None):
+        """Averages the gradients (synchronize()) and steps the wrapped optimizer."""
+        try:
+            self.synchronize()
+        finally:
+            self.steps += 1
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        return self.optimizer.zero_grad(*args, **kwargs)
+
+
+# ---- broadcasts (root's values to every rank), through the same thread ----
+
+
+def _broadcast_floats(comm, t, root):
+    flat = t.view(-1)
+    if comm.rank != root:
+        flat.zero_()
+    # root's values plus zeros: exact (a -0.0 on the root arrives as +0.0).
+    comm.allreduce(flat, "none", algorithm="dense")
+
+
+def broadcast_parameters(params, root_rank=0):
+    """broadcast_parameters(params, root_rank=0)
+
+    Sets every rank's tensors to root_rank's, in place: params is a state_dict, a list of
+    (name, tensor) or a list of tensors. Float32 tensors go as they are; others by value
+    through broadcast_object. Collective: every rank calls it with the same tensors."""
+    if isinstance(params, dict):
+        items = list(params.items())
+    else:
+        items = [(f"tensor{i}", p) if isinstance(p, torch.Tensor) else tuple(p)
+                 for i, p in enumerate(params)]
+
+    def job(comm):
+        for name, t in items:
+            with torch.no_grad():
+                if t.dtype == torch.float32 and t.is_contiguous():
+                    _broadcast_floats(comm, t, root_rank)
+                else:
+                    value = _broadcast_object_on(comm, t.detach().clone() if comm.rank == root_rank
+                                                 else None, root_rank)
+                    t.copy_(value)
+
+    _engine().run(job)
+
+
+def _broadcast_object_on(comm, obj, root):
+    # Bytes travel as float32 values below 2^24 (three bytes each): sums with zeros, exact.
+    if comm.rank == root:
+        data = pickle.dumps(obj)
+        head = np.array([len(data) & 0xFFFFFF, len(data) >> 24], np.float32)
+    else:
+        data, head = b"", np.zeros(2, np.float32)
+    comm.allreduce(head, "none", algorithm="dense")
+    n = int(head[0]) + (int(head[1]) << 24)
+    words = (n + 2) // 3
+    body = np.zeros(words, np.float32)
+    if comm.rank == root:
+        raw = np.frombuffer(data + b"\0" * (3 * words - n), np.uint8).reshape(-1, 3).astype(np.uint32)
+        body[:] = raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)
+    if words:
+        comm.allreduce(body, "none", algorithm="dense")
+    if comm.rank == root:
+        return obj
+    v = body.astype(np.uint32)
+    raw = np.stack([v & 0xFF, (v >> 8) & 0xFF, v >> 16], axis=1).astype(np.uint8).tobytes()[:n]
+    return pickle.loads(raw)
+
+
+def broadcast_object(obj, root_rank=0):
+    """broadcast_object(obj, root_rank=0) -> obj
+
+    root_rank's obj (any picklable object) on every rank. Collective."""
+    return _engine().run(lambda comm: _broadcast_object_on(comm, obj, root_rank))
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """broadcast_optimizer_state(optimizer, root_rank=0)
+
+    Loads root_rank's optimizer state (state_dict: buffers such as momentum, and the param
+    groups' settings) into every rank's optimizer (a torch optimizer or a
+    DistributedOptimizer). Collective."""
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    state = broadcast_object(inner.state_dict(), root_rank)
+    if _engine().comm.rank != root_rank:
+        inner.load_state_dict(state)

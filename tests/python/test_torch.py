@@ -1,0 +1,305 @@
+"""gcomp.torch on every rank of `mpiexec.mpich -n P` (P = 2, 3; tests/python/torch_test.sh):
+the DDP hook against DDP's own allreduce, identical parameters on every rank, error feedback
+across DDP's bucket rebuild, warm-up, DistributedOptimizer against the hook, broadcasts, and
+failures on one rank raising on all. Every test is collective: all ranks run them in order.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gcomp
+import gcomp.torch as gt
+
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+@pytest.fixture(scope="module", autouse=True)
+def group():
+    gt.init_process_group()
+    yield
+
+
+def rank():
+    return dist.get_rank()
+
+
+def size():
+    return dist.get_world_size()
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 48),
+                               torch.nn.ReLU(), torch.nn.Linear(48, 5))
+
+
+def batch(step, r=None):
+    g = torch.Generator().manual_seed(1000 * step + (rank() if r is None else r))
+    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def backward(m, step):
+    x, y = batch(step)
+    loss = torch.nn.functional.cross_entropy(m(x), y)
+    loss.backward()
+
+
+def gathered(t):
+    """Every rank's copy of t (gloo)."""
+    out = [torch.empty_like(t) for _ in range(size())]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def same_on_every_rank(tensors):
+    for t in tensors:
+        for other in gathered(t.detach()):
+            assert torch.equal(other, t.detach()), "ranks differ"
+
+
+def train(m, opt, steps, first=0):
+    for s in range(first, first + steps):
+        opt.zero_grad()
+        backward(m, s)
+        opt.step()
+
+
+def test_the_none_hook_averages_as_ddps_own_allreduce():
+    # DDP's default: each rank's g / P, summed by gloo in its order. The hook: the sum by MPI in
+    # its order, times 1/P. With S = sum_r |g_r| / P, each sum of P terms is off the exact
+    # sum by at most gamma_{P-1} S (1 + u) (Higham 4.4, terms already rounded once), each division
+    # or product adds u per term or u of the result, so the two differ by at most
+    # (2 gamma_{P-1} + 3u) S (1 + u)^2; 4u instead of 3u covers the second-order terms. Each is
+    # also within half of that of the exact mean.
+    plain = model()
+    backward(plain, 0)  # this rank's own gradients, as both DDP models see them
+    a, b = DDP(model()), DDP(model())
+    b.register_comm_hook(gt.CompressionState("none"), gt.compression_hook)
+    backward(a, 0)
+    backward(b, 0)
+    p = size()
+    gamma = (p - 1) * U / (1 - (p - 1) * U)
+    for q, pa, pb in zip(plain.parameters(), a.parameters(), b.parameters()):
+        grads = [g.double() for g in gathered(q.grad)]
+        s = sum(g.abs() for g in grads) / p
+        exact = sum(grads) / p
+        assert torch.all((pa.grad.double() - pb.grad.double()).abs() <= (2 * gamma + 4 * U) * s)
+        assert torch.all((pb.grad.double() - exact).abs() <= (gamma + 3 * U) * s * (1 + U) ** 2)
+    # The bound is not vacuous: the gradients are far from zero where it is tight.
+    assert any(torch.any(q.grad != 0) for q in plain.parameters())
+
+
+def test_a_compressed_run_leaves_every_rank_with_the_same_parameters():
+    m = DDP(model(), bucket_cap_mb=0.005)  # several buckets, rebuilt after the first step
+    # Pinned: auto may find the uncompressed allreduce faster here, and send everything.
+    state = gt.CompressionState("topk:ratio=0.1", algorithm="sparse_allgather", seed=3)
+    m.register_comm_hook(state, gt.compression_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    train(m, opt, 5)
+    same_on_every_rank(list(m.parameters()))
+    st = state.stats()
+    assert st["steps"] == 5 and st["calls"] >= 5 and st["compressed"] > 0
+    assert st["bytes_sent"] > 0 and sum(st["algorithm"].values()) == st["calls"]
+    # Error feedback held back most of each large weight (top-k sends 10% of a bucket).
+    for p in m.parameters():
+        if p.numel() >= 1024:
+            r = state.residual(p)
+            assert r is not None and r.size == p.numel() and np.mean(r != 0) > 0.5
+
+
+class FakeBucket:
+    """What DDP hands a hook (torch.distributed.GradBucket), over a buffer of our own."""
+
+    def __init__(self, index, params, last):
+        self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([p.grad.view(-1) for p in params])
+        self._views, off = [], 0
+        for p in params:
+            self._views.append(self._buffer[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return self._views
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last
+
+
+def test_error_feedback_follows_the_parameters_when_buckets_are_rebuilt():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 500, 2000)]
+    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10)
+
+    def step(layout, s):
+        g = torch.Generator().manual_seed(10 * s + rank())
+        for p in params:
+            p.grad = torch.randn(p.numel(), generator=g)
+        futs = [gt.compression_hook(state, FakeBucket(i, [params[j] for j in b],
+                                                      i == len(layout) - 1))
+                for i, b in enumerate(layout)]
+        for f in futs:
+            f.wait()
+
+    step([[0, 1], [2]], 0)  # DDP's first layout
+    before = [state.residual(p).copy() for p in params]
+    assert all(np.any(b != 0) for b in before)
+    rebuilt = [[2, 0], [1]]  # what DDP may rebuild into
+    for i, b in enumerate(rebuilt):
+        ef = state._feedback_for(FakeBucket(i, [params[j] for j in b], i == 1))
+        off = 0
+        for j in b:
+            assert np.array_equal(ef.residual[off:off + params[j].numel()], before[j])
+            off += params[j].numel()
+    step(rebuilt, 1)
+    # And the layout, once known, keeps its memory.
+    ef = state._feedback_for(FakeBucket(0, [params[2], params[0]], False))
+    assert ef is state._layout[0][1]
+
+
+def test_warmup_steps_are_averaged_uncompressed():
+    a, b = DDP(model()), DDP(model())
+    warm = gt.CompressionState("sign", warmup_steps=2)
+    a.register_comm_hook(warm, gt.compression_hook)
+    b.register_comm_hook(gt.CompressionState("none", algorithm="dense"), gt.compression_hook)
+    for s in range(2):
+        for m in (a, b):
+            for p in m.parameters():
+                p.grad = None
+            backward(m, s)
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa.grad, pb.grad)
+    st = warm.stats()
+    assert st["dense_calls"] == st["calls"] and st["compressed"] == 0
+    backward(a, 2)
+    assert warm.stats()["compressed"] > 0
+
+
+@pytest.mark.parametrize("codec, ef", [("fp16", True), ("none", False)])
+def test_the_optimizer_and_the_hook_give_the_same_parameters(codec, ef):
+    # An element-wise codec and an algorithm that sums in rank order (allgather): the result of
+    # each element does not depend on how the two paths group parameters into buckets. Nothing
+    # goes dense for being small (dense_below=0), so the biases are compressed on both paths.
+    a = DDP(model())
+    a.register_comm_hook(gt.CompressionState(codec, error_feedback=ef, algorithm="allgather",
+                                             dense_below=0, seed=5), gt.compression_hook)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    b = model()
+    opt_b = gt.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=b.named_parameters(), codec=codec,
+                                    error_feedback=ef, algorithm="allgather", seed=5,
+                                    dense_below=0, bucket_bytes=4000)
+    train(a, opt_a, 4)
+    train(b, opt_b, 4)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    assert opt_b.stats()["steps"] == 4 and opt_b.stats()["calls"] >= 4
+
+
+def test_the_optimizer_compresses_and_keeps_ranks_identical():
+    m = model(rank())  # different on every rank, until the broadcast
+    gt.broadcast_parameters(m.state_dict(), root_rank=0)
+    same_on_every_rank(list(m.parameters()))
+    opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=m.named_parameters(),
+                                  codec="qsgd:bits=4", warmup_steps=1, bucket_bytes=10000)
+    train(m, opt, 4)
+    same_on_every_rank(list(m.parameters()))
+    st = opt.stats()
+    assert st["dense_calls"] > 0 and st["compressed"] > 0 and st["bytes_sent"] > 0
+    assert opt.param_groups[0]["lr"] == 0.1  # the wrapped optimizer's attributes
+
+
+def test_broadcast_optimizer_state_and_objects():
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1 * (rank() + 1), momentum=0.9)
+    backward(m, rank())
+    opt.step()  # momentum buffers differ between ranks
+    gt.broadcast_optimizer_state(opt, root_rank=1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    same_on_every_rank([opt.state[p]["momentum_buffer"] for p in m.parameters()])
+    obj = {"rank": rank(), "big": list(range(100000)), "s": "é" * 5} if rank() == 0 else None
+    got = gt.broadcast_object(obj, root_rank=0)
+    assert got["rank"] == 0 and got["big"][-1] == 99999 and got["s"] == "é" * 5
+
+
+def expect_every_rank_fails(call, culprit, words):
+    with pytest.raises(Exception) as e:
+        call()
+    text = str(e.value)
+    if rank() == culprit:
+        assert any(w in text for w in words), text
+    else:
+        assert "mismatch" in text or "rank" in text, text
+
+
+def test_nan_on_one_rank_fails_every_rank():
+    culprit = size() - 1
+    m = DDP(model())
+    m.register_comm_hook(gt.CompressionState("topk:ratio=0.1"), gt.compression_hook)
+
+    def poisoned():
+        x, y = batch(0)
+        if rank() == culprit:
+            x[0, 0] = float("nan")
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+
+    expect_every_rank_fails(poisoned, culprit, ["nonfinite", "non-finite"])
+
+    b = model()
+    opt = gt.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1),
+                                  named_parameters=b.named_parameters(), codec="sign")
+
+    def poisoned_step():
+        opt.zero_grad()
+        backward(b, 0)
+        if rank() == culprit:
+            next(b.parameters()).grad[0] = float("inf")
+        opt.step()
+
+    expect_every_rank_fails(poisoned_step, culprit, ["nonfinite", "non-finite"])
+    train(b, opt, 1, first=1)  # and the next step works
+    same_on_every_rank(list(b.parameters()))
+
+
+def test_different_or_bad_specs_fail_every_rank():
+    m = DDP(model())
+    spec = "topk:ratio=0.1" if rank() == 0 else "topk:ratio=0.2"
+    m.register_comm_hook(gt.CompressionState(spec), gt.compression_hook)
+    expect_every_rank_fails(lambda: backward(m, 0), 0, ["mismatch"])
+
+    b = model()
+    opt = gt.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1),
+                                  named_parameters=b.named_parameters(),
+                                  codec="nope" if rank() == 0 else "fp16")
+    expect_every_rank_fails(lambda: train(b, opt, 1), 0, ["nope"])
+
+
+def test_the_communicator_is_shared():
+    assert gt.communicator().size == size() and gt.communicator().rank == rank()
+    assert math.isfinite(gt.communicator().network["alpha"])
+
+
+def test_error_feedback_is_for_the_codecs_whose_error_contracts():
+    # QSGD's error has variance omega |x|^2 with omega >= 1 here: a residual would grow.
+    assert gt.CompressionState("qsgd:bits=4").error_feedback is False
+    assert gt.CompressionState("terngrad").error_feedback is False
+    assert gt.CompressionState("randomk:ratio=0.1,scale=true").error_feedback is False
+    assert gt.CompressionState("qsgd:bits=4", error_feedback="always").error_feedback is True
+    for spec in ("topk:ratio=0.01", "sign", "fp16", "randomk:ratio=0.1", "threshold:tau=1"):
+        assert gt.CompressionState(spec).error_feedback is True, spec
+        assert gt.CompressionState(spec, error_feedback=False).error_feedback is False
+    with pytest.raises(ValueError, match="error_feedback"):
+        gt.CompressionState("sign", error_feedback="yes")
