@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""DDP's own allreduce, torch's compression hooks and gcomp's hook, side by side: the same model,
+data, seed, optimizer and global batch on 4 ranks, one run per row.
+
+    PYTHONPATH=build/python /usr/bin/python3 python_examples/compare_hooks.py \\
+        --model wide --network none --epochs 2 --out results/hooks
+
+Rows (--rows, comma-separated; default all): ddp (DDP's default allreduce, gloo), torch_fp16
+(fp16_compress_hook), powersgd1 and powersgd4 (powerSGD_hook, rank 1 and 4), gcomp_none,
+gcomp_fp16, gcomp_topk1 (top-k 1% + error feedback), gcomp_topk01 (top-k 0.1% + error feedback),
+gcomp_qsgd4, gcomp_sign (sign + error feedback), and gcomp_topk1_sync (top-k 1% with the
+allreduce forced synchronous: what overlap buys). --network 1gbit shapes the loopback with
+`tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
+and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
+
+Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
+evaluates the test accuracy every --eval-every steps (not counted in the wall time). Written to
+--out: compare_<model>_<network>.csv, .md (test accuracy at the end, bytes sent per rank, median
+step time, wall time to --target accuracy) and .png (test accuracy against wall time, one line
+per row). gcomp's bytes are what it handed to MPI; torch's rows are the bytes a ring allreduce
+of their tensors sends, 2 (P-1)/P of them (marked "model").
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROWS = ["ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
+        "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync"]
+GCOMP_ROWS = {
+    "gcomp_none": dict(codec="none"),
+    "gcomp_fp16": dict(codec="fp16"),
+    "gcomp_topk1": dict(codec="topk:ratio=0.01"),
+    "gcomp_topk01": dict(codec="topk:ratio=0.001"),
+    "gcomp_qsgd4": dict(codec="qsgd:bits=4"),
+    "gcomp_sign": dict(codec="sign"),
+    "gcomp_topk1_sync": dict(codec="topk:ratio=0.01", synchronous=True),
+}
+
+
+# ---- one run (every rank) ----
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sys.path.insert(0, HERE)
+    import gcomp.torch as gt
+    from fashion_mnist import accuracy, load, mlp, shard
+
+    rank, size = gt.init_process_group()
+    torch.set_num_threads(1)
+    train_x, train_y, test_x, test_y = load()
+    if a.worker.startswith("powersgd"):
+        # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
+        # callbacks (gloo's thread) while backward issues the next bucket's from its own: the
+        # ranks' orders can differ, and gloo then pairs different allreduces (an abort on
+        # "op.preamble.length <= op.nbytes", or wrong sums when the sizes match). One bucket
+        # (the first one included, whose 1 MiB default is this documented knob) has no race.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+        model = DDP(mlp(a.model == "wide", seed=a.seed), bucket_cap_mb=1024)
+    else:
+        model = DDP(mlp(a.model == "wide", seed=a.seed))
+    state = None
+    if a.worker == "torch_fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif a.worker.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=int(a.worker[8:]),
+                                            start_powerSGD_iter=a.powersgd_start)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif a.worker in GCOMP_ROWS:
+        state = gt.CompressionState(**GCOMP_ROWS[a.worker], seed=a.seed)
+        model.register_comm_hook(state, gt.compression_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+
+    wall, steps, step_times, evals = 0.0, 0, [], []
+    for epoch in range(a.epochs):
+        for idx in shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
+            opt.step()
+            dt = time.perf_counter() - t0
+            wall += dt
+            step_times.append(dt)
+            steps += 1
+            if steps % a.eval_every == 0:
+                evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+            if steps == a.max_steps:
+                break
+        if steps == a.max_steps:
+            break
+    if not evals or evals[-1][0] != steps:
+        evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+    n = sum(p.numel() for p in model.parameters())
+    if a.worker in GCOMP_ROWS:
+        st = state.stats()
+        sent, how = st["bytes_sent"], "measured"
+        extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"]}
+    else:
+        ring = 2 * (size - 1) / size
+        if a.worker == "ddp":
+            per_step = 4 * n
+        elif a.worker == "torch_fp16":
+            per_step = 2 * n
+        else:
+            r = int(a.worker[8:])
+            per_step = sum(4 * (p.shape[0] + p[0].numel()) * r if p.dim() > 1 else 4 * p.numel()
+                           for p in model.parameters())
+        sent, how, extra = int(ring * per_step * steps), "model", {}
+    if rank == 0:
+        json.dump({"row": a.worker, "steps": steps, "evals": evals, "bytes_sent": sent,
+                   "bytes_how": how, "step_median": statistics.median(step_times),
+                   "final_accuracy": evals[-1][2], "parameters": n, "ranks": size, **extra},
+                  open(a.result, "w"))
+    dist.barrier()
+
+
+# ---- the driver ----
+
+def shaped(rate):
+    if rate == "none":
+        return False
+    subprocess.run(["tc", "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", rate,
+                    "burst", "256kb", "latency", "50ms"], check=True)
+    return True
+
+
+def run_row(a, row, result):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port),
+               GLOO_SOCKET_IFNAME="lo", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
+    if a.network == "none":
+        for k in ("UCX_TLS", "UCX_NET_DEVICES"):
+            env.pop(k)
+    cmd = ["timeout", "-k", "10", str(a.timeout), "mpiexec.mpich", "-n", str(a.ranks),
+           sys.executable, os.path.abspath(__file__), "--worker", row, "--result", result,
+           "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
+           "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
+           "--max-steps", str(a.max_steps),
+           "--powersgd-start", str(a.powersgd_start)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0 or not os.path.exists(result):
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        return {"row": row, "failed": f"exit {r.returncode}: " + " | ".join(tail)}
+    return json.load(open(result))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["wide", "mlp"], default="wide")
+    ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: no limit)")
+    ap.add_argument("--batch", type=int, default=32, help="per rank")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--target", type=float, default=0.85)
+    ap.add_argument("--powersgd-start", type=int, default=10)
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    ap.add_argument("--port", type=int, default=29700)
+    ap.add_argument("--out", default="results/hooks")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, f"compare_{a.model}_{a.network}")
+    results = []
+    was_shaped = shaped(a.network)
+    try:
+        for row in a.rows.split(","):
+            if row not in ROWS:
+                raise SystemExit(f"unknown row {row} (known: {', '.join(ROWS)})")
+            print(f"{row} ...", file=sys.stderr, flush=True)
+            results.append(run_row(a, row, f"{base}.{row}.json"))
+    finally:
+        if was_shaped:
+            subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"])
+    write(a, base, results)
+
+
+def write(a, base, results):
+    import csv
+    lines = [f"{a.ranks} ranks, {a.model} MLP, network {a.network}, {a.epochs} epochs, "
+             f"global batch {a.ranks * a.batch}", "",
+             f"| row | test accuracy | bytes sent per rank | step time (median) | "
+             f"time to {a.target:.0%} |", "|---|---:|---:|---:|---:|"]
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "accuracy", "bytes_sent", "bytes_how", "step_median_s",
+                    "seconds_to_target", "failed"])
+        for r in results:
+            if "failed" in r:
+                lines.append(f"| {r['row']} | failed: {r['failed']} | | | |")
+                w.writerow([r["row"], "", "", "", "", "", r["failed"]])
+                continue
+            reach = next((t for s, t, acc in r["evals"] if acc >= a.target), None)
+            lines.append(f"| {r['row']} | {r['final_accuracy']:.4f} | "
+                         f"{r['bytes_sent'] / 1e6:.1f} MB{' (model)' if r['bytes_how'] == 'model' else ''} | "
+                         f"{r['step_median'] * 1e3:.1f} ms | "
+                         f"{'not reached' if reach is None else f'{reach:.1f} s'} |")
+            w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"], r["bytes_how"],
+                        r["step_median"], reach if reach is not None else "", ""])
+    open(base + ".md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in results:
+        if "failed" not in r:
+            ax.plot([t for _, t, _ in r["evals"]], [acc for _, _, acc in r["evals"]],
+                    label=r["row"])
+    ax.axhline(a.target, color="grey", lw=0.5)
+    ax.set_xlabel("wall time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{a.model} MLP, {a.ranks} ranks, network {a.network}")
+    ax.legend(fontsize=8)
+    fig.savefig(base + ".png", dpi=120, bbox_inches="tight")
+
+
+if __name__ == "__main__":
+    main()
