@@ -582,8 +582,9 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
   return py::reinterpret_borrow<py::object>(tensors);
 }
 
-py::dict last_stats(const PyCommunicator& self) {
-  const gcomp::CallStats& s = self.get().last_stats();
+// The keys both stats dicts have.
+template <class Stats>
+py::dict stats_dict(const Stats& s) {
   py::dict d;
   d["calls"] = s.calls;
   d["bytes_sent"] = s.bytes_sent;
@@ -591,6 +592,12 @@ py::dict last_stats(const PyCommunicator& self) {
   d["encode_seconds"] = s.encode_seconds;
   d["comm_seconds"] = s.comm_seconds;
   d["decode_seconds"] = s.decode_seconds;
+  return d;
+}
+
+py::dict last_stats(const PyCommunicator& self) {
+  const gcomp::CallStats& s = self.get().last_stats();
+  py::dict d = stats_dict(s);
   d["algorithm"] = s.calls ? py::object(py::str(gcomp::algorithm_name(s.algorithm)))
                            : py::object(py::none());
   d["compressed"] = s.compressed;
@@ -599,13 +606,7 @@ py::dict last_stats(const PyCommunicator& self) {
 
 py::dict total_stats(const PyCommunicator& self) {
   const gcomp::TotalStats& s = self.get().total_stats();
-  py::dict d;
-  d["calls"] = s.calls;
-  d["bytes_sent"] = s.bytes_sent;
-  d["bytes_received"] = s.bytes_received;
-  d["encode_seconds"] = s.encode_seconds;
-  d["comm_seconds"] = s.comm_seconds;
-  d["decode_seconds"] = s.decode_seconds;
+  py::dict d = stats_dict(s);
   py::dict by;
   for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
     if (s.by_algorithm[a]) by[gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a))] = s.by_algorithm[a];
