@@ -364,6 +364,12 @@ class DistributedOptimizer:
         ef = self._efs.get(id(param))
         return None if ef is None else ef.residual
 
+    def _feedback(self, p):
+        ef = self._efs.get(id(p))
+        if ef is None:  # made once: setdefault would allocate a new one every step
+            ef = self._efs[id(p)] = gcomp.ErrorFeedback(p.numel())
+        return ef
+
     def _ready_hook(self, p):
         def hook(*_):
             self._ready.append(p)
@@ -386,7 +392,7 @@ class DistributedOptimizer:
             grads.append(g.view(-1))
         efs = None
         if self.error_feedback and not dense:
-            efs = [self._efs.setdefault(id(p), gcomp.ErrorFeedback(p.numel())) for p in params]
+            efs = [self._feedback(p) for p in params]
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
         seed = _mix(self.seed, self.steps, self._buckets)
