@@ -493,7 +493,8 @@ auto prepared(PyCommunicator& self, F&& f) -> decltype(f()) {
   }
 }
 
-gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py::handle seed) {
+gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py::handle seed,
+                                   py::handle allow_uncompressed) {
   gcomp::AllreduceOptions o;
   if (!py::isinstance<py::str>(algorithm)) {
     throw py::type_error("algorithm must be a str, not " + type_name(algorithm));
@@ -501,6 +502,7 @@ gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py:
   o.algorithm = gcomp::parse_algorithm(algorithm.cast<std::string>());
   o.average = average.cast<bool>();
   o.seed = to_seed(seed);
+  o.allow_uncompressed = allow_uncompressed.cast<bool>();
   return o;
 }
 
@@ -511,7 +513,8 @@ const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made
 }
 
 py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::handle ef,
-                     py::handle algorithm, py::handle average, py::handle seed) {
+                     py::handle algorithm, py::handle average, py::handle seed,
+                     py::handle allow_uncompressed) {
   std::optional<Held> buf;
   std::optional<gcomp::Codec> made;
   const gcomp::Codec* c = nullptr;
@@ -523,7 +526,7 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
     c = &codec_of(codec, made);
     e = to_ef(ef, buf->size(), "ef");
     using_ef.emplace(e);
-    options = options_of(algorithm, average, seed);
+    options = options_of(algorithm, average, seed, allow_uncompressed);
   });
   {
     py::gil_scoped_release nogil;
@@ -535,7 +538,8 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
 
 py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handle codec,
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
-                             py::handle average, py::handle seed, py::handle algorithm) {
+                             py::handle average, py::handle seed, py::handle algorithm,
+                             py::handle allow_uncompressed) {
   std::deque<Held> bufs;
   std::vector<std::span<float>> spans;
   std::vector<gcomp::ErrorFeedback*> memories;
@@ -572,7 +576,7 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
     }
     options.bucket_bytes = to_count(bucket_bytes, "bucket_bytes");
     options.dense_below = to_count(dense_below, "dense_below");
-    options.allreduce = options_of(algorithm, average, seed);
+    options.allreduce = options_of(algorithm, average, seed, allow_uncompressed);
   });
   {
     py::gil_scoped_release nogil;
@@ -758,23 +762,29 @@ PYBIND11_MODULE(_gcomp, m) {
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
       .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
            py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
-           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0) -> x\n\n"
+           py::arg("allow_uncompressed") = true,
+           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
+           "          allow_uncompressed=True) -> x\n\n"
            "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
            "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
            "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
            "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
-           "compression pays) or one of \"dense\", \"sparse_allgather\",\n"
+           "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
+           "the codec) or one of \"dense\", \"sparse_allgather\",\n"
            "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
            "\"compressed_reduce_scatter\". The GIL is released while it runs.")
       .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
            py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
-           py::arg("algorithm") = "auto",
+           py::arg("algorithm") = "auto", py::arg("allow_uncompressed") = true,
            "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
-           "                  average=False, seed=0, algorithm=\"auto\") -> tensors\n\n"
+           "                  average=False, seed=0, algorithm=\"auto\",\n"
+           "                  allow_uncompressed=True) -> tensors\n\n"
            "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
            "of float32, one collective each; tensors of fewer than dense_below elements are\n"
-           "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.")
+           "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.\n"
+           "A tensor larger than bucket_bytes is a bucket of its own (bucket_bytes=1: one\n"
+           "collective per tensor, each compressed on its own).")
       .def_property_readonly("last_stats", &last_stats,
                              "What the last call did: calls (collectives made), bytes_sent,\n"
                              "bytes_received, encode_seconds, comm_seconds, decode_seconds,\n"

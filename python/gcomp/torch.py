@@ -165,7 +165,11 @@ class _Stats:
         self.encode_seconds = self.comm_seconds = self.decode_seconds = 0.0
         self.algorithm = {}
 
-    def add(self, s, dense):
+    def add(self, comm, before, dense):
+        """Adds comm's last call; before: comm.total_stats["algorithm"] before it (a call of
+        allreduce_buckets runs several algorithms, last_stats names only its last)."""
+        s = comm.last_stats
+        after = comm.total_stats["algorithm"]
         with self.lock:
             self.calls += s["calls"]
             self.dense_calls += s["calls"] if dense else 0
@@ -175,8 +179,9 @@ class _Stats:
             self.encode_seconds += s["encode_seconds"]
             self.comm_seconds += s["comm_seconds"]
             self.decode_seconds += s["decode_seconds"]
-            if s["algorithm"]:
-                self.algorithm[s["algorithm"]] = self.algorithm.get(s["algorithm"], 0) + 1
+            for name, count in after.items():
+                if count != before.get(name, 0):
+                    self.algorithm[name] = self.algorithm.get(name, 0) + count - before.get(name, 0)
 
     def snapshot(self, **extra):
         with self.lock:
@@ -191,21 +196,30 @@ class _Stats:
 
 class CompressionState:
     """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
-    dense_below=1024, seed=0, synchronous=False)
+    dense_below=1024, seed=0, synchronous=False, per_parameter=True, allow_uncompressed=True)
 
     The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
-    error_feedback: keep what the codec did not send, per bucket, and add it to the next step's
-    gradient (it follows the parameters when DDP rebuilds its buckets after the first step).
-    True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16, bf16,
-    random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow without
-    bound; "always" applies it to every codec, False to none.
-    warmup_steps: the first steps are averaged uncompressed. dense_below: buckets of fewer
-    elements go uncompressed. algorithm: as gcomp.Communicator.allreduce. synchronous: wait
-    for each bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
+    per_parameter: compress each parameter's gradient in the bucket on its own (one collective
+    each, parameters of fewer than dense_below elements fused into one uncompressed), as
+    layer-wise compression does: a codec's scale (sign's mean |x|, TernGrad's max) or top-k's
+    selection then follows each layer's magnitude. False compresses the whole bucket as one
+    tensor (fewer collectives; one scale or one top-k for layers of different magnitudes,
+    under which sign + error feedback diverges on an MLP).
+    error_feedback: keep what the codec did not send, per parameter, and add it to the next
+    step's gradient (it follows the parameters when DDP rebuilds its buckets after the first
+    step). True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16,
+    bf16, random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow
+    without bound; "always" applies it to every codec, False to none.
+    warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (buckets,
+    with per_parameter=False) of fewer elements go uncompressed. algorithm,
+    allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
+    when that is faster, unless allow_uncompressed is False). synchronous: wait for each
+    bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
-                 dense_below=1024, seed=0, synchronous=False):
+                 dense_below=1024, seed=0, synchronous=False, per_parameter=True,
+                 allow_uncompressed=True):
         self.codec = codec
         self.error_feedback = _feedback_wanted(codec, error_feedback)
         self.warmup_steps = int(warmup_steps)
@@ -213,13 +227,15 @@ class CompressionState:
         self.dense_below = int(dense_below)
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
+        self.per_parameter = bool(per_parameter)
+        self.allow_uncompressed = bool(allow_uncompressed)
         self.step = 0  # completed backward passes (a bucket with is_last() ends one)
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
         self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
         self._stats = _Stats()
 
     def stats(self):
-        """stats() -> dict: calls, dense_calls (warm-up and small buckets), compressed,
+        """stats() -> dict: calls, dense_calls (warm-up; small buckets with per_parameter=False), compressed,
         bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
         algorithm) and steps, summed over this rank's hook calls so far."""
         return self._stats.snapshot(steps=self.step)
@@ -232,22 +248,23 @@ class CompressionState:
         ef, offset, numel = home
         return ef.residual[offset:offset + numel]
 
+    def _feedback_of(self, p):
+        """A parameter's own ErrorFeedback (per_parameter), made once."""
+        home = self._home.get(id(p))
+        if home is None:
+            home = self._home[id(p)] = (gcomp.ErrorFeedback(p.numel()), 0, p.numel())
+        return home[0]
+
     def _feedback_for(self, bucket):
-        """The bucket's ErrorFeedback; when DDP has laid out this bucket anew (its rebuild after
-        the first step), a new one filled with each parameter's residual from where it was."""
-        buffer = bucket.buffer()
-        base, size = buffer.data_ptr(), buffer.element_size()
-        entries, offset = [], 0
-        for p, g in zip(bucket.parameters(), bucket.gradients()):
-            if g.data_ptr() >= base and g.data_ptr() < base + buffer.numel() * size:
-                offset = (g.data_ptr() - base) // size  # a view into the bucket
-            entries.append((id(p), offset, p.numel()))
-            offset += p.numel()
+        """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
+        anew (its rebuild after the first step), a new one filled with each parameter's residual
+        from where it was."""
+        entries = _layout_of(bucket)
         key = tuple(entries)
         known = self._layout.get(bucket.index())
         if known is not None and known[0] == key:
             return known[1]
-        ef = gcomp.ErrorFeedback(buffer.numel())
+        ef = gcomp.ErrorFeedback(bucket.buffer().numel())
         residual = ef.residual
         for pid, off, numel in entries:
             home = self._home.get(pid)
@@ -261,6 +278,19 @@ class CompressionState:
         return ef
 
 
+def _layout_of(bucket):
+    """[(parameter id, offset in the bucket's buffer, numel)] in the bucket's order."""
+    buffer = bucket.buffer()
+    base, size = buffer.data_ptr(), buffer.element_size()
+    entries, offset = [], 0
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        if g.data_ptr() >= base and g.data_ptr() < base + buffer.numel() * size:
+            offset = (g.data_ptr() - base) // size  # a view into the bucket
+        entries.append((id(p), offset, p.numel()))
+        offset += p.numel()
+    return entries
+
+
 def compression_hook(state, bucket):
     """compression_hook(state, bucket) -> torch.futures.Future[torch.Tensor]
 
@@ -271,21 +301,36 @@ def compression_hook(state, bucket):
     """
     tensor = bucket.buffer()
     step, index = state.step, bucket.index()
-    dense = step < state.warmup_steps or tensor.numel() < state.dense_below
-    ef = state._feedback_for(bucket) if state.error_feedback and not dense else None
+    per_parameter = state.per_parameter
+    dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
     seed = _mix(state.seed, step, index)
-    codec, algorithm = state.codec, state.algorithm
+    codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
+    dense_below = state.dense_below
+    ef = views = efs = None
+    if per_parameter and not dense:
+        views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+        if state.error_feedback:
+            efs = [state._feedback_of(p) for p in bucket.parameters()]
+    elif state.error_feedback and not dense:
+        ef = state._feedback_for(bucket)
 
     def job(comm):
+        before = comm.total_stats["algorithm"]
         try:
             if dense:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
+            elif per_parameter:
+                # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
+                comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
+                                       dense_below=dense_below, average=True, seed=seed,
+                                       algorithm=algorithm, allow_uncompressed=allow)
             else:
-                comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed)
+                comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
+                               allow_uncompressed=allow)
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
-        state._stats.add(comm.last_stats, dense)
+        state._stats.add(comm, before, dense)
         return tensor
 
     if bucket.is_last():
@@ -305,20 +350,22 @@ def compression_hook(state, bucket):
 class DistributedOptimizer:
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
-    synchronous=False)
+    synchronous=False, per_parameter=True, allow_uncompressed=True)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
     hook on each parameter's gradient accumulator collects the ready gradients into buckets of
     bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
-    waits for all, and steps the wrapped optimizer. Error feedback is per parameter, as in
-    CompressionState (True: for the codecs whose error contracts). Every other attribute (param_groups,
-    state_dict, ...) is the wrapped optimizer's.
+    waits for all, and steps the wrapped optimizer. per_parameter: each gradient of a bucket
+    compressed on its own (one collective each), as CompressionState; False: the bucket's
+    gradients fused and compressed as one tensor. Error feedback is per parameter, as in
+    CompressionState (True: for the codecs whose error contracts). Every other attribute
+    (param_groups, state_dict, ...) is the wrapped optimizer's.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
-                 seed=0, synchronous=False):
+                 seed=0, synchronous=False, per_parameter=True, allow_uncompressed=True):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -338,6 +385,8 @@ class DistributedOptimizer:
         self.bucket_bytes = int(bucket_bytes)
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
+        self.per_parameter = bool(per_parameter)
+        self.allow_uncompressed = bool(allow_uncompressed)
         self.steps = 0
         self._names = {id(p): n for n, p in named}
         self._efs = {}
@@ -397,13 +446,16 @@ class DistributedOptimizer:
         algorithm = "dense" if dense else self.algorithm
         seed = _mix(self.seed, self.steps, self._buckets)
         self._buckets += 1
-        stats, bucket_bytes, dense_below = self._stats, self.bucket_bytes, self.dense_below
+        stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
+        # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
+        bucket_bytes = 1 if self.per_parameter and not dense else self.bucket_bytes
 
         def job(comm):
+            before = comm.total_stats["algorithm"]
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
-                                   algorithm=algorithm)
-            stats.add(comm.last_stats, dense)
+                                   algorithm=algorithm, allow_uncompressed=allow)
+            stats.add(comm, before, dense)
 
         fut = _engine().submit(job)
         self._pending.append(fut)

@@ -261,3 +261,26 @@ def test_calls_from_another_thread_work(comm):
     th.start()
     th.join()
     assert np.all(out["x"] == comm.size)
+
+
+def test_allow_uncompressed_false_keeps_the_codec(comm):
+    # Top-k with k = n sends every value with its index: more bytes than the plain allreduce on
+    # any network, and an encode besides, so auto's first choice (the model's) for a size no
+    # other test uses is to send it uncompressed; allow_uncompressed=False applies the codec.
+    p = comm.size
+    exact = p * (p + 1) / 2
+    codec = gcomp.Codec("topk:ratio=1")
+    x = np.full(5003, comm.rank + 1, np.float32)
+    comm.allreduce(x, codec)
+    assert comm.last_stats["compressed"] is False and comm.last_stats["algorithm"] == "dense"
+    assert np.all(x == exact)
+    x = np.full(5003, comm.rank + 1, np.float32)
+    comm.allreduce(x, codec, allow_uncompressed=False)
+    # (dense may still be the algorithm: MPI_Allreduce of each rank's decoded contribution)
+    assert comm.last_stats["compressed"] is True
+    assert np.all(x == exact)
+    # bucket_bytes=1: each tensor a collective of its own (the small one in the dense bucket).
+    ts = [np.full(n, comm.rank + 1, np.float32) for n in (3001, 10, 4001)]
+    comm.allreduce_buckets(ts, codec, bucket_bytes=1, allow_uncompressed=False)
+    assert comm.last_stats["calls"] == 3 and comm.last_stats["compressed"] is True
+    assert all(np.all(t == exact) for t in ts)

@@ -140,8 +140,10 @@ class FakeBucket:
 
 
 def test_error_feedback_follows_the_parameters_when_buckets_are_rebuilt():
+    # Whole buckets compressed as one tensor: the bucket's memory is laid out anew.
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 500, 2000)]
-    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10)
+    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10,
+                                per_parameter=False)
 
     def step(layout, s):
         g = torch.Generator().manual_seed(10 * s + rank())
@@ -167,6 +169,57 @@ def test_error_feedback_follows_the_parameters_when_buckets_are_rebuilt():
     # And the layout, once known, keeps its memory.
     ef = state._feedback_for(FakeBucket(0, [params[2], params[0]], False))
     assert ef is state._layout[0][1]
+
+
+def test_each_parameters_memory_survives_the_rebuild():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 500, 2000)]
+    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10)
+    for s, layout in enumerate(([[0, 1], [2]], [[2, 0], [1]])):
+        g = torch.Generator().manual_seed(10 * s + rank())
+        for p in params:
+            p.grad = torch.randn(p.numel(), generator=g)
+        if s == 1:
+            before = [state.residual(p).copy() for p in params]
+            kept = [state._feedback_of(p) for p in params]
+        futs = [gt.compression_hook(state, FakeBucket(i, [params[j] for j in b], i == 1))
+                for i, b in enumerate(layout)]
+        for f, b in zip(futs, layout):
+            f.wait()
+    # Each parameter's memory is its own object, whatever bucket it is in.
+    assert all(state._feedback_of(p) is k for p, k in zip(params, kept))
+    assert all(np.any(b != 0) for b in before)
+    # Step 2 added step 1's residual: each parameter's sent values are g + e, so its new
+    # residual is (g + e) where nothing was sent; top-k's 5% of 3000 leaves e's trace.
+    g = torch.Generator().manual_seed(10 + rank())
+    for p, b in zip(params, before):
+        fresh = torch.randn(p.numel(), generator=g).numpy()
+        r = state.residual(p)
+        kept_where = r != 0
+        assert np.allclose(r[kept_where], (fresh + b)[kept_where], rtol=0, atol=1e-6)
+
+
+def test_per_parameter_compression_scales_each_parameter_on_its_own():
+    # The same gradients on every rank: the average of sign's C(g) = mean|g| sign(g) is C(g).
+    # Two parameters 1000x apart in magnitude in one bucket. Per parameter, each keeps its own
+    # scale; as one bucket, both share the bucket's mean, which makes the small one's values
+    # 500x too large.
+    g = torch.Generator().manual_seed(7)
+    small, big = torch.randn(2000, generator=g) * 1e-3, torch.randn(2000, generator=g)
+    params = [torch.nn.Parameter(torch.zeros(2000)) for _ in range(2)]
+    results = {}
+    for per_parameter in (True, False):
+        params[0].grad, params[1].grad = small.clone(), big.clone()
+        state = gt.CompressionState("sign", error_feedback=False, algorithm="allgather",
+                                    per_parameter=per_parameter, allow_uncompressed=False)
+        bucket = FakeBucket(0, params, True)
+        results[per_parameter] = gt.compression_hook(state, bucket).wait().clone()
+        assert state.stats()["compressed"] > 0
+        assert state.stats()["calls"] == (2 if per_parameter else 1)
+    own = torch.cat([small.abs().mean() * small.sign(), big.abs().mean() * big.sign()])
+    assert torch.allclose(results[True], own, rtol=1e-5, atol=0)
+    shared = torch.cat([small, big]).abs().mean() * torch.cat([small, big]).sign()
+    assert torch.allclose(results[False], shared, rtol=1e-5, atol=0)
+    assert results[False][:2000].abs().mean() > 100 * small.abs().mean()
 
 
 def test_warmup_steps_are_averaged_uncompressed():
