@@ -16,7 +16,7 @@ tensor uncompressed). --network 1gbit shapes the loopback with
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
 
 Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
-evaluates the test accuracy every --eval-every steps (not counted in the wall time). Written to
+evaluates the test accuracy every --eval-every steps (on rank 0, not counted in the wall time). Written to
 --out: compare_<model>_<network>.csv, .md (test accuracy at the end, bytes sent per rank, median
 step time, wall time to --target accuracy) and .png (test accuracy against wall time, one line
 per row), from every row's result in --out that was run with the same settings (rows run
@@ -93,6 +93,13 @@ def worker(a):
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
 
     wall, steps, step_times, evals = 0.0, 0, [], []
+
+    def evaluate():
+        # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
+        if rank == 0:
+            evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+        dist.barrier()
+
     for epoch in range(a.epochs):
         for idx in shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed):
             t0 = time.perf_counter()
@@ -104,13 +111,13 @@ def worker(a):
             step_times.append(dt)
             steps += 1
             if steps % a.eval_every == 0:
-                evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+                evaluate()
             if steps == a.max_steps:
                 break
         if steps == a.max_steps:
             break
-    if not evals or evals[-1][0] != steps:
-        evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+    if steps % a.eval_every != 0:  # the same test on every rank: each joins the barrier
+        evaluate()
     n = sum(p.numel() for p in model.parameters())
     if a.worker in GCOMP_ROWS:
         st = state.stats()

@@ -78,6 +78,19 @@ def _feedback_wanted(codec, setting):
     return not (p["unbiased"] or (p["stochastic"] and not p["sparse"]))
 
 
+def _splits(codec, per_parameter):
+    """Whether to compress each parameter on its own: per_parameter, unless the codec works
+    element by element (none, fp16, bf16, threshold), where one collective for the whole
+    bucket gives the same values with fewer calls."""
+    if not per_parameter:
+        return False
+    try:
+        c = codec if isinstance(codec, gcomp.Codec) else gcomp.Codec(codec)
+    except gcomp.Error:
+        return True  # a bad spec: the first allreduce reports it, on every rank
+    return c.spec.split(":")[0] not in ("none", "fp16", "bf16", "threshold")
+
+
 # ---- the communication thread ----
 
 
@@ -202,7 +215,8 @@ class CompressionState:
     per_parameter: compress each parameter's gradient in the bucket on its own (one collective
     each, parameters of fewer than dense_below elements fused into one uncompressed), as
     layer-wise compression does: a codec's scale (sign's mean |x|, TernGrad's max) or top-k's
-    selection then follows each layer's magnitude. False compresses the whole bucket as one
+    selection then follows each layer's magnitude. The element-wise codecs (none, fp16, bf16,
+    threshold), whose values do not depend on it, send the whole bucket in one collective. False compresses the whole bucket as one
     tensor (fewer collectives; one scale or one top-k for layers of different magnitudes,
     under which sign + error feedback diverges on an MLP).
     error_feedback: keep what the codec did not send, per parameter, and add it to the next
@@ -228,6 +242,7 @@ class CompressionState:
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
         self.per_parameter = bool(per_parameter)
+        self._split = _splits(codec, self.per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.step = 0  # completed backward passes (a bucket with is_last() ends one)
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
@@ -301,7 +316,7 @@ def compression_hook(state, bucket):
     """
     tensor = bucket.buffer()
     step, index = state.step, bucket.index()
-    per_parameter = state.per_parameter
+    per_parameter = state._split
     dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
     seed = _mix(state.seed, step, index)
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
@@ -386,6 +401,7 @@ class DistributedOptimizer:
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
         self.per_parameter = bool(per_parameter)
+        self._split = _splits(codec, self.per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.steps = 0
         self._names = {id(p): n for n, p in named}
@@ -448,7 +464,7 @@ class DistributedOptimizer:
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
-        bucket_bytes = 1 if self.per_parameter and not dense else self.bucket_bytes
+        bucket_bytes = 1 if self._split and not dense else self.bucket_bytes
 
         def job(comm):
             before = comm.total_stats["algorithm"]
