@@ -9,8 +9,9 @@ Rows (--rows, comma-separated; default all): ddp (DDP's default allreduce, gloo)
 (fp16_compress_hook), powersgd1 and powersgd4 (powerSGD_hook, rank 1 and 4), gcomp_none,
 gcomp_fp16, gcomp_topk1 (top-k 1% + error feedback), gcomp_topk01 (top-k 0.1% + error feedback),
 gcomp_qsgd4, gcomp_sign (sign + error feedback), and gcomp_topk1_sync (top-k 1% with the
-allreduce forced synchronous: what overlap buys); also gcomp_sign_bucket (sign with one scale
-per DDP bucket, per_parameter=False) and gcomp_topk1_auto (top-k 1% where auto may send a
+allreduce forced synchronous: what overlap buys); also gcomp_topk1_layers,
+gcomp_topk1_layers_sync and gcomp_topk01_layers (top-k per parameter instead of per DDP bucket),
+gcomp_sign_bucket (one sign scale per bucket) and gcomp_topk1_auto (top-k 1% where auto may send a
 tensor uncompressed). --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
@@ -37,7 +38,8 @@ ROWS = ["ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16
         "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync"]
 # The codec rows apply their codec on every call (allow_uncompressed=False): auto would send a
 # tensor uncompressed where that is faster (on unshaped loopback, often), and the row would then
-# not show what its codec costs in accuracy.
+# not show what its codec costs in accuracy. Each is gcomp's default otherwise: sign per
+# parameter, the others on whole DDP buckets (per_parameter=None).
 APPLIED = dict(allow_uncompressed=False)
 GCOMP_ROWS = {
     "gcomp_none": dict(codec="none"),
@@ -47,7 +49,11 @@ GCOMP_ROWS = {
     "gcomp_qsgd4": dict(codec="qsgd:bits=4", **APPLIED),
     "gcomp_sign": dict(codec="sign", **APPLIED),
     "gcomp_topk1_sync": dict(codec="topk:ratio=0.01", synchronous=True, **APPLIED),
-    # Not in the default rows: one scale per DDP bucket instead of per parameter.
+    # Not in the default rows: the other choice of per_parameter, and auto unpinned.
+    "gcomp_topk1_layers": dict(codec="topk:ratio=0.01", per_parameter=True, **APPLIED),
+    "gcomp_topk1_layers_sync": dict(codec="topk:ratio=0.01", per_parameter=True,
+                                    synchronous=True, **APPLIED),
+    "gcomp_topk01_layers": dict(codec="topk:ratio=0.001", per_parameter=True, **APPLIED),
     "gcomp_sign_bucket": dict(codec="sign", per_parameter=False, **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01"),
 }
@@ -104,7 +110,14 @@ def worker(a):
         for idx in shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed):
             t0 = time.perf_counter()
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
+            try:
+                torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
+            except RuntimeError as e:
+                # A diverged run: gcomp's hook raises on every rank on a non-finite gradient.
+                if rank == 0:
+                    json.dump({"row": a.worker, "config": config(a), "evals": evals,
+                               "failed": f"stopped at step {steps + 1}: {e}"}, open(a.result, "w"))
+                raise
             opt.step()
             dt = time.perf_counter() - t0
             wall += dt
@@ -209,6 +222,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--port", type=int, default=29700)
     ap.add_argument("--out", default="results/hooks")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: write the table and plot from the results in --out")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -218,9 +233,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     base = os.path.join(a.out, f"compare_{a.model}_{a.network}")
     results = []
-    was_shaped = shaped(a.network)
+    was_shaped = not a.report and shaped(a.network)
     try:
-        for row in a.rows.split(","):
+        for row in [] if a.report else a.rows.split(","):
             if row not in KNOWN:
                 raise SystemExit(f"unknown row {row} (known: {', '.join(KNOWN)})")
             print(f"{row} ...", file=sys.stderr, flush=True)
@@ -251,7 +266,9 @@ def write(a, base, results):
                     "seconds_to_target", "failed"])
         for r in results:
             if "failed" in r:
-                lines.append(f"| {r['row']} | failed: {r['failed']} | | | |")
+                best = max((acc for _, _, acc in r.get("evals", [])), default=None)
+                seen = "" if best is None else f" (best accuracy before: {best:.4f})"
+                lines.append(f"| {r['row']} | failed: {r['failed']}{seen} | | | |")
                 w.writerow([r["row"], "", "", "", "", "", r["failed"]])
                 continue
             reach = next((t for s, t, acc in r["evals"] if acc >= a.target), None)

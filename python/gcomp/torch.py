@@ -79,16 +79,24 @@ def _feedback_wanted(codec, setting):
 
 
 def _splits(codec, per_parameter):
-    """Whether to compress each parameter on its own: per_parameter, unless the codec works
-    element by element (none, fp16, bf16, threshold), where one collective for the whole
-    bucket gives the same values with fewer calls."""
-    if not per_parameter:
+    """Whether to compress each parameter on its own. None (the default): for the codecs with
+    one scale per tensor (sign's mean |x|, TernGrad's max), which must follow each layer's
+    magnitude; the others compress the bucket whole, in one collective (top-k and random-k then
+    select over the bucket's layers together; QSGD has a norm per 512 elements anyway). True:
+    every codec but the element-wise ones (none, fp16, bf16, threshold), whose values are the
+    same either way. False: none."""
+    if per_parameter not in (None, True, False):
+        raise ValueError(f"per_parameter must be None, True or False, not {per_parameter!r}")
+    if per_parameter is False:
         return False
     try:
         c = codec if isinstance(codec, gcomp.Codec) else gcomp.Codec(codec)
     except gcomp.Error:
-        return True  # a bad spec: the first allreduce reports it, on every rank
-    return c.spec.split(":")[0] not in ("none", "fp16", "bf16", "threshold")
+        return False  # a bad spec: the first allreduce reports it, on every rank
+    name = c.spec.split(":")[0]
+    if per_parameter is None:
+        return name in ("sign", "terngrad")
+    return name not in ("none", "fp16", "bf16", "threshold")
 
 
 # ---- the communication thread ----
@@ -209,30 +217,30 @@ class _Stats:
 
 class CompressionState:
     """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
-    dense_below=1024, seed=0, synchronous=False, per_parameter=True, allow_uncompressed=True)
+    dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True)
 
     The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
-    per_parameter: compress each parameter's gradient in the bucket on its own (one collective
-    each, parameters of fewer than dense_below elements fused into one uncompressed), as
-    layer-wise compression does: a codec's scale (sign's mean |x|, TernGrad's max) or top-k's
-    selection then follows each layer's magnitude. The element-wise codecs (none, fp16, bf16,
-    threshold), whose values do not depend on it, send the whole bucket in one collective. False compresses the whole bucket as one
-    tensor (fewer collectives; one scale or one top-k for layers of different magnitudes,
-    under which sign + error feedback diverges on an MLP).
+    per_parameter: True compresses each parameter's gradient in the bucket on its own (one
+    collective each, parameters of fewer than dense_below elements fused into one
+    uncompressed), as layer-wise compression does: a codec's scale or top-k's selection then
+    follows each layer. False compresses the whole bucket as one tensor (fewer collectives; a
+    top-k over the bucket's layers together). None (the default): True for the codecs with one
+    scale per tensor (sign, TernGrad), False for the others. The element-wise codecs (none,
+    fp16, bf16, threshold) always send the bucket whole: their values are the same either way.
     error_feedback: keep what the codec did not send, per parameter, and add it to the next
     step's gradient (it follows the parameters when DDP rebuilds its buckets after the first
     step). True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16,
     bf16, random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow
     without bound; "always" applies it to every codec, False to none.
-    warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (buckets,
-    with per_parameter=False) of fewer elements go uncompressed. algorithm,
+    warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (whole
+    buckets, where not per parameter) of fewer elements go uncompressed. algorithm,
     allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
     when that is faster, unless allow_uncompressed is False). synchronous: wait for each
     bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
-                 dense_below=1024, seed=0, synchronous=False, per_parameter=True,
+                 dense_below=1024, seed=0, synchronous=False, per_parameter=None,
                  allow_uncompressed=True):
         self.codec = codec
         self.error_feedback = _feedback_wanted(codec, error_feedback)
@@ -241,8 +249,8 @@ class CompressionState:
         self.dense_below = int(dense_below)
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
-        self.per_parameter = bool(per_parameter)
-        self._split = _splits(codec, self.per_parameter)
+        self.per_parameter = per_parameter
+        self._split = _splits(codec, per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.step = 0  # completed backward passes (a bucket with is_last() ends one)
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
@@ -250,7 +258,7 @@ class CompressionState:
         self._stats = _Stats()
 
     def stats(self):
-        """stats() -> dict: calls, dense_calls (warm-up; small buckets with per_parameter=False), compressed,
+        """stats() -> dict: calls, dense_calls (warm-up; small whole buckets), compressed,
         bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
         algorithm) and steps, summed over this rank's hook calls so far."""
         return self._stats.snapshot(steps=self.step)
@@ -365,22 +373,22 @@ def compression_hook(state, bucket):
 class DistributedOptimizer:
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
-    synchronous=False, per_parameter=True, allow_uncompressed=True)
+    synchronous=False, per_parameter=None, allow_uncompressed=True)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
     hook on each parameter's gradient accumulator collects the ready gradients into buckets of
     bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
-    waits for all, and steps the wrapped optimizer. per_parameter: each gradient of a bucket
-    compressed on its own (one collective each), as CompressionState; False: the bucket's
-    gradients fused and compressed as one tensor. Error feedback is per parameter, as in
+    waits for all, and steps the wrapped optimizer. per_parameter, as CompressionState's: True,
+    each gradient of a bucket compressed on its own (one collective each); False, the bucket's
+    gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error feedback is per parameter, as in
     CompressionState (True: for the codecs whose error contracts). Every other attribute
     (param_groups, state_dict, ...) is the wrapped optimizer's.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
-                 seed=0, synchronous=False, per_parameter=True, allow_uncompressed=True):
+                 seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -400,8 +408,8 @@ class DistributedOptimizer:
         self.bucket_bytes = int(bucket_bytes)
         self.seed = int(seed)
         self.synchronous = bool(synchronous)
-        self.per_parameter = bool(per_parameter)
-        self._split = _splits(codec, self.per_parameter)
+        self.per_parameter = per_parameter
+        self._split = _splits(codec, per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.steps = 0
         self._names = {id(p): n for n, p in named}

@@ -173,7 +173,8 @@ def test_error_feedback_follows_the_parameters_when_buckets_are_rebuilt():
 
 def test_each_parameters_memory_survives_the_rebuild():
     params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 500, 2000)]
-    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10)
+    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10,
+                                per_parameter=True)
     for s, layout in enumerate(([[0, 1], [2]], [[2, 0], [1]])):
         g = torch.Generator().manual_seed(10 * s + rank())
         for p in params:
@@ -196,6 +197,16 @@ def test_each_parameters_memory_survives_the_rebuild():
         r = state.residual(p)
         kept_where = r != 0
         assert np.allclose(r[kept_where], (fresh + b)[kept_where], rtol=0, atol=1e-6)
+
+
+def test_which_codecs_go_per_parameter():
+    split = lambda spec, pp=None: gt.CompressionState(spec, per_parameter=pp)._split  # noqa: E731
+    assert split("sign") and split("terngrad")  # one scale per tensor
+    assert not split("topk:ratio=0.01") and not split("qsgd") and not split("none")
+    assert split("topk:ratio=0.01", True) and not split("sign", False)
+    assert not split("fp16", True) and not split("none", True)  # element-wise: the same values
+    with pytest.raises(ValueError, match="per_parameter"):
+        gt.CompressionState("sign", per_parameter="yes")
 
 
 def test_per_parameter_compression_scales_each_parameter_on_its_own():
