@@ -10,7 +10,8 @@ Rows (--rows, comma-separated; default all): ddp (DDP's default allreduce, gloo)
 gcomp_fp16, gcomp_topk1 (top-k 1% + error feedback), gcomp_topk01 (top-k 0.1% + error feedback),
 gcomp_qsgd4, gcomp_sign (sign + error feedback), and gcomp_topk1_sync (top-k 1% with the
 allreduce forced synchronous: what overlap buys); also gcomp_topk1_layers,
-gcomp_topk1_layers_sync and gcomp_topk01_layers (top-k per parameter instead of per DDP bucket),
+gcomp_topk1_layers_sync, gcomp_topk01_layers and gcomp_qsgd4_layers (per parameter instead of
+per DDP bucket),
 gcomp_sign_bucket (one sign scale per bucket) and gcomp_topk1_auto (top-k 1% where auto may send a
 tensor uncompressed). --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
@@ -54,6 +55,7 @@ GCOMP_ROWS = {
     "gcomp_topk1_layers_sync": dict(codec="topk:ratio=0.01", per_parameter=True,
                                     synchronous=True, **APPLIED),
     "gcomp_topk01_layers": dict(codec="topk:ratio=0.001", per_parameter=True, **APPLIED),
+    "gcomp_qsgd4_layers": dict(codec="qsgd:bits=4", per_parameter=True, **APPLIED),
     "gcomp_sign_bucket": dict(codec="sign", per_parameter=False, **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01"),
 }
@@ -287,10 +289,12 @@ def write(a, base, results):
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
-    for r in results:
-        if "failed" not in r:
+    colors = plt.get_cmap("tab20").colors
+    for i, r in enumerate(results):
+        if "failed" not in r:  # torch's rows solid, gcomp's dashed
             ax.plot([t for _, t, _ in r["evals"]], [acc for _, _, acc in r["evals"]],
-                    label=r["row"])
+                    label=r["row"], color=colors[i % len(colors)],
+                    linestyle="--" if r["row"].startswith("gcomp") else "-")
     ax.axhline(a.target, color="grey", lw=0.5)
     ax.set_xlabel("wall time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy")
