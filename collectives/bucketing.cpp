@@ -75,6 +75,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     sum.algorithm = s.algorithm;
     sum.compressed = sum.compressed && s.compressed;
     sum.calls += s.calls;
+    for (int a = 0; a < kAlgorithmCount; ++a) sum.by_algorithm[a] += s.by_algorithm[a];
+    sum.compressed_calls += s.compressed_calls;
   };
   thread_local std::vector<float> fused;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -168,6 +170,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
     run_call(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
+    last_.compressed_calls = 0;  // summed as they are: the codec was not applied
     add(last_);
     off = 0;
     for (std::size_t t : small) {

@@ -703,6 +703,9 @@ struct Communicator::Impl {
     s.algorithm = alg;
     s.compressed = !job.skip_codec;
     s.calls = 1;
+    s.by_algorithm = {};
+    s.by_algorithm[static_cast<int>(alg)] = 1;
+    s.compressed_calls = s.compressed ? 1 : 0;
     TotalStats& t = self.total_;
     ++t.calls;
     t.bytes_sent += s.bytes_sent;

@@ -536,6 +536,22 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
   return py::reinterpret_borrow<py::object>(x);
 }
 
+// What the next auto call for this codec and size would do (Communicator::choose).
+py::dict choose(PyCommunicator& self, py::handle codec, std::size_t n, bool allow_uncompressed) {
+  std::optional<gcomp::Codec> made;
+  const gcomp::Codec& c = codec_of(codec, made);
+  gcomp::Choice choice;
+  {
+    py::gil_scoped_release nogil;
+    const Call call(self);
+    choice = self.get().choose(c, n, 0, allow_uncompressed);
+  }
+  py::dict d;
+  d["algorithm"] = gcomp::algorithm_name(choice.algorithm);
+  d["compressed"] = choice.compressed;
+  return d;
+}
+
 py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handle codec,
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
                              py::handle average, py::handle seed, py::handle algorithm,
@@ -599,23 +615,30 @@ py::dict stats_dict(const Stats& s) {
   return d;
 }
 
+// Calls per algorithm, the algorithms used only.
+py::dict by_algorithm(const std::array<std::uint64_t, gcomp::kAlgorithmCount>& counts) {
+  py::dict by;
+  for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+    if (counts[a]) by[gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a))] = counts[a];
+  }
+  return by;
+}
+
 py::dict last_stats(const PyCommunicator& self) {
   const gcomp::CallStats& s = self.get().last_stats();
   py::dict d = stats_dict(s);
   d["algorithm"] = s.calls ? py::object(py::str(gcomp::algorithm_name(s.algorithm)))
                            : py::object(py::none());
   d["compressed"] = s.compressed;
+  d["algorithms"] = by_algorithm(s.by_algorithm);
+  d["compressed_calls"] = s.compressed_calls;
   return d;
 }
 
 py::dict total_stats(const PyCommunicator& self) {
   const gcomp::TotalStats& s = self.get().total_stats();
   py::dict d = stats_dict(s);
-  py::dict by;
-  for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
-    if (s.by_algorithm[a]) by[gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a))] = s.by_algorithm[a];
-  }
-  d["algorithm"] = by;
+  d["algorithm"] = by_algorithm(s.by_algorithm);
   d["compressed"] = s.compressed;
   return d;
 }
@@ -785,11 +808,19 @@ PYBIND11_MODULE(_gcomp, m) {
            "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.\n"
            "A tensor larger than bucket_bytes is a bucket of its own (bucket_bytes=1: one\n"
            "collective per tensor, each compressed on its own).")
+      .def("choose", &choose, py::arg("codec"), py::arg("n"), py::arg("allow_uncompressed") = true,
+           "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": bool}\n\n"
+           "What the next allreduce with algorithm=\"auto\" of n float32 elements with this codec\n"
+           "(no error feedback, not averaged) would do: the cost model's choice first, then what\n"
+           "it learns from its own calls (docs/algorithms.md). compressed=False: it would send x\n"
+           "uncompressed. Collective the first time for a codec and size (the ranks measure and\n"
+           "agree on the codec's speed): every rank calls it with the same arguments.")
       .def_property_readonly("last_stats", &last_stats,
                              "What the last call did: calls (collectives made), bytes_sent,\n"
                              "bytes_received, encode_seconds, comm_seconds, decode_seconds,\n"
-                             "algorithm (of its last collective) and compressed (whether the\n"
-                             "codec was applied).")
+                             "algorithm (of its last collective), compressed (whether the\n"
+                             "codec was applied), algorithms (calls per algorithm) and\n"
+                             "compressed_calls (the calls that applied the codec).")
       .def_property_readonly("total_stats", &total_stats,
                              "Totals over this Communicator's collectives: calls, bytes_sent,\n"
                              "bytes_received, the three seconds, algorithm (calls per algorithm)\n"

@@ -120,6 +120,9 @@ struct CallStats {
   Algorithm algorithm = Algorithm::dense;  // allreduce_buckets: the last bucket's
   bool compressed = true;  // false when auto skipped the codec (see allow_uncompressed)
   std::uint64_t calls = 0;  // collectives made: 1, or allreduce_buckets' buckets
+  std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // of those calls, per algorithm
+  std::uint64_t compressed_calls = 0;  // of those calls, the ones that applied the codec (not
+                                       // allreduce_buckets' dense bucket of small tensors)
 };
 struct TotalStats {
   std::uint64_t calls = 0;

@@ -55,6 +55,16 @@ def _mix(seed, step, index):
     return (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK
 
 
+def _codec_or_none(codec):
+    """The gcomp.Codec of a spec (or the Codec given), None for a bad spec."""
+    if isinstance(codec, gcomp.Codec):
+        return codec
+    try:
+        return gcomp.Codec(codec)
+    except gcomp.Error:
+        return None
+
+
 def _feedback_wanted(codec, setting):
     """Whether error feedback applies: setting False, True (the codecs whose error is a
     contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for) or
@@ -70,9 +80,8 @@ def _feedback_wanted(codec, setting):
         raise ValueError(f"error_feedback must be True, False or \"always\", not {setting!r}")
     if not setting:
         return False
-    try:
-        c = codec if isinstance(codec, gcomp.Codec) else gcomp.Codec(codec)
-    except gcomp.Error:
+    c = _codec_or_none(codec)
+    if c is None:
         return True  # a bad spec: the first allreduce reports it, on every rank
     p = c.properties
     return not (p["unbiased"] or (p["stochastic"] and not p["sparse"]))
@@ -89,9 +98,8 @@ def _splits(codec, per_parameter):
         raise ValueError(f"per_parameter must be None, True or False, not {per_parameter!r}")
     if per_parameter is False:
         return False
-    try:
-        c = codec if isinstance(codec, gcomp.Codec) else gcomp.Codec(codec)
-    except gcomp.Error:
+    c = _codec_or_none(codec)
+    if c is None:
         return False  # a bad spec: the first allreduce reports it, on every rank
     name = c.spec.split(":")[0]
     if per_parameter is None:
@@ -186,23 +194,20 @@ class _Stats:
         self.encode_seconds = self.comm_seconds = self.decode_seconds = 0.0
         self.algorithm = {}
 
-    def add(self, comm, before, dense):
-        """Adds comm's last call; before: comm.total_stats["algorithm"] before it (a call of
-        allreduce_buckets runs several algorithms, last_stats names only its last)."""
+    def add(self, comm, dense):
+        """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets)."""
         s = comm.last_stats
-        after = comm.total_stats["algorithm"]
         with self.lock:
             self.calls += s["calls"]
             self.dense_calls += s["calls"] if dense else 0
-            self.compressed += s["calls"] if s["compressed"] and not dense else 0
+            self.compressed += 0 if dense else s["compressed_calls"]
             self.bytes_sent += s["bytes_sent"]
             self.bytes_received += s["bytes_received"]
             self.encode_seconds += s["encode_seconds"]
             self.comm_seconds += s["comm_seconds"]
             self.decode_seconds += s["decode_seconds"]
-            for name, count in after.items():
-                if count != before.get(name, 0):
-                    self.algorithm[name] = self.algorithm.get(name, 0) + count - before.get(name, 0)
+            for name, count in s["algorithms"].items():
+                self.algorithm[name] = self.algorithm.get(name, 0) + count
 
     def snapshot(self, **extra):
         with self.lock:
@@ -215,7 +220,28 @@ class _Stats:
 # ---- the DDP communication hook ----
 
 
-class CompressionState:
+class _PerParameterFeedback:
+    """Where each parameter's error-feedback residual lives: _home maps a parameter's id to
+    (ErrorFeedback, offset, numel), its own ErrorFeedback (offset 0) or its share of a
+    bucket's."""
+
+    def residual(self, param):
+        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
+        home = self._home.get(id(param))
+        if home is None:
+            return None
+        ef, offset, numel = home
+        return ef.residual[offset:offset + numel]
+
+    def _feedback_of(self, p):
+        """A parameter's own ErrorFeedback, made once (not a throwaway one every step)."""
+        home = self._home.get(id(p))
+        if home is None:
+            home = self._home[id(p)] = (gcomp.ErrorFeedback(p.numel()), 0, p.numel())
+        return home[0]
+
+
+class CompressionState(_PerParameterFeedback):
     """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
     dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True)
 
@@ -262,21 +288,6 @@ class CompressionState:
         bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
         algorithm) and steps, summed over this rank's hook calls so far."""
         return self._stats.snapshot(steps=self.step)
-
-    def residual(self, param):
-        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
-        home = self._home.get(id(param))
-        if home is None:
-            return None
-        ef, offset, numel = home
-        return ef.residual[offset:offset + numel]
-
-    def _feedback_of(self, p):
-        """A parameter's own ErrorFeedback (per_parameter), made once."""
-        home = self._home.get(id(p))
-        if home is None:
-            home = self._home[id(p)] = (gcomp.ErrorFeedback(p.numel()), 0, p.numel())
-        return home[0]
 
     def _feedback_for(self, bucket):
         """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
@@ -338,7 +349,6 @@ def compression_hook(state, bucket):
         ef = state._feedback_for(bucket)
 
     def job(comm):
-        before = comm.total_stats["algorithm"]
         try:
             if dense:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
@@ -353,7 +363,7 @@ def compression_hook(state, bucket):
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
-        state._stats.add(comm, before, dense)
+        state._stats.add(comm, dense)
         return tensor
 
     if bucket.is_last():
@@ -370,7 +380,7 @@ def compression_hook(state, bucket):
 # ---- the optimizer wrapper ----
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(_PerParameterFeedback):
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
     synchronous=False, per_parameter=None, allow_uncompressed=True)
@@ -381,9 +391,10 @@ class DistributedOptimizer:
     bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
     waits for all, and steps the wrapped optimizer. per_parameter, as CompressionState's: True,
     each gradient of a bucket compressed on its own (one collective each); False, the bucket's
-    gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error feedback is per parameter, as in
-    CompressionState (True: for the codecs whose error contracts). Every other attribute
-    (param_groups, state_dict, ...) is the wrapped optimizer's.
+    gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
+    feedback is per parameter, as in CompressionState (True: for the codecs whose error
+    contracts). Every other attribute (param_groups, state_dict, ...) is the wrapped
+    optimizer's.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
@@ -413,7 +424,7 @@ class DistributedOptimizer:
         self.allow_uncompressed = bool(allow_uncompressed)
         self.steps = 0
         self._names = {id(p): n for n, p in named}
-        self._efs = {}
+        self._home = {}  # parameter id -> (its ErrorFeedback, 0, numel)
         self._ready, self._ready_bytes = [], 0
         self._pending, self._buckets = [], 0
         self._stats = _Stats()
@@ -431,17 +442,6 @@ class DistributedOptimizer:
     def stats(self):
         """stats() -> dict, as CompressionState.stats(), with steps."""
         return self._stats.snapshot(steps=self.steps)
-
-    def residual(self, param):
-        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
-        ef = self._efs.get(id(param))
-        return None if ef is None else ef.residual
-
-    def _feedback(self, p):
-        ef = self._efs.get(id(p))
-        if ef is None:  # made once: setdefault would allocate a new one every step
-            ef = self._efs[id(p)] = gcomp.ErrorFeedback(p.numel())
-        return ef
 
     def _ready_hook(self, p):
         def hook(*_):
@@ -465,7 +465,7 @@ class DistributedOptimizer:
             grads.append(g.view(-1))
         efs = None
         if self.error_feedback and not dense:
-            efs = [self._feedback(p) for p in params]
+            efs = [self._feedback_of(p) for p in params]
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
         seed = _mix(self.seed, self.steps, self._buckets)
@@ -475,11 +475,10 @@ class DistributedOptimizer:
         bucket_bytes = 1 if self._split and not dense else self.bucket_bytes
 
         def job(comm):
-            before = comm.total_stats["algorithm"]
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
                                    algorithm=algorithm, allow_uncompressed=allow)
-            stats.add(comm, before, dense)
+            stats.add(comm, dense)
 
         fut = _engine().submit(job)
         self._pending.append(fut)

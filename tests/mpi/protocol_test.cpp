@@ -341,6 +341,31 @@ TEST(Buckets, FusedTensorsWithPerTensorErrorFeedback) {
   }
 }
 
+// A bucketed call's statistics count each of its collectives: per algorithm, and those that
+// applied the codec (not the dense bucket of the small tensors).
+TEST(Buckets, StatisticsCountEveryCollective) {
+  std::vector<std::vector<float>> data = {test::input(5000, 1), test::input(7, 2),
+                                          test::input(20000, 3)};
+  std::vector<std::span<float>> spans(data.begin(), data.end());
+  BucketOptions opt;
+  opt.bucket_bytes = 1;  // each large tensor a bucket of its own
+  opt.allreduce.algorithm = Algorithm::sparse_allgather;
+  world().allreduce_buckets(spans, Codec("topk:ratio=0.01"), {}, opt);
+  const CallStats& s = world().last_stats();
+  EXPECT_EQ(s.calls, 3u);
+  EXPECT_EQ(s.by_algorithm[static_cast<int>(Algorithm::sparse_allgather)], 2u);
+  EXPECT_EQ(s.by_algorithm[static_cast<int>(Algorithm::dense)], 1u);
+  EXPECT_EQ(s.compressed_calls, 2u);
+  EXPECT_EQ(s.algorithm, Algorithm::dense);  // the last collective: the small tensors
+  // A single allreduce: one call, of its algorithm.
+  world().allreduce(std::span<float>(data[0]), Codec("topk:ratio=0.01"), nullptr, opt.allreduce);
+  const CallStats& one = world().last_stats();
+  EXPECT_EQ(one.calls, 1u);
+  EXPECT_EQ(one.by_algorithm[static_cast<int>(Algorithm::sparse_allgather)], 1u);
+  EXPECT_EQ(one.by_algorithm[static_cast<int>(Algorithm::dense)], 0u);
+  EXPECT_EQ(one.compressed_calls, 1u);
+}
+
 // compressed_reduce_scatter compresses twice; in buckets, the owner side's residual lives in the
 // tensors' ErrorFeedback objects (each keeps its share of this rank's chunk), not in the
 // communicator: fresh objects start from zero, and the memory is what makes the second step.

@@ -145,8 +145,12 @@ def test_stats_count_the_bytes(comm):
     assert after["compressed"] == before["compressed"] + 1
     assert after["bytes_sent"] == before["bytes_sent"] + s["bytes_sent"]
     assert after["algorithm"]["sparse_allgather"] == before["algorithm"].get("sparse_allgather", 0) + 1
-    comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20)
-    assert comm.last_stats["calls"] == 2  # one bucket and the dense one
+    comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20,
+                           algorithm="sparse_allgather")
+    s = comm.last_stats
+    assert s["calls"] == 2  # one bucket and the dense one
+    assert s["algorithms"] == {"sparse_allgather": 1, "dense": 1} and s["algorithm"] == "dense"
+    assert s["compressed_calls"] == 1  # the small tensors' bucket did not apply the codec
 
 
 def expect_every_rank_raises(comm, call, culprit, error, status):
@@ -264,15 +268,22 @@ def test_calls_from_another_thread_work(comm):
 
 
 def test_allow_uncompressed_false_keeps_the_codec(comm):
-    # Top-k with k = n sends every value with its index: more bytes than the plain allreduce on
-    # any network, and an encode besides, so auto's first choice (the model's) for a size no
-    # other test uses is to send it uncompressed; allow_uncompressed=False applies the codec.
+    # Top-k with k = n sends every value with its index: twice the bytes of the plain allreduce,
+    # and an encode besides. Whether auto sends it uncompressed depends on this machine's network
+    # (where latency dominates, an allgather's fewer rounds can win), so the call must do what
+    # choose() says; allow_uncompressed=False always applies the codec.
     p = comm.size
     exact = p * (p + 1) / 2
     codec = gcomp.Codec("topk:ratio=1")
+    want = comm.choose(codec, 5003)
+    assert set(want) == {"algorithm", "compressed"}
+    assert comm.choose(codec, 5003, allow_uncompressed=False)["compressed"] is True
     x = np.full(5003, comm.rank + 1, np.float32)
     comm.allreduce(x, codec)
-    assert comm.last_stats["compressed"] is False and comm.last_stats["algorithm"] == "dense"
+    assert comm.last_stats["compressed"] is want["compressed"]
+    assert comm.last_stats["algorithm"] == want["algorithm"]
+    if not want["compressed"]:
+        assert want["algorithm"] == "dense"
     assert np.all(x == exact)
     x = np.full(5003, comm.rank + 1, np.float32)
     comm.allreduce(x, codec, allow_uncompressed=False)

@@ -235,7 +235,8 @@ def test_per_parameter_compression_scales_each_parameter_on_its_own():
 
 def test_warmup_steps_are_averaged_uncompressed():
     a, b = DDP(model()), DDP(model())
-    warm = gt.CompressionState("sign", warmup_steps=2)
+    # (allow_uncompressed=False: after the warm-up, sign is applied whatever auto's model says)
+    warm = gt.CompressionState("sign", warmup_steps=2, allow_uncompressed=False)
     a.register_comm_hook(warm, gt.compression_hook)
     b.register_comm_hook(gt.CompressionState("none", algorithm="dense"), gt.compression_hook)
     for s in range(2):
@@ -278,7 +279,8 @@ def test_the_optimizer_compresses_and_keeps_ranks_identical():
     same_on_every_rank(list(m.parameters()))
     opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
                                   named_parameters=m.named_parameters(),
-                                  codec="qsgd:bits=4", warmup_steps=1, bucket_bytes=10000)
+                                  codec="qsgd:bits=4", warmup_steps=1, bucket_bytes=10000,
+                                  allow_uncompressed=False)
     train(m, opt, 4)
     same_on_every_rank(list(m.parameters()))
     st = opt.stats()
