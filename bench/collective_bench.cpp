@@ -14,7 +14,8 @@
 // Flags besides Google Benchmark's: --sizes=N,N,... (default 1048576,16777216),
 // --set=full|targets|paired (targets: only what the network targets need; paired: auto and
 // MPI_Allreduce alternating, reporting median times and their ratio), --model-table (print the
-// cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit).
+// cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit), --scale-table (print
+// each sparse algorithm's predicted time and bytes per rank at 8..1024 ranks, then exit).
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -225,6 +226,46 @@ void model_table() {
   }
 }
 
+// How far each algorithm scales: the model's time and bytes per rank for top-k 1% of 16M floats
+// at P = 8..1024 on 10 and 100 Gbit (alpha 5 us), with this machine's codec speeds.
+void scale_table() {
+  const std::size_t n = std::size_t{1} << 24;
+  const gcomp::Codec codec("topk:ratio=0.01");
+  const gcomp::ComputeModel compute = gcomp::measure_compute(codec);
+  const std::vector<gcomp::Algorithm> algs = {
+      gcomp::Algorithm::dense, gcomp::Algorithm::sparse_allgather,
+      gcomp::Algorithm::sparse_recursive_doubling, gcomp::Algorithm::sparse_split,
+      gcomp::Algorithm::sparse_reduce_scatter};
+  std::printf("top-k 1%% of %zu floats (k = %zu), with error feedback; each cell: predicted time, "
+              "MB sent per rank\n\n| network | ranks |", n, codec.selected(n));
+  for (gcomp::Algorithm a : algs) std::printf(" %s |", gcomp::algorithm_name(a));
+  std::printf("\n|---|---:|");
+  for (std::size_t i = 0; i < algs.size(); ++i) std::printf("---:|");
+  std::printf("\n");
+  for (const auto& [name, rate] : std::vector<std::pair<const char*, double>>{
+           {"10 Gbit", 1e10}, {"100 Gbit", 1e11}}) {
+    for (int p : {8, 64, 256, 1024}) {
+      gcomp::ModelInput in;
+      in.n = static_cast<double>(n);
+      in.ranks = p;
+      in.network = gcomp::network_for_rate(rate, 5e-6);
+      in.compute = compute;
+      in.sparse = true;
+      in.error_feedback = true;
+      in.sent = static_cast<double>(codec.selected(n));
+      in.payload_bytes = static_cast<double>(codec.max_bytes(n));
+      const auto t = gcomp::predict(in);
+      const auto b = gcomp::predict_bytes(in);
+      std::printf("| %s | %d |", name, p);
+      for (gcomp::Algorithm a : algs) {
+        const int i = static_cast<int>(a);
+        std::printf(" %.4f s, %.1f MB |", t[i], b[i] / 1e6);
+      }
+      std::printf("\n");
+    }
+  }
+}
+
 class NullReporter : public benchmark::BenchmarkReporter {
  public:
   bool ReportContext(const Context&) override { return true; }
@@ -241,6 +282,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes = {std::size_t{1} << 20, std::size_t{1} << 24};
   bool targets_only = false;
   bool table = false;
+  bool scale = false;
   bool paired = false;
   std::vector<char*> rest = {argv[0]};
   bool min_time_given = false;
@@ -263,14 +305,16 @@ int main(int argc, char** argv) {
       paired = true;
     } else if (a == "--model-table") {
       table = true;
+    } else if (a == "--scale-table") {
+      scale = true;
     } else {
       if (a.rfind("--benchmark_min_time", 0) == 0) min_time_given = true;
       if (world_rank != 0 && a.rfind("--benchmark_out", 0) == 0) continue;  // rank 0 writes
       rest.push_back(argv[i]);
     }
   }
-  if (table) {
-    if (world_rank == 0) model_table();
+  if (table || scale) {
+    if (world_rank == 0) table ? model_table() : scale_table();
     MPI_Finalize();
     return 0;
   }

@@ -20,6 +20,7 @@
 namespace gcomp::detail {
 
 class DeviceBackend;
+struct SparseRegions;
 
 // Device memory a Communicator keeps for device tensors (payload staging), grown as needed.
 struct DeviceStage {
@@ -59,6 +60,11 @@ struct Job {
   // are thread-local and reused: fresh ones would cost a page fault per 4 KiB on every call.
   std::vector<std::byte>& payload = scratch_vector<std::byte, 100>();
   bool have_payload = false;
+  // Agreed: the most entries any rank's sparse payload holds (or the codec's k, where the
+  // payloads were not made before the agreement).
+  std::uint64_t agreed_sent = 0;
+  // sparse_reduce_scatter's memory of this tensor (agreed equal on every rank), or null.
+  SparseRegions* regions = nullptr;
 
   Traffic traffic;
   double encode_seconds = 0;
@@ -87,18 +93,29 @@ void finish_average(Job& job);
 void device_encode_whole(Job& job);
 void run_device(Job& job, Algorithm algorithm);
 
+// The even split of n elements into p chunks that every algorithm cutting a tensor uses: chunk
+// j is [chunk_bound(n, j, p), chunk_bound(n, j + 1, p)).
+inline std::uint64_t chunk_bound(std::uint64_t n, std::uint64_t j, std::uint64_t p) {
+  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(n) * j) / p);
+}
+// All p + 1 of them.
+std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p);
+
 // compressed_reduce_scatter's owner step, shared by the host and device forms: sums the P
 // payloads of this rank's chunk (len elements), averages if asked, re-encodes with the owner's
 // memory; mine is left empty when the re-encode fails (the failure marker).
 void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
                     std::vector<std::byte>& mine, std::vector<float>& owner_next);
-// The chunk bounds: chunk c = [bound[c], bound[c+1]).
-std::vector<std::uint64_t> crs_bounds(std::uint64_t n, int size);
 // Steps 2-4 after the chunks are encoded into `to`: the all-to-all, the owner step and the
 // allgatherv of the owners' payloads into `all` (checked for failure markers).
 void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
                   const std::vector<std::vector<std::byte>>& to, Gathered& all,
                   std::vector<float>& owner_next);
+
+// The device forms (device.cpp); allgather's runs majority_vote on the host.
+void run_dense_device(Job& job);
+void run_allgather_device(Job& job);
+void run_crs_device(Job& job);
 
 void run_dense(Job& job);
 void run_sparse_allgather(Job& job);
@@ -106,9 +123,16 @@ void run_sparse_recursive_doubling(Job& job);
 void run_sparse_split(Job& job);
 void run_allgather(Job& job);
 void run_compressed_reduce_scatter(Job& job);
+void run_sparse_reduce_scatter(Job& job);
 
 // The sparse stream of this rank's payload (sparse codecs).
 struct Stream;
 void payload_stream(Job& job, Stream& out);
+
+// The all-to-all of a stream's parts: part j, [bound[j], bound[j+1]), goes to rank j, and from[r]
+// receives rank r's part of this rank's range (sparse_split, sparse_reduce_scatter). The slicing
+// counts as decode time.
+void exchange_parts(Job& job, const Stream& s, std::span<const std::uint64_t> bound,
+                    std::vector<std::vector<std::byte>>& from);
 
 }  // namespace gcomp::detail

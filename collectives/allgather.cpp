@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "algorithms.hpp"
+#include "algorithm_table.hpp"
+#include "codec_impl.hpp"
+#include "model_terms.hpp"
 
 namespace gcomp::detail {
 
@@ -28,7 +30,7 @@ void allgather_payloads(Job& job) {
     double scales = 0;
     for (int r = 0; r < job.size; ++r) {
       std::fill(one.begin(), one.end(), 0.0f);
-      decode_add(all.of(r), one, 1.0f);
+      r == job.rank ? decode_add_own(all.of(r), one, 1.0f) : decode_add(all.of(r), one, 1.0f);
       float scale = 0;
       for (std::size_t i = 0; i < n; ++i) {
         votes[i] += one[i] > 0 ? 1 : (one[i] < 0 ? -1 : 0);
@@ -41,12 +43,31 @@ void allgather_payloads(Job& job) {
       job.out[i] = votes[i] > 0 ? total : (votes[i] < 0 ? -total : 0.0f);
     }
   } else {
-    for (int r = 0; r < job.size; ++r) decode_add(all.of(r), job.out, 1.0f);
+    for (int r = 0; r < job.size; ++r) {
+      // This rank's own payload was checked when it was made.
+      r == job.rank ? decode_add_own(all.of(r), job.out, 1.0f)
+                    : decode_add(all.of(r), job.out, 1.0f);
+    }
   }
   job.decode_seconds += now() - start;
   finish_average(job);
 }
 
 void run_allgather(Job& job) { allgather_payloads(job); }
+
+// Every payload to every rank, all decoded.
+double predict_payload_allgather(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  return l.encode + t_allgatherv(in, in.payload_bytes) + l.write_out + in.ranks * l.decode_one +
+         l.average;
+}
+
+double bytes_payload_allgather(const ModelInput& in) {
+  return (in.ranks - 1.0) * (in.payload_bytes + 8);  // each payload and its size to every rank
+}
+
+const AlgorithmRow kAllgatherRow = {Algorithm::allgather, "allgather", false, for_dense_codecs,
+                                    predict_payload_allgather, bytes_payload_allgather,
+                                    run_allgather, run_allgather_device};
 
 }  // namespace gcomp::detail

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "algorithms.hpp"
 #include "gcomp/communicator.hpp"
 
 namespace gcomp {
@@ -100,8 +101,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     // compressed_reduce_scatter), gathered from the tensors' shares of it: all there and of
     // the right sizes, or it starts from zero.
     const auto p = static_cast<std::uint64_t>(size_), me = static_cast<std::uint64_t>(rank_);
-    const auto lo = static_cast<std::size_t>(static_cast<unsigned __int128>(len) * me / p);
-    const auto hi = static_cast<std::size_t>(static_cast<unsigned __int128>(len) * (me + 1) / p);
+    const auto lo = static_cast<std::size_t>(detail::chunk_bound(len, me, p));
+    const auto hi = static_cast<std::size_t>(detail::chunk_bound(len, me + 1, p));
     const auto share = [&](std::size_t begin, std::size_t n) {
       const std::size_t a = std::max(begin, lo), z = std::min(begin + n, hi);
       return std::pair<std::size_t, std::size_t>{a, z > a ? z - a : 0};

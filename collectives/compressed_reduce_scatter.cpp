@@ -14,18 +14,10 @@
 // 2 (P-1)/P * 4n, independent of P.
 #include <algorithm>
 
-#include "algorithms.hpp"
+#include "algorithm_table.hpp"
+#include "model_terms.hpp"
 
 namespace gcomp::detail {
-
-std::vector<std::uint64_t> crs_bounds(std::uint64_t n, int size) {
-  const auto p = static_cast<std::uint64_t>(size);
-  std::vector<std::uint64_t> bound(p + 1);
-  for (std::uint64_t j = 0; j <= p; ++j) {
-    bound[j] = static_cast<std::uint64_t>((static_cast<unsigned __int128>(n) * j) / p);
-  }
-  return bound;
-}
 
 void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
                     std::vector<std::byte>& mine, std::vector<float>& owner_next) {
@@ -80,7 +72,7 @@ void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
 void run_compressed_reduce_scatter(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
-  const std::vector<std::uint64_t> bound = crs_bounds(n, job.size);
+  const std::vector<std::uint64_t> bound = even_bounds(n, static_cast<std::uint64_t>(job.size));
   const auto chunk_of = [&](std::span<const float> v, std::uint64_t c) {
     return v.subspan(bound[c], bound[c + 1] - bound[c]);
   };
@@ -117,5 +109,36 @@ void run_compressed_reduce_scatter(Job& job) {
   job.decode_seconds += now() - start;
   if (job.ef) job.ef->secondary().swap(owner_next);
 }
+
+
+namespace {
+
+// Chunks all-to-all, owners decode P chunks and re-encode one, allgather of the re-encoded
+// chunks, everyone decodes n elements. On a sparse codec (explicit only: recompressing a sparse
+// sum changes the result) the decodes are per entry.
+double predict_compressed_reduce_scatter(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  const double n = in.n, p = in.ranks, b = in.payload_bytes;
+  const auto& c = in.compute;
+  if (!in.sparse) {
+    return l.encode + t_alltoallv(in, b) + n * c.decode + n * c.encode / p +
+           t_allgatherv(in, b / p) + n * c.decode + l.write_out;
+  }
+  return l.encode + t_alltoallv(in, b) + p * l.decode_one + t_allgatherv(in, b / p) +
+         l.decode_one * p + l.write_out;
+}
+
+// The chunks out, the owners' chunks to every rank, with their sizes.
+double bytes_compressed_reduce_scatter(const ModelInput& in) {
+  const double p = in.ranks;
+  return 2 * (p - 1) / p * in.payload_bytes + 16 * (p - 1);
+}
+
+}  // namespace
+
+const AlgorithmRow kCompressedReduceScatterRow = {
+    Algorithm::compressed_reduce_scatter, "compressed_reduce_scatter", false, for_dense_codecs,
+    predict_compressed_reduce_scatter, bytes_compressed_reduce_scatter,
+    run_compressed_reduce_scatter, run_crs_device};
 
 }  // namespace gcomp::detail

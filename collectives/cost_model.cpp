@@ -8,22 +8,23 @@
 #include <random>
 #include <vector>
 
+#include "algorithm_table.hpp"
+#include "index_pack.hpp"
+#include "model_terms.hpp"
 #include "stream.hpp"
 
 namespace gcomp {
 
-namespace {
+namespace detail {
 
 double log2_ceil(int p) { return p <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(p))); }
 
-// Expected size of the union of m independent random k-subsets of n (or k when shared).
 double union_size(double n, double k, double m, bool shared) {
   if (shared || n <= 0) return std::min(k, n);
   const double d = std::min(1.0, k / n);
   return n * (1.0 - std::pow(1.0 - d, m));
 }
 
-// MPICH's allreduce: recursive doubling for short messages, Rabenseifner for long ones.
 double t_allreduce(const ModelInput& in, double bytes, double elements) {
   const double p = in.ranks;
   const double l = log2_ceil(in.ranks);
@@ -43,7 +44,6 @@ double t_allreduce(const ModelInput& in, double bytes, double elements) {
          (p - 1) / p * elements * in.compute.reduce;
 }
 
-// An allgatherv of `bytes` per rank, after an allgather of the sizes.
 double t_allgatherv(const ModelInput& in, double bytes) {
   if (in.ranks <= 1) return 0;
   const double p = in.ranks;
@@ -52,8 +52,6 @@ double t_allgatherv(const ModelInput& in, double bytes) {
   return (l + rounds) * in.network.alpha + (p - 1) * bytes * in.network.beta;
 }
 
-// Seconds per byte when `flows` of the P ranks send at once: from beta_one (one flow) to beta
-// (all P), in proportion.
 double beta_for(const ModelInput& in, double flows) {
   const auto& net = in.network;
   const double one = net.beta_one > 0 ? net.beta_one : net.beta;
@@ -61,7 +59,6 @@ double beta_for(const ModelInput& in, double flows) {
   return one + (net.beta - one) * std::clamp((flows - 1) / (in.ranks - 1), 0.0, 1.0);
 }
 
-// An all-to-all where each rank sends `bytes` in all, spread evenly, after one of the sizes.
 double t_alltoallv(const ModelInput& in, double bytes) {
   if (in.ranks <= 1) return 0;
   const double p = in.ranks;
@@ -69,7 +66,18 @@ double t_alltoallv(const ModelInput& in, double bytes) {
   return (log2_ceil(in.ranks) + p - 1) * in.network.alpha + (p - 1) / p * bytes * beta;
 }
 
-}  // namespace
+LocalTerms local_terms(const ModelInput& in) {
+  const auto& c = in.compute;
+  return {in.n * c.reduce, in.average ? in.n * c.reduce : 0.0, in.n * c.encode,
+          in.sparse ? in.sent * c.decode : in.n * c.decode};
+}
+
+double stream_entry_bytes(const ModelInput& in) {
+  // stream entries carry float32 values; the byte rule's index width (streams pack theirs)
+  return static_cast<double>(index_width(static_cast<std::uint64_t>(in.n))) + 4;
+}
+
+}  // namespace detail
 
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -182,96 +190,34 @@ NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
 }
 
 bool auto_candidate(Algorithm a, const ModelInput& in) {
-  if (in.codec_none) return a == Algorithm::dense;
-  if (in.sparse) {
-    return a == Algorithm::dense || a == Algorithm::sparse_allgather ||
-           a == Algorithm::sparse_recursive_doubling || a == Algorithm::sparse_split;
-  }
-  return a == Algorithm::dense || a == Algorithm::allgather ||
-         a == Algorithm::compressed_reduce_scatter;
+  if (a == Algorithm::automatic) return false;
+  return detail::algorithm_row(a).candidate(in);
 }
 
-std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
+namespace {
+template <class F>
+std::array<double, kAlgorithmCount> per_row(const ModelInput& in, F f) {
   std::array<double, kAlgorithmCount> t;
   t.fill(kNotApplicable);
-  const double n = in.n;
-  const double p = in.ranks;
-  const auto& c = in.compute;
-  const auto& net = in.network;
-  const double write_out = n * c.reduce;  // zeroing or copying the output
-  const double avg = in.average ? n * c.reduce : 0.0;
-  const double encode = n * c.encode;
-  const double decode_one = in.sparse ? in.sent * c.decode : n * c.decode;
-
-  // dense: decode own contribution (unless none), then MPI's allreduce of float32.
-  t[static_cast<int>(Algorithm::dense)] =
-      (in.codec_none ? 0.0 : encode + decode_one) + t_allreduce(in, 4 * n, n) + avg;
-
-  // allgather: every payload to every rank, all decoded.
-  const double gather = encode + t_allgatherv(in, in.payload_bytes) + write_out + p * decode_one + avg;
-  t[static_cast<int>(Algorithm::allgather)] = gather;
-  if (!in.sparse) {
-    // compressed_reduce_scatter: chunks all-to-all, owners decode P chunks and re-encode one,
-    // allgather of the re-encoded chunks, everyone decodes n elements.
-    const double b = in.payload_bytes;
-    t[static_cast<int>(Algorithm::compressed_reduce_scatter)] =
-        encode + t_alltoallv(in, b) + n * c.decode + n * c.encode / p +
-        t_allgatherv(in, b / p) + n * c.decode + write_out;
-    return t;
+  for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
+    if (row->sparse_only && !in.sparse) continue;
+    t[static_cast<int>(row->id)] = f(*row);
   }
-
-  const double ib = n <= 4294967296.0 ? 4 : 8;
-  const double entry = ib + 4;  // stream entries carry float32 values
-  t[static_cast<int>(Algorithm::sparse_allgather)] = gather;
-
-  // sparse_recursive_doubling: rounds of whole-stream exchanges, streams growing by union.
-  {
-    int p2 = 1;
-    while (p2 * 2 <= in.ranks) p2 *= 2;
-    const bool fold = p2 != in.ranks;
-    const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
-    const auto merge_cost = [&](double a, double b) {
-      return (a + b) * entry >= 4 * n ? n * c.reduce : (a + b) * c.merge;
-    };
-    // Folding and unfolding move P - p2 messages at once, the rounds p2.
-    const double fold_beta = beta_for(in, in.ranks - p2);
-    const double round_beta = beta_for(in, p2);
-    double total = encode + in.sent * c.decode + write_out + avg;
-    double s = in.sent;
-    if (fold) {
-      total += net.alpha + stream_bytes(s) * fold_beta + merge_cost(s, s);
-      s = union_size(n, in.sent, 2, in.shared_support);
-    }
-    // m: the most contributions one rank's stream holds (2 on a folded rank), never above P.
-    double m = fold ? 2 : 1;
-    for (int step = 1; step < p2; step *= 2) {
-      total += net.alpha + stream_bytes(s) * round_beta + merge_cost(s, s);
-      m = std::min(2 * m, p);
-      s = union_size(n, in.sent, m, in.shared_support);
-    }
-    if (fold) total += net.alpha + stream_bytes(s) * fold_beta;
-    t[static_cast<int>(Algorithm::sparse_recursive_doubling)] = total;
-  }
-
-  // sparse_split: all-to-all of the parts, owners merge P pieces, allgather of the parts.
-  {
-    const double u = union_size(n, in.sent, p, in.shared_support);
-    const double part_bytes = 8 + std::min(u / p * entry, 4 * n / p);
-    const double merges = std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
-    t[static_cast<int>(Algorithm::sparse_split)] =
-        encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
-        t_allgatherv(in, part_bytes) + write_out + avg;
-  }
-  // Recompressing a sparse sum changes the result: explicit only.
-  t[static_cast<int>(Algorithm::compressed_reduce_scatter)] =
-      encode + t_alltoallv(in, in.payload_bytes) + p * decode_one +
-      t_allgatherv(in, in.payload_bytes / p) + decode_one * p + write_out;
   return t;
+}
+}  // namespace
+
+std::array<double, kAlgorithmCount> predict(const ModelInput& in) {
+  return per_row(in, [&](const detail::AlgorithmRow& row) { return row.predict(in); });
+}
+
+std::array<double, kAlgorithmCount> predict_bytes(const ModelInput& in) {
+  return per_row(in, [&](const detail::AlgorithmRow& row) { return row.bytes(in); });
 }
 
 double predict_uncompressed(const ModelInput& in) {
   const double n = in.n;
-  return t_allreduce(in, 4 * n, n) + (in.error_feedback ? n * in.compute.reduce : 0.0) +
+  return detail::t_allreduce(in, 4 * n, n) + (in.error_feedback ? n * in.compute.reduce : 0.0) +
          (in.average ? n * in.compute.reduce : 0.0);
 }
 

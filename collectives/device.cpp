@@ -18,7 +18,7 @@
 // every sum runs in the same order.
 #include <algorithm>
 
-#include "algorithms.hpp"
+#include "algorithm_table.hpp"
 #include "device_backend.hpp"
 #include "stream.hpp"
 
@@ -91,6 +91,14 @@ void decode_gathered_on_device(Job& job, const Gathered& all, At at, Len len) {
   job.decode_seconds += now() - start;
 }
 
+// The algorithms that merge on the host: their dense result goes to the device.
+void run_on_host(Job& job, void (*run)(Job&)) {
+  run(job);
+  const double start = now();
+  job.dev->copy(job.d_out, job.out.data(), 4 * job.out.size(), job.stream);
+  job.decode_seconds += now() - start;
+}
+
 void zero_out(Job& job) { job.dev->zero(job.d_out, job.out.size(), job.stream); }
 
 void average_on_device(Job& job) {
@@ -99,7 +107,10 @@ void average_on_device(Job& job) {
   }
 }
 
+}  // namespace
+
 void run_allgather_device(Job& job) {
+  if (job.majority_vote) return run_on_host(job, run_allgather);
   encode_whole(job);
   thread_local Gathered all;
   allgatherv_bytes(job.comm, job.payload, all, job.traffic);
@@ -114,7 +125,7 @@ void run_allgather_device(Job& job) {
 void run_crs_device(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
-  const std::vector<std::uint64_t> bound = crs_bounds(n, job.size);
+  const std::vector<std::uint64_t> bound = even_bounds(n, static_cast<std::uint64_t>(job.size));
   // Each chunk's payload is copied to the host (pinned) on a side stream while the next chunk
   // encodes; then into the per-destination buffers for MPI.
   double start = now();
@@ -171,15 +182,6 @@ void run_dense_device(Job& job) {
 }
 
 // The algorithms that merge on the host: their dense result goes to the device.
-template <class Run>
-void run_on_host(Job& job, Run run) {
-  run(job);
-  const double start = now();
-  job.dev->copy(job.d_out, job.out.data(), 4 * job.out.size(), job.stream);
-  job.decode_seconds += now() - start;
-}
-
-}  // namespace
 
 void device_encode_whole(Job& job) {
   const double start = now();
@@ -193,25 +195,9 @@ void device_encode_whole(Job& job) {
 }
 
 void run_device(Job& job, Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::dense:
-      run_dense_device(job);
-      return;
-    case Algorithm::allgather:
-      if (job.majority_vote) return run_on_host(job, run_allgather);
-      return run_allgather_device(job);
-    case Algorithm::sparse_allgather:
-      return run_allgather_device(job);
-    case Algorithm::sparse_recursive_doubling:
-      return run_on_host(job, run_sparse_recursive_doubling);
-    case Algorithm::sparse_split:
-      return run_on_host(job, run_sparse_split);
-    case Algorithm::compressed_reduce_scatter:
-      return run_crs_device(job);
-    case Algorithm::automatic:
-      break;
-  }
-  throw Error(Status::internal, "run_device: no algorithm");
+  const AlgorithmRow& row = algorithm_row(algorithm);
+  if (row.run_device) return row.run_device(job);
+  run_on_host(job, row.run);
 }
 
 }  // namespace gcomp::detail

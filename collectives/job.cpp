@@ -1,5 +1,6 @@
 // Steps shared by the algorithms: the whole-tensor encode (with error feedback) and averaging.
 #include "algorithms.hpp"
+#include "codec_impl.hpp"
 #include "stream.hpp"
 
 namespace gcomp::detail {
@@ -23,7 +24,7 @@ void encode_whole(Job& job) {
 void payload_stream(Job& job, Stream& out) {
   const double start = now();
   SparseEntries e;
-  sparse_entries(job.payload, e);
+  sparse_entries_own(job.payload, e);
   out.n = e.elements;
   out.dense = false;
   out.idx = std::move(e.indices);
@@ -34,6 +35,26 @@ void payload_stream(Job& job, Stream& out) {
     merge_into(out, none);  // switches to the dense representation
   }
   job.decode_seconds += now() - start;
+}
+
+std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p) {
+  std::vector<std::uint64_t> b(p + 1);
+  for (std::uint64_t j = 0; j <= p; ++j) b[j] = chunk_bound(n, j, p);
+  return b;
+}
+
+void exchange_parts(Job& job, const Stream& s, std::span<const std::uint64_t> bound,
+                    std::vector<std::vector<std::byte>>& from) {
+  const double start = now();
+  auto& to = scratch_vector<std::vector<std::byte>, 108>();
+  to.resize(bound.size() - 1);
+  thread_local Stream part;
+  for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
+    slice(s, bound[j], bound[j + 1], part);
+    serialize(part, to[j]);
+  }
+  job.decode_seconds += now() - start;
+  alltoallv_bytes(job.comm, to, from, job.traffic);
 }
 
 void finish_average(Job& job) {

@@ -6,12 +6,19 @@
 //
 // Schedule: as allgather: one allgather of sizes, one allgatherv of payloads; each rank sends
 // (P-1) * (k (index + value bytes) + header) bytes and receives the same from the others.
-#include "algorithms.hpp"
+#include "algorithm_table.hpp"
+#include "model_terms.hpp"
 
 namespace gcomp::detail {
 
 void allgather_payloads(Job& job);
 
 void run_sparse_allgather(Job& job) { allgather_payloads(job); }
+
+
+const AlgorithmRow kSparseAllgatherRow = {
+    Algorithm::sparse_allgather, "sparse_allgather", true, for_sparse_codecs,
+    predict_payload_allgather, bytes_payload_allgather, run_sparse_allgather,
+    run_allgather_device};
 
 }  // namespace gcomp::detail

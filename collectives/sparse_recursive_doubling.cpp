@@ -11,7 +11,10 @@
 // Schedule: log2(p2) rounds (+2 when folding); in round k a rank sends its stream, about
 // min(2^k k_0 (1 - overlap), n) entries of (index + value) bytes, and receives its partner's.
 // Merging is commutative bit for bit, so all ranks end with identical streams.
-#include "algorithms.hpp"
+#include <algorithm>
+
+#include "algorithm_table.hpp"
+#include "model_terms.hpp"
 #include "stream.hpp"
 
 namespace gcomp::detail {
@@ -74,5 +77,68 @@ void run_sparse_recursive_doubling(Job& job) {
   job.decode_seconds += now() - start;
   finish_average(job);
 }
+
+
+namespace {
+
+// Rounds of whole-stream exchanges, streams growing by union.
+double predict_sparse_recursive_doubling(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  const double n = in.n, p = in.ranks;
+  const auto& c = in.compute;
+  const double entry = stream_entry_bytes(in);
+  int p2 = 1;
+  while (p2 * 2 <= in.ranks) p2 *= 2;
+  const bool fold = p2 != in.ranks;
+  const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
+  const auto merge_cost = [&](double a, double b) {
+    return (a + b) * entry >= 4 * n ? n * c.reduce : (a + b) * c.merge;
+  };
+  // Folding and unfolding move P - p2 messages at once, the rounds p2.
+  const double fold_beta = beta_for(in, in.ranks - p2);
+  const double round_beta = beta_for(in, p2);
+  double total = l.encode + in.sent * c.decode + l.write_out + l.average;
+  double s = in.sent;
+  if (fold) {
+    total += in.network.alpha + stream_bytes(s) * fold_beta + merge_cost(s, s);
+    s = union_size(n, in.sent, 2, in.shared_support);
+  }
+  // m: the most contributions one rank's stream holds (2 on a folded rank), never above P.
+  double m = fold ? 2 : 1;
+  for (int step = 1; step < p2; step *= 2) {
+    total += in.network.alpha + stream_bytes(s) * round_beta + merge_cost(s, s);
+    m = std::min(2 * m, p);
+    s = union_size(n, in.sent, m, in.shared_support);
+  }
+  if (fold) total += in.network.alpha + stream_bytes(s) * fold_beta;
+  return total;
+}
+
+// The most a rank sends: a folded odd rank's rounds and the unfold.
+double bytes_sparse_recursive_doubling(const ModelInput& in) {
+  const double n = in.n, p = in.ranks;
+  const double entry = stream_entry_bytes(in);
+  int p2 = 1;
+  while (p2 * 2 <= in.ranks) p2 *= 2;
+  const bool fold = p2 != in.ranks;
+  const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
+  double total = 0;
+  double s = fold ? union_size(n, in.sent, 2, in.shared_support) : in.sent;
+  double m = fold ? 2 : 1;
+  for (int step = 1; step < p2; step *= 2) {
+    total += stream_bytes(s);
+    m = std::min(2 * m, p);
+    s = union_size(n, in.sent, m, in.shared_support);
+  }
+  if (fold) total += stream_bytes(s);
+  return total;
+}
+
+}  // namespace
+
+const AlgorithmRow kSparseRecursiveDoublingRow = {
+    Algorithm::sparse_recursive_doubling, "sparse_recursive_doubling", true, for_sparse_codecs,
+    predict_sparse_recursive_doubling, bytes_sparse_recursive_doubling,
+    run_sparse_recursive_doubling, nullptr};
 
 }  // namespace gcomp::detail

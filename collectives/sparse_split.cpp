@@ -9,7 +9,10 @@
 // value) bytes) and 1 allgatherv (each rank sends its reduced part, min(u/P (index + value),
 // 4n/P) bytes with u the size of the union of the supports, to P-1 ranks). Cost model
 // (Ok-Topk's): (P-1) alpha + 2 k (P-1)/P beta for the reduce part.
-#include "algorithms.hpp"
+#include <algorithm>
+
+#include "algorithm_table.hpp"
+#include "model_terms.hpp"
 #include "stream.hpp"
 
 namespace gcomp::detail {
@@ -20,23 +23,12 @@ void run_sparse_split(Job& job) {
   payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
-  std::vector<std::uint64_t> bound(p + 1);
-  for (std::uint64_t j = 0; j <= p; ++j) bound[j] = static_cast<std::uint64_t>(
-      (static_cast<unsigned __int128>(n) * j) / p);
+  const std::vector<std::uint64_t> bound = even_bounds(n, p);
+
+  auto& from = scratch_vector<std::vector<std::byte>, 109>();
+  exchange_parts(job, s, bound, from);
 
   double start = now();
-  auto& to = scratch_vector<std::vector<std::byte>, 108>();
-  auto& from = scratch_vector<std::vector<std::byte>, 109>();
-  to.resize(p);
-  thread_local Stream part;
-  for (std::uint64_t j = 0; j < p; ++j) {
-    slice(s, bound[j], bound[j + 1], part);
-    serialize(part, to[j]);
-  }
-  job.decode_seconds += now() - start;
-  alltoallv_bytes(job.comm, to, from, job.traffic);
-
-  start = now();
   const auto me = static_cast<std::size_t>(job.rank);
   const std::uint64_t len = bound[me + 1] - bound[me];
   thread_local Stream acc, piece;
@@ -59,5 +51,38 @@ void run_sparse_split(Job& job) {
   job.decode_seconds += now() - start;
   finish_average(job);
 }
+
+
+namespace {
+
+// All-to-all of the parts, owners merge P pieces, allgather of the parts.
+double predict_sparse_split(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  const double n = in.n, p = in.ranks;
+  const auto& c = in.compute;
+  const double entry = stream_entry_bytes(in);
+  const double u = union_size(n, in.sent, p, in.shared_support);
+  const double part_bytes = 8 + std::min(u / p * entry, 4 * n / p);
+  const double merges =
+      std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
+  return l.encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
+         t_allgatherv(in, part_bytes) + l.write_out + l.average;
+}
+
+// The parts out (with their stream heads), the reduced parts to every rank.
+double bytes_sparse_split(const ModelInput& in) {
+  const double n = in.n, p = in.ranks;
+  const double entry = stream_entry_bytes(in);
+  const double u = union_size(n, in.sent, p, in.shared_support);
+  return (p - 1) / p * in.sent * entry + 16 * (p - 1) +
+         (p - 1) * (8 + std::min(u / p * entry, 4 * n / p));
+}
+
+}  // namespace
+
+const AlgorithmRow kSparseSplitRow = {Algorithm::sparse_split, "sparse_split", true,
+                                      for_sparse_codecs, predict_sparse_split, bytes_sparse_split,
+                                      run_sparse_split,
+                                      nullptr};
 
 }  // namespace gcomp::detail

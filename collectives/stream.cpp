@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gcomp/error.hpp"
+#include "index_pack.hpp"
 
 namespace gcomp::detail {
 
@@ -27,8 +28,8 @@ void to_dense(Stream& s) {
 }
 }  // namespace
 
-std::size_t Stream::wire_bytes() const {
-  return 8 + (dense ? 4 * n : idx.size() * (stream_index_bytes(n) + 4));
+std::size_t Stream::wire_bytes_bound() const {
+  return 8 + (dense ? 4 * n : 4 * idx.size() + packed_indices_bound(idx.size(), n));
 }
 
 void merge_into(Stream& acc, const Stream& other) {
@@ -78,23 +79,14 @@ void merge_into(Stream& acc, const Stream& other) {
 }
 
 void serialize(const Stream& s, std::vector<std::byte>& out) {
-  out.resize(s.wire_bytes());
+  out.resize(s.wire_bytes_bound());
   const std::uint64_t head = (s.dense ? kDenseBit : 0) | s.entries();
   std::memcpy(out.data(), &head, 8);
   std::byte* p = out.data() + 8;
-  if (!s.dense) {
-    if (stream_index_bytes(s.n) == 4) {
-      for (std::size_t j = 0; j < s.idx.size(); ++j) {
-        const auto i = static_cast<std::uint32_t>(s.idx[j]);
-        std::memcpy(p + 4 * j, &i, 4);
-      }
-      p += 4 * s.idx.size();
-    } else {
-      std::memcpy(p, s.idx.data(), 8 * s.idx.size());
-      p += 8 * s.idx.size();
-    }
-  }
   if (!s.val.empty()) std::memcpy(p, s.val.data(), 4 * s.val.size());
+  p += 4 * s.val.size();
+  if (!s.dense) p += pack_indices(s.idx.data(), s.idx.size(), p);
+  out.resize(static_cast<std::size_t>(p - out.data()));
 }
 
 void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
@@ -104,7 +96,6 @@ void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
   out.n = n;
   out.dense = (head & kDenseBit) != 0;
   const std::uint64_t count = head & ~kDenseBit;
-  const std::size_t ib = stream_index_bytes(n);
   if (out.dense) {
     if (count != n || in.size() != 8 + 4 * n) bad_stream("dense stream of the wrong size");
     out.idx.clear();
@@ -112,17 +103,15 @@ void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
     if (n > 0) std::memcpy(out.val.data(), in.data() + 8, 4 * n);
     return;
   }
-  if (count > n || in.size() != 8 + count * (ib + 4)) bad_stream("sparse stream of the wrong size");
-  out.idx.resize(count);
+  if (count > n || (in.size() - 8) / 4 < count) bad_stream("sparse stream of the wrong size");
   out.val.resize(count);
-  const std::byte* p = in.data() + 8;
-  for (std::uint64_t j = 0; j < count; ++j) {
-    std::uint64_t i = 0;
-    std::memcpy(&i, p + ib * j, ib);
-    if (i >= n || (j > 0 && i <= out.idx[j - 1])) bad_stream("indices out of order or range");
-    out.idx[j] = i;
+  out.idx.resize(count);
+  if (count > 0) std::memcpy(out.val.data(), in.data() + 8, 4 * count);
+  try {
+    unpack_indices(in.subspan(8 + 4 * count), count, n, out.idx.data());
+  } catch (const Error& e) {
+    bad_stream(e.what());
   }
-  if (count > 0) std::memcpy(out.val.data(), p + ib * count, 4 * count);
 }
 
 void write_out(const Stream& s, std::span<float> out) {

@@ -10,15 +10,15 @@
 #include <span>
 #include <vector>
 
+#include "index_pack.hpp"
+
 namespace gcomp::detail {
 
-inline std::size_t stream_index_bytes(std::uint64_t n) {
-  return n <= (std::uint64_t{1} << 32) ? 4 : 8;
-}
+
 
 // True when a stream of `entries` (index, value) pairs is at least as large as the dense form.
 inline bool goes_dense(std::uint64_t entries, std::uint64_t n) {
-  return entries * (stream_index_bytes(n) + 4) >= n * 4;
+  return entries * (index_width(n) + 4) >= n * 4;
 }
 
 struct Stream {
@@ -28,14 +28,15 @@ struct Stream {
   std::vector<float> val;          // sparse: one per index; dense: n
 
   std::uint64_t entries() const { return dense ? n : idx.size(); }
-  std::size_t wire_bytes() const;
+  std::size_t wire_bytes_bound() const;  // serialize's output is at most this long
 };
 
 // acc = acc + other (same n), switching to dense by the byte rule.
 void merge_into(Stream& acc, const Stream& other);
 
-// Wire form: u64 header (bit 63: dense; low bits: entry count), then for a sparse stream the
-// indices (4 or 8 bytes each, by n) and for both the float32 values.
+// Wire form (docs/wire-format.md, "Streams"): u64 header (bit 63: dense; low bits: entry
+// count), the float32 values, and for a sparse stream its indices packed as gaps
+// (compressors/index_pack.hpp) to the end.
 void serialize(const Stream& s, std::vector<std::byte>& out);
 // Checks sizes and index order; throws Error(bad_payload).
 void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out);

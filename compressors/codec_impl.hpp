@@ -31,6 +31,11 @@ class CodecImpl {
   virtual CodecProperties properties() const = 0;
   virtual std::size_t selected(std::size_t /*n*/) const { return 0; }
   virtual std::size_t max_bytes(std::size_t n) const = 0;
+  // The bytes to expect from a payload of `entries` entries (sparse codecs; the others:
+  // max_bytes), for the cost model before any payload exists.
+  virtual std::size_t expected_bytes(std::size_t n, std::size_t /*entries*/) const {
+    return max_bytes(n);
+  }
   virtual CodecParams params() const { return {}; }
 
   // Writes the payload of x[0..n) into out[0..cap) and returns its size. Throws Error.
@@ -60,6 +65,8 @@ struct CodecEntry {
   void (*validate_layout)(const Payload& p);
 };
 
+// Every family's entry, in wire-id order (registry.cpp).
+const std::vector<const CodecEntry*>& codec_entries();
 const CodecEntry* find_codec(CodecKind kind) noexcept;
 const CodecEntry* find_codec(std::string_view name) noexcept;
 
@@ -75,7 +82,18 @@ const CodecEntry& terngrad_entry();
 const CodecEntry& sign_entry();
 
 // The entries of a parsed sparse payload (sparse.cpp); throws for other codecs or bad payloads.
-void read_sparse_entries(const Payload& p, SparseEntries& out);
+// own: a payload this process just encoded, whose values need no second check.
+void read_sparse_entries(const Payload& p, SparseEntries& out, bool own = false);
+
+// For the payloads a collective just encoded on this rank: decode_add and sparse_entries
+// without validating them a second time (the encoder checked the input; codec.cpp).
+void decode_add_own(std::span<const std::byte> payload, std::span<float> acc, float alpha);
+void sparse_entries_own(std::span<const std::byte> payload, SparseEntries& out);
+// Its entry count alone, from the parameters (the layout checked, not the sections).
+std::uint64_t sparse_nnz(const Payload& p);
+
+// n, or Error(invalid_argument) naming `what` when n is above kMaxElements.
+std::size_t checked_count(std::size_t n, const char* what);
 
 // Throws Error(buffer_too_small) when need > cap.
 void require_capacity(std::size_t need, std::size_t cap);

@@ -1,11 +1,17 @@
-// Non-finite input reports (see nonfinite.hpp).
+// Non-finite input: the reports (see nonfinite.hpp), and the public check_finite and
+// copy_checked.
 #include "nonfinite.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "bytes.hpp"
+#include "chunks.hpp"
+#include "gcomp/codec.hpp"
+#include "kernels.hpp"
+#include "parallel.hpp"
 #include "gcomp/error.hpp"
 
 namespace gcomp::detail {
@@ -51,3 +57,44 @@ void throw_nonfinite_sum(const float* x, const float* e, std::size_t n) {
 }
 
 }  // namespace gcomp::detail
+
+namespace gcomp {
+
+// The public checks (gcomp/codec.hpp): chunked over the threads, the first bad element named.
+void check_finite(std::span<const float> x, std::span<const float> residual) {
+  if (!residual.empty() && residual.size() != x.size()) {
+    throw Error(Status::invalid_argument, "residual of " + std::to_string(residual.size()) +
+                                              " elements for an input of " +
+                                              std::to_string(x.size()));
+  }
+  std::atomic<bool> bad{false};
+  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
+    const bool hit = residual.empty()
+                         ? detail::any_nonfinite(x.data() + b, e - b)
+                         : detail::any_nonfinite_sum(x.data() + b, residual.data() + b, e - b);
+    if (hit) bad.store(true, std::memory_order_relaxed);
+  });
+  if (!bad.load()) return;
+  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
+  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+}
+
+void copy_checked(std::span<const float> x, std::span<const float> residual, std::span<float> out) {
+  if ((!residual.empty() && residual.size() != x.size()) || out.size() != x.size()) {
+    throw Error(Status::invalid_argument, "copy_checked: sizes differ");
+  }
+  std::atomic<bool> bad{false};
+  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
+    const bool hit =
+        residual.empty()
+            ? detail::encode_f32(x.data() + b, nullptr, e - b,
+                                 reinterpret_cast<std::byte*>(out.data() + b), nullptr)
+            : detail::add_checked(x.data() + b, residual.data() + b, e - b, out.data() + b);
+    if (hit) bad.store(true, std::memory_order_relaxed);
+  });
+  if (!bad.load()) return;
+  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
+  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+}
+
+}  // namespace gcomp

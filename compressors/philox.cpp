@@ -171,3 +171,19 @@ void philox_fill(const PhiloxStream& s, std::uint64_t first, std::size_t count,
 }
 
 }  // namespace gcomp::detail
+
+namespace gcomp {
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
+                          std::uint64_t rank) noexcept {
+  // Two Philox4x32-10 calls: the seed keys a draw over the rank, which keys a draw over
+  // (tensor, step); every input bit reaches the result.
+  r123::Philox4x32 rng;
+  const auto lo = [](std::uint64_t v) { return static_cast<std::uint32_t>(v); };
+  const auto hi = [](std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); };
+  const auto k = rng({{lo(rank), hi(rank), 0x67636d70u, 0}}, {{lo(seed), hi(seed)}});
+  const auto r = rng({{lo(tensor), hi(tensor), lo(step), hi(step)}}, {{k[0], k[1]}});
+  return (static_cast<std::uint64_t>(r[1]) << 32) | r[0];
+}
+
+}  // namespace gcomp

@@ -1,12 +1,13 @@
 // The sparse codecs: top-k (the k largest |x|), random-k (k indices drawn from the seed) and
 // threshold (every |x| >= tau). All three send (index, value) pairs with indices strictly
 // ascending; they share the payload layout (docs/wire-format.md):
-//   params: u8 values (0 = fp32, 1 = fp16), u8 index bytes (4 if n <= 2^32, else 8),
-//           6 zero bytes, u64 nnz
-//   sections: nnz indices, nnz values
+//   params: u8 values (0 = fp32, 1 = fp16), u8 index format (version 2: 0, the indices packed
+//           as gaps; version 1: the index bytes, 4 if n <= 2^32, else 8), 6 zero bytes, u64 nnz
+//   sections: nnz indices (version 2: packed, index_pack.hpp), nnz values
 // Error feedback never decodes in full: e = v everywhere, then at each sent index
 // e = v - sent (zero for fp32 values).
 #include <atomic>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "chunks.hpp"
 #include "codec_impl.hpp"
 #include "half.hpp"
+#include "index_pack.hpp"
 #include "kernels.hpp"
 #include "nonfinite.hpp"
 #include "philox.hpp"
@@ -27,10 +29,24 @@ namespace {
 enum class Mode { topk, randomk, threshold };
 constexpr std::uint8_t kValuesF32 = 0;
 constexpr std::uint8_t kValuesF16 = 1;
+constexpr std::uint8_t kPackedIndices = 0;  // version 2's index format
+constexpr std::size_t kSparseHeader = header_bytes(Layout{16, 2});
 
-constexpr std::size_t index_bytes_for(std::uint64_t n) {
-  return n <= (std::uint64_t{1} << 32) ? 4 : 8;
+// The bytes to expect for `entries` indices below n when packed: gaps averaging
+// (n - entries) / entries take their bit width and two more (the largest of 128 such gaps),
+// capped at the widest gap; none at all when every index is taken; and a width byte per 128.
+std::size_t expected_packed_bytes(std::uint64_t entries, std::uint64_t n) {
+  if (entries == 0) return 0;
+  const auto widest = static_cast<std::uint64_t>(std::bit_width(n - 1));
+  const std::uint64_t mean_gap = (n - entries) / entries;
+  const std::uint64_t w =
+      mean_gap == 0 ? 0
+                    : std::min<std::uint64_t>(
+                          widest, static_cast<std::uint64_t>(std::bit_width(mean_gap)) + 2);
+  return static_cast<std::size_t>((entries * w + 7) / 8 + (entries + kIndexBlock - 1) / kIndexBlock);
 }
+
+
 
 // ---- key sources for select_top (see select.hpp) ----
 
@@ -134,13 +150,15 @@ class SparseCodec final : public CodecImpl {
     return static_cast<std::size_t>(std::min<std::uint64_t>(k, n));
   }
 
-  std::size_t entry_bytes(std::size_t n) const {
-    return index_bytes_for(n) + (fp16_values ? 2 : 4);
+  std::size_t value_bytes() const { return fp16_values ? 2 : 4; }
+  // The most a payload of nnz entries can take (the indices' worst packing).
+  std::size_t payload_bound(std::size_t n, std::size_t nnz) const {
+    return kSparseHeader + packed_indices_bound(nnz, n) + nnz * value_bytes();
   }
-  std::size_t payload_bytes(std::size_t n, std::size_t nnz) const {
-    return header_bytes(Layout{16, 2}) + nnz * entry_bytes(n);
+  std::size_t max_bytes(std::size_t n) const override { return payload_bound(n, selected(n)); }
+  std::size_t expected_bytes(std::size_t n, std::size_t entries) const override {
+    return kSparseHeader + expected_packed_bytes(entries, n) + entries * value_bytes();
   }
-  std::size_t max_bytes(std::size_t n) const override { return payload_bytes(n, selected(n)); }
   CodecParams params() const override {
     CodecParams p;
     p.tau = tau;
@@ -174,11 +192,8 @@ class SparseCodec final : public CodecImpl {
       if (e_old) throw_nonfinite_sum(x, e_old, n);
       throw_nonfinite(x, n);
     }
-    const std::size_t nnz = idx.size();
-    const std::size_t need = payload_bytes(n, nnz);
-    require_capacity(need, cap);
-    emit(e_old ? e_new : x, n, idx, out, e_old ? e_new : nullptr);
-    return need;
+    require_capacity(payload_bound(n, idx.size()), cap);
+    return emit(e_old ? e_new : x, n, idx, out, e_old ? e_new : nullptr);
   }
 
  private:
@@ -215,30 +230,27 @@ class SparseCodec final : public CodecImpl {
     return bad.load();
   }
 
-  // Writes the payload for the selected indices; with error feedback (ef != nullptr, holding v)
-  // sets ef[i] = v[i] - sent[i] at the sent indices.
-  void emit(const float* v, std::size_t n, const std::vector<std::uint64_t>& idx, std::byte* out,
-            float* ef) const {
+  // Writes the payload for the selected indices and returns its size; with error feedback
+  // (ef != nullptr, holding v) sets ef[i] = v[i] - sent[i] at the sent indices.
+  std::size_t emit(const float* v, std::size_t n, const std::vector<std::uint64_t>& idx,
+                   std::byte* out, float* ef) const {
     const std::size_t nnz = idx.size();
-    const std::size_t ib = index_bytes_for(n);
-    const std::size_t vb = fp16_values ? 2 : 4;
+    const std::size_t vb = value_bytes();
     std::byte params[16] = {};
     params[0] = std::byte{fp16_values ? kValuesF16 : kValuesF32};
-    params[1] = static_cast<std::byte>(ib);
+    params[1] = std::byte{kPackedIndices};
     store_le<std::uint64_t>(params + 8, nnz);
-    std::byte* data = write_header(out, kind_id, n, params, {nnz * ib, nnz * vb});
-    std::byte* ip = data;
-    std::byte* vp = data + nnz * ib;
+    // The sections first (the packed indices' length is known only once packed), the header
+    // after.
+    std::byte* ip = out + kSparseHeader;
+    const std::size_t packed = pack_indices(idx.data(), nnz, ip);
+    std::byte* vp = ip + packed;
+    write_header(out, kind_id, n, params, {packed, nnz * vb});
     const float mul = (mode == Mode::randomk && scale && nnz > 0)
                           ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
                           : 1.0f;
     for (std::size_t j = 0; j < nnz; ++j) {
       const std::uint64_t i = idx[j];
-      if (ib == 4) {
-        store_le<std::uint32_t>(ip + 4 * j, static_cast<std::uint32_t>(i));
-      } else {
-        store_le<std::uint64_t>(ip + 8 * j, i);
-      }
       float val = v[i];
       if (mul != 1.0f) {
         val = val * mul;
@@ -254,6 +266,7 @@ class SparseCodec final : public CodecImpl {
       }
       if (ef) ef[i] = v[i] - sent;
     }
+    return kSparseHeader + packed + nnz * vb;
   }
 };
 
@@ -284,14 +297,19 @@ std::unique_ptr<CodecImpl> make_sparse(SpecReader& spec, Mode mode, CodecKind ki
 void validate_sparse_layout(const Payload& p) {
   const std::byte* pr = p.params;
   const auto values = static_cast<std::uint8_t>(pr[0]);
-  const auto ib = static_cast<std::uint8_t>(pr[1]);
+  const auto format = static_cast<std::uint8_t>(pr[1]);
   const auto nnz = load_le<std::uint64_t>(pr + 8);
   if (values != kValuesF32 && values != kValuesF16) {
     bad_payload("unknown value type " + std::to_string(values));
   }
-  if (ib != index_bytes_for(p.n)) {
-    bad_payload("index width " + std::to_string(ib) + " bytes, expected " +
-                std::to_string(index_bytes_for(p.n)) + " for " + std::to_string(p.n) + " elements");
+  if (p.version == 1 && format != index_width(p.n)) {
+    bad_payload("index width " + std::to_string(format) + " bytes, expected " +
+                std::to_string(index_width(p.n)) + " for " + std::to_string(p.n) + " elements");
+  }
+  if (p.version >= 2 && format != kPackedIndices) {
+    bad_payload("index format " + std::to_string(format) + ", expected " +
+                std::to_string(kPackedIndices) + " (packed gaps) in version " +
+                std::to_string(p.version));
   }
   for (int i = 2; i < 8; ++i) {
     if (pr[i] != std::byte{0})
@@ -302,39 +320,57 @@ void validate_sparse_layout(const Payload& p) {
   }
   const std::uint64_t vb = values == kValuesF16 ? 2 : 4;
   // Divide, never multiply: a huge nnz must not wrap around to a plausible section length.
-  if (p.sections[0].size % ib != 0 || p.sections[0].size / ib != nnz ||
-      p.sections[1].size % vb != 0 || p.sections[1].size / vb != nnz) {
+  const bool indices_fit =
+      p.version == 1
+          ? p.sections[0].size % format == 0 && p.sections[0].size / format == nnz
+          : p.sections[0].size >= (nnz + kIndexBlock - 1) / kIndexBlock &&
+                p.sections[0].size <= packed_indices_bound(nnz, p.n);
+  if (!indices_fit || p.sections[1].size % vb != 0 || p.sections[1].size / vb != nnz) {
     bad_payload("sections of " + std::to_string(p.sections[0].size) + " and " +
                 std::to_string(p.sections[1].size) + " bytes do not hold " + std::to_string(nnz) +
                 " entries");
   }
 }
 
-void validate_sparse(const Payload& p) {
-  validate_sparse_layout(p);
-  const auto ib = static_cast<std::uint8_t>(p.params[1]);
+// The indices of a payload whose layout is valid, checked (in range, strictly increasing; for
+// version 2 every packing rule) into idx.
+void read_indices(const Payload& p, std::vector<std::uint64_t>& idx) {
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
-  const std::uint64_t vb = static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? 2 : 4;
+  idx.resize(nnz);
   const std::byte* ip = p.sections[0].data;
-  const std::byte* vp = p.sections[1].data;
-  // The fast checks first (kernels.hpp); only a bad payload is searched for what is wrong.
-  if (indices_valid(ip, nnz, ib, p.n) && !any_inf_bits(vp, nnz, vb, vb == 4 ? kInfBits : 0x7c00u)) {
+  if (p.version >= 2) {
+    try {
+      unpack_indices({ip, static_cast<std::size_t>(p.sections[0].size)}, nnz, p.n, idx.data());
+    } catch (const Error& e) {
+      bad_payload(e.what());
+    }
     return;
   }
-  std::uint64_t prev = 0;
+  const auto ib = static_cast<std::uint8_t>(p.params[1]);
   for (std::uint64_t j = 0; j < nnz; ++j) {
-    const std::uint64_t i =
-        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
-    if (i >= p.n) {
-      bad_payload("index " + std::to_string(i) + " (entry " + std::to_string(j) +
+    idx[j] = ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
+  }
+  // The fast check first (kernels.hpp); only a bad payload is searched for what is wrong.
+  if (indices_valid(ip, nnz, ib, p.n)) return;
+  for (std::uint64_t j = 0; j < nnz; ++j) {
+    if (idx[j] >= p.n) {
+      bad_payload("index " + std::to_string(idx[j]) + " (entry " + std::to_string(j) +
                   ") is out of range for " + std::to_string(p.n) + " elements");
     }
-    if (j > 0 && i <= prev) {
+    if (j > 0 && idx[j] <= idx[j - 1]) {
       bad_payload("indices not strictly increasing at entry " + std::to_string(j) + " (" +
-                  std::to_string(prev) + " then " + std::to_string(i) + ")");
+                  std::to_string(idx[j - 1]) + " then " + std::to_string(idx[j]) + ")");
     }
-    prev = i;
   }
+}
+
+void validate_sparse(const Payload& p) {
+  validate_sparse_layout(p);
+  read_indices(p, scratch_vector<std::uint64_t, 8>());
+  const auto nnz = load_le<std::uint64_t>(p.params + 8);
+  const std::uint64_t vb = static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? 2 : 4;
+  const std::byte* vp = p.sections[1].data;
+  if (!any_inf_bits(vp, nnz, vb, vb == 4 ? kInfBits : 0x7c00u)) return;
   for (std::uint64_t j = 0; j < nnz; ++j) {
     const bool finite = vb == 4 ? (load_le<std::uint32_t>(vp + 4 * j) & kInfBits) != kInfBits
                                 : half_is_finite(load_le<std::uint16_t>(vp + 2 * j));
@@ -344,15 +380,29 @@ void validate_sparse(const Payload& p) {
 
 void decode_add_sparse(const Payload& p, float* acc, float alpha) {
   const bool f16 = static_cast<std::uint8_t>(p.params[0]) == kValuesF16;
-  const auto ib = static_cast<std::uint8_t>(p.params[1]);
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
-  const std::byte* ip = p.sections[0].data;
-  scatter_add(acc, ip, p.sections[1].data, static_cast<std::size_t>(nnz), ib, f16, alpha);
+  const std::byte* vp = p.sections[1].data;
+  if (p.version == 1) {
+    const auto ib = static_cast<std::uint8_t>(p.params[1]);
+    scatter_add(acc, p.sections[0].data, vp, static_cast<std::size_t>(nnz), ib, f16, alpha);
+    return;
+  }
+  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
+  read_indices(p, idx);
+  for (std::uint64_t j = 0; j < nnz; ++j) {
+    const float v =
+        f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
+    acc[idx[j]] += alpha * v;
+  }
 }
 
 std::string describe_sparse(const Payload& p) {
-  return "nnz=" + std::to_string(load_le<std::uint64_t>(p.params + 8)) + ",index=u" +
-         std::to_string(8 * static_cast<int>(p.params[1])) +
+  std::string index = "packed";
+  if (p.version == 1) {
+    index = "u";
+    index += std::to_string(8 * static_cast<int>(p.params[1]));
+  }
+  return "nnz=" + std::to_string(load_le<std::uint64_t>(p.params + 8)) + ",index=" + index +
          ",values=" + (static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? "fp16" : "fp32");
 }
 
@@ -373,23 +423,32 @@ const std::vector<SpecKey> kRatioKeys = {
 
 }  // namespace
 
-void read_sparse_entries(const Payload& p, SparseEntries& out) {
+std::uint64_t sparse_nnz(const Payload& p) {
+  if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk && p.kind != CodecKind::threshold) {
+    throw Error(Status::invalid_argument,
+                std::string("sparse_nnz: a ") + codec_name(p.kind) + " payload is not sparse");
+  }
+  validate_sparse_layout(p);
+  return load_le<std::uint64_t>(p.params + 8);
+}
+
+void read_sparse_entries(const Payload& p, SparseEntries& out, bool own) {
   if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk && p.kind != CodecKind::threshold) {
     throw Error(Status::invalid_argument,
                 std::string("sparse_entries: a ") + codec_name(p.kind) + " payload is not sparse");
   }
-  validate_sparse(p);
+  if (own) {
+    validate_sparse_layout(p);  // the header only: read_indices needs it
+  } else {
+    validate_sparse(p);
+  }
   const bool f16 = static_cast<std::uint8_t>(p.params[0]) == kValuesF16;
-  const auto ib = static_cast<std::uint8_t>(p.params[1]);
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
-  const std::byte* ip = p.sections[0].data;
   const std::byte* vp = p.sections[1].data;
   out.elements = p.n;
-  out.indices.resize(nnz);
+  read_indices(p, out.indices);
   out.values.resize(nnz);
   for (std::uint64_t j = 0; j < nnz; ++j) {
-    out.indices[j] =
-        ib == 4 ? load_le<std::uint32_t>(ip + 4 * j) : load_le<std::uint64_t>(ip + 8 * j);
     out.values[j] =
         f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
   }

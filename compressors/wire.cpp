@@ -86,11 +86,10 @@ Payload parse_payload_head(const std::byte* head, std::size_t size) {
   }
   Payload p;
   p.version = static_cast<int>(b[4]);
-  if (p.version != kWireVersion) {
+  if (p.version < kOldestWireVersion || p.version > kWireVersion) {
     bad_payload("format version " + std::to_string(p.version) +
-                " is not supported (this build "
-                "reads version " +
-                std::to_string(kWireVersion) + ")");
+                " is not supported (this build reads versions " +
+                std::to_string(kOldestWireVersion) + " to " + std::to_string(kWireVersion) + ")");
   }
   const auto id = static_cast<std::uint8_t>(b[5]);
   Layout l{};

@@ -2,7 +2,7 @@
 //
 //   offset  size    field
 //   0       4       magic "GCMP"
-//   4       1       format version (1)
+//   4       1       format version (2; 1 is still read: docs/wire-format.md)
 //   5       1       codec id (gcomp::CodecKind)
 //   6       1       P = parameter bytes (fixed per codec and version)
 //   7       1       S = number of sections (fixed per codec and version)
@@ -26,7 +26,10 @@
 
 namespace gcomp::detail {
 
-inline constexpr std::uint8_t kWireVersion = 1;
+// Written by the encoders; read: kOldestWireVersion..kWireVersion. Version 2 packs the sparse
+// codecs' indices as gaps (index_pack.hpp); everything else is as in version 1.
+inline constexpr std::uint8_t kWireVersion = 2;
+inline constexpr std::uint8_t kOldestWireVersion = 1;
 inline constexpr std::size_t kFixedHeader = 16;
 inline constexpr std::size_t kMaxSections = 2;
 

@@ -12,11 +12,16 @@
 // equal to T are needed, one more pass finds the
 // index of the last one to take (`cut`), so that the selection is the pure predicate
 // key > T || (key == T && i <= cut). CUB's DeviceSelect::If compacts the indices that satisfy it,
-// in ascending order; a last kernel writes the indices and values and, with error feedback,
-// v - sent at the sent entries (the first pass has left v in e_new everywhere).
+// in ascending order. The indices are then packed as gaps in blocks of 128 (the payload's
+// version 2, compressors/index_pack.hpp): one thread per block finds its width, a scan places
+// the blocks, one thread per block writes its bytes; a last kernel writes the values and, with
+// error feedback, v - sent at the sent entries (the first pass has left v in e_new everywhere).
+// Decoding a version 2 payload unpacks and checks its indices on the host (the CPU's code and
+// messages) and hands them to the version 1 kernels.
 //
 // Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
 #include <cooperative_groups.h>
+#include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -26,6 +31,7 @@
 
 #include "bytes.hpp"
 #include "codecs.cuh"
+#include "index_pack.hpp"
 
 namespace gcomp::cuda::detail {
 
@@ -249,7 +255,69 @@ struct Pick {
   }
 };
 
-// Indices and values of the selected entries; with error feedback ef[i] = v[i] - sent.
+// ---- packing the indices (index_pack.hpp) ----
+
+constexpr std::size_t kBlock = gcomp::detail::kIndexBlock;
+
+// Per block of 128 indices: its width (the bit width of its largest gap) and its bytes.
+template <class Index>
+__global__ void block_width_kernel(const Index* __restrict__ idx, std::size_t nnz,
+                                   unsigned char* __restrict__ widths,
+                                   unsigned long long* __restrict__ bytes) {
+  const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
+  GCOMP_GRID_LOOP(b, blocks) {
+    const std::size_t first = b * kBlock;
+    const std::size_t end = first + kBlock < nnz ? first + kBlock : nnz;
+    unsigned long long any = 0;
+    for (std::size_t j = first; j < end; ++j) {
+      const unsigned long long prev_plus_one =
+          j == 0 ? 0ull : static_cast<unsigned long long>(idx[j - 1]) + 1;
+      any |= static_cast<unsigned long long>(idx[j]) - prev_plus_one;
+    }
+    const unsigned w = any == 0 ? 0u : 64u - static_cast<unsigned>(__clzll(any));
+    widths[b] = static_cast<unsigned char>(w);
+    bytes[b] = 1 + ((end - first) * w + 7) / 8;
+  }
+}
+
+// Per block: its width byte at its offset, then its gaps at w bits each, least significant
+// first; each block owns its bytes.
+template <class Index>
+__global__ void pack_kernel(const Index* __restrict__ idx, std::size_t nnz,
+                            const unsigned char* __restrict__ widths,
+                            const unsigned long long* __restrict__ offsets,
+                            unsigned char* __restrict__ out) {
+  const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
+  GCOMP_GRID_LOOP(b, blocks) {
+    const std::size_t first = b * kBlock;
+    const std::size_t end = first + kBlock < nnz ? first + kBlock : nnz;
+    const unsigned w = widths[b];
+    unsigned char* p = out + offsets[b];
+    *p++ = static_cast<unsigned char>(w);
+    unsigned cur = 0, pending = 0;  // the partial byte and its bits
+    for (std::size_t j = first; j < end; ++j) {
+      const unsigned long long prev_plus_one =
+          j == 0 ? 0ull : static_cast<unsigned long long>(idx[j - 1]) + 1;
+      unsigned long long g = static_cast<unsigned long long>(idx[j]) - prev_plus_one;
+      for (unsigned left = w; left > 0;) {
+        const unsigned take = left < 8 - pending ? left : 8 - pending;
+        cur |= static_cast<unsigned>(g & ((1ull << take) - 1)) << pending;
+        g >>= take;
+        pending += take;
+        left -= take;
+        if (pending == 8) {
+          *p++ = static_cast<unsigned char>(cur);
+          cur = 0;
+          pending = 0;
+        }
+      }
+    }
+    if (pending > 0) *p = static_cast<unsigned char>(cur);
+  }
+}
+
+// The values of the selected entries (and, index_bytes 4 or 8, their indices as in version 1;
+// 0: none); with error feedback ef[i] = v[i] - sent.
 template <class Index>
 __global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long long* count_dev,
                             std::size_t count_host, const float* v, float* ef, int index_bytes,
@@ -260,7 +328,7 @@ __global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long l
     const std::uint64_t i = idx[j];
     if (index_bytes == 4) {
       store_u32(ip + 4 * j, static_cast<std::uint32_t>(i));
-    } else {
+    } else if (index_bytes == 8) {
       store_u32(ip + 8 * j, static_cast<std::uint32_t>(i));
       store_u32(ip + 8 * j + 4, static_cast<std::uint32_t>(i >> 32));
     }
@@ -365,6 +433,17 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
       ranked ? std::min(n, std::max(n / 16, std::size_t{1} << 20)) : 0;
   size.take<Index>(cand_capacity);
   size.take<unsigned long long>(1);
+  // The packing: per block of 128 indices a width, its bytes and its offset (a CUB scan).
+  const std::size_t max_blocks = std::max<std::size_t>(1, (k + kBlock - 1) / kBlock);
+  std::size_t scan_bytes = 0;
+  GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+                                           static_cast<unsigned long long*>(nullptr),
+                                           static_cast<unsigned long long*>(nullptr),
+                                           static_cast<int>(max_blocks), s));
+  size.take<unsigned char>(max_blocks);
+  size.take<unsigned long long>(max_blocks);
+  size.take<unsigned long long>(max_blocks);
+  size.take<unsigned char>(scan_bytes);
   Carve carve(c.ws->reserve(size.bytes()));
   unsigned long long* hist = carve.take<unsigned long long>(kBins);
   st = carve.take<SelectState>(1);
@@ -374,6 +453,10 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   void* cub_temp = carve.take<unsigned char>(cub_bytes);
   Index* cand_index = carve.take<Index>(cand_capacity);
   unsigned long long* cand_count = carve.take<unsigned long long>(1);
+  unsigned char* widths = carve.take<unsigned char>(max_blocks);
+  unsigned long long* block_bytes = carve.take<unsigned long long>(max_blocks);
+  unsigned long long* block_offsets = carve.take<unsigned long long>(max_blocks);
+  void* scan_temp = carve.take<unsigned char>(scan_bytes);
   pick.st = st;
 
   c.ws->reset_report();
@@ -430,25 +513,42 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
                                       " entries instead of " + std::to_string(k));
   }
 
-  const std::size_t ib = n <= (std::uint64_t{1} << 32) ? 4 : 8;
+  // The packed indices' size: each block's width and bytes, their offsets, the total.
+  const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
+  std::size_t packed = 0;
+  if (blocks > 0) {
+    block_width_kernel<Index><<<grid_for(blocks), kThreads, 0, s>>>(idx, nnz, widths, block_bytes);
+    GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, block_bytes, block_offsets,
+                                             static_cast<int>(blocks), s));
+    GCOMP_LAUNCHED("sparse index widths");
+    unsigned long long last[2] = {0, 0};
+    GCOMP_CUDA(cudaMemcpyAsync(&last[0], block_offsets + blocks - 1, sizeof last[0],
+                               cudaMemcpyDeviceToHost, s));
+    GCOMP_CUDA(cudaMemcpyAsync(&last[1], block_bytes + blocks - 1, sizeof last[1],
+                               cudaMemcpyDeviceToHost, s));
+    GCOMP_CUDA(cudaStreamSynchronize(s));
+    packed = static_cast<std::size_t>(last[0] + last[1]);
+  }
   const std::size_t vb = cp.fp16_values ? 2 : 4;
-  const std::size_t need = gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2}) + nnz * (ib + vb);
+  const std::size_t need =
+      gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2}) + packed + nnz * vb;
   gcomp::detail::require_capacity(need, c.cap);
   std::byte params[16] = {};
   params[0] = std::byte{static_cast<unsigned char>(cp.fp16_values ? 1 : 0)};
-  params[1] = static_cast<std::byte>(ib);
+  params[1] = std::byte{0};  // packed gaps
   gcomp::detail::store_le<std::uint64_t>(params + 8, nnz);
   std::byte head[gcomp::detail::kMaxHeaderBytes];
-  const std::byte* end = gcomp::detail::write_header(head, kind, n, params, {nnz * ib, nnz * vb});
+  const std::byte* end = gcomp::detail::write_header(head, kind, n, params, {packed, nnz * vb});
   unsigned char* ip = put_header(c, reinterpret_cast<const unsigned char*>(head),
                                  static_cast<std::size_t>(end - head));
   const float mul = (mode == Mode::randomk && cp.scale && nnz > 0)
                         ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
                         : 1.0f;
   if (nnz > 0) {
+    pack_kernel<Index><<<grid_for(blocks), kThreads, 0, s>>>(idx, nnz, widths, block_offsets, ip);
     emit_kernel<Index><<<grid_for(nnz), kThreads, 0, s>>>(
-        idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, static_cast<int>(ib), cp.fp16_values,
-        mul, ip, ip + nnz * ib);
+        idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, 0, cp.fp16_values, mul, nullptr,
+        ip + packed);
     GCOMP_LAUNCHED("sparse emit");
   }
   c.ws->finish();
@@ -459,16 +559,47 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
 
 std::size_t encode_sparse(const EncodeCall& c) {
   // Indices fit 32 bits up to n = 2^32 (the largest index is n - 1).
-  if (c.n <= (std::uint64_t{1} << 32)) return encode_sparse_as<std::uint32_t>(c);
+  if (gcomp::detail::index_width(c.n) == 4) return encode_sparse_as<std::uint32_t>(c);
   return encode_sparse_as<std::uint64_t>(c);
 }
 
 void decode_sparse(const DecodeCall& d) {
   const std::uint64_t n = d.p.n;
   const bool fp16 = static_cast<std::uint8_t>(d.p.params[0]) == 1;
-  const bool wide = static_cast<std::uint8_t>(d.p.params[1]) == 8;
   const std::size_t nnz = gcomp::detail::load_le<std::uint64_t>(d.p.params + 8);
   const unsigned char* ip = d.sections[0];
+  bool wide = static_cast<std::uint8_t>(d.p.params[1]) == 8;
+  // Version 2: the packed indices come to the host, are unpacked and checked by the CPU's code
+  // (its messages), and go back to the device as version 1's 4- or 8-byte indices.
+  std::vector<unsigned char> flat;
+  if (d.p.version >= 2) {
+    std::vector<std::byte> packed(static_cast<std::size_t>(d.p.sections[0].size));
+    if (!packed.empty()) {
+      GCOMP_CUDA(cudaMemcpyAsync(packed.data(), ip, packed.size(), cudaMemcpyDeviceToHost,
+                                 d.ws->stream()));
+      GCOMP_CUDA(cudaStreamSynchronize(d.ws->stream()));
+    }
+    std::vector<std::uint64_t> idx(nnz);
+    try {
+      gcomp::detail::unpack_indices(packed, nnz, n, idx.data());
+    } catch (const Error& e) {
+      gcomp::detail::bad_payload(e.what());
+    }
+    wide = gcomp::detail::index_width(n) == 8;
+    const std::size_t ib = wide ? 8 : 4;
+    flat.resize(nnz * ib);
+    for (std::size_t j = 0; j < nnz; ++j) {
+      for (std::size_t b = 0; b < ib; ++b) {
+        flat[j * ib + b] = static_cast<unsigned char>(idx[j] >> (8 * b));
+      }
+    }
+    auto* dev = static_cast<unsigned char*>(d.ws->reserve(std::max<std::size_t>(1, flat.size())));
+    if (!flat.empty()) {
+      GCOMP_CUDA(cudaMemcpyAsync(dev, flat.data(), flat.size(), cudaMemcpyHostToDevice,
+                                 d.ws->stream()));
+    }
+    ip = dev;
+  }
   const unsigned char* vp = d.sections[1];
   const cudaStream_t s = d.ws->stream();
   d.ws->reset_report();

@@ -795,7 +795,8 @@ PYBIND11_MODULE(_gcomp, m) {
            "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
            "the codec) or one of \"dense\", \"sparse_allgather\",\n"
            "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
-           "\"compressed_reduce_scatter\". The GIL is released while it runs.")
+           "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\". The GIL is released while it\n"
+           "runs.")
       .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
            py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,

@@ -20,7 +20,8 @@ TEST(CApi, RoundTripWithErrorFeedback) {
   std::vector<unsigned char> buf(gcomp_codec_max_bytes(codec, x.size()));
   size_t written = 0;
   ASSERT_EQ(gcomp_encode(codec, x.data(), x.size(), 1, buf.data(), buf.size(), &written), GCOMP_OK);
-  EXPECT_EQ(written, buf.size());
+  EXPECT_LE(written, buf.size());  // the packed indices take what their gaps need
+  EXPECT_GT(written, 100u * 4);   // 100 float32 values at least
   std::vector<float> acc(x.size(), 0.0f);
   ASSERT_EQ(gcomp_decode_add(buf.data(), written, acc.data(), acc.size(), 1.0f), GCOMP_OK);
   int nonzero = 0;

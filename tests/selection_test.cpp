@@ -8,6 +8,7 @@
 #include <set>
 
 #include "bytes.hpp"
+#include "index_pack.hpp"
 #include "select.hpp"
 #include "test_util.hpp"
 
@@ -19,17 +20,17 @@ struct Sparse {
   std::vector<float> val;
 };
 
-// Reads a sparse payload with fp32 values through inspect() and the documented layout.
+// Reads a sparse payload with fp32 values through inspect() and the documented layout (the
+// indices packed as gaps: unpack_indices, which the format defines).
 Sparse read_sparse(const std::vector<std::byte>& p) {
   const PayloadInfo info = inspect(p);
   Sparse s;
-  const std::size_t nnz = info.sections[0] / (info.elements <= (1ull << 32) ? 4 : 8);
+  const std::size_t nnz = info.sections[1] / 4;  // fp32 values
   const std::byte* ip = p.data() + info.header_bytes;
   const std::byte* vp = ip + info.sections[0];
-  for (std::size_t j = 0; j < nnz; ++j) {
-    s.idx.push_back(detail::load_le<std::uint32_t>(ip + 4 * j));
-    if (info.sections[1] == 4 * nnz) s.val.push_back(detail::load_le<float>(vp + 4 * j));
-  }
+  s.idx.resize(nnz);
+  detail::unpack_indices({ip, info.sections[0]}, nnz, info.elements, s.idx.data());
+  for (std::size_t j = 0; j < nnz; ++j) s.val.push_back(detail::load_le<float>(vp + 4 * j));
   return s;
 }
 

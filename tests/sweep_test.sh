@@ -34,7 +34,9 @@ for r in rows:
     rec = json.load(open(os.path.join(d, "runs", "dense.json" if r is dense else "topk-1-ef.json")))
     assert abs(rec["epochs"][-1]["bytes_sent_per_rank"] - float(r["bytes_sent_per_rank"])) < 1, r
 assert abs(float(dense["reduction_vs_dense"]) - 1) < 0.01, dense
-assert 40 < float(topk["reduction_vs_dense"]) < 55, topk  # 2 ranks: the codec's 50x, less headers
+# 2 ranks: 1% at about 5.2 bytes an entry (packed indices) against 4 bytes an element, 77x, less
+# the biases sent dense and the agreements.
+assert 55 < float(topk["reduction_vs_dense"]) < 80, topk
 assert dense["ef"] == "no" and topk["ef"] == "yes"
 md = open(os.path.join(d, "sweep.md")).read()
 assert "| dense | no |" in md and "+0.00" in md, md

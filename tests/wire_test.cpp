@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "bytes.hpp"
+#include "index_pack.hpp"
 #include "test_util.hpp"
 
 namespace gcomp {
@@ -82,9 +83,18 @@ TEST_P(Wire, WrongElementCount) {
 TEST_P(Wire, UnknownVersionAndCodec) {
   const auto p = Codec(GetParam()).encode(test::normal(10, 4), 1);
   auto q = p;
-  q[4] = std::byte{2};
+  for (int version : {0, 3}) {
+    q[4] = static_cast<std::byte>(version);
+    reseal(q);
+    EXPECT_EQ(decode_status(q, 10), Status::bad_payload) << version;
+  }
+  // Version 1 differs from 2 only in the sparse codecs' indices: a dense payload relabelled 1
+  // still reads, a sparse one (packed indices where u32s belong) does not.
+  q = p;
+  q[4] = std::byte{1};
   reseal(q);
-  EXPECT_EQ(decode_status(q, 10), Status::bad_payload);
+  EXPECT_EQ(decode_status(q, 10),
+            Codec(GetParam()).properties().sparse ? Status::bad_payload : Status::ok);
   q = p;
   q[5] = std::byte{0};
   EXPECT_EQ(decode_status(q, 10), Status::bad_payload);
@@ -95,7 +105,8 @@ TEST_P(Wire, UnknownVersionAndCodec) {
 INSTANTIATE_TEST_SUITE_P(AllCodecs, Wire, ::testing::ValuesIn(test::all_specs()),
                          [](const auto& info) { return test::name_of(info.param); });
 
-// A sparse payload with chosen indices and values (fp32 values, u32 indices).
+// A version 1 sparse payload with chosen indices and values (fp32 values, u32 indices): version
+// 1 is still read.
 std::vector<std::byte> sparse_payload(std::uint64_t n, const std::vector<std::uint32_t>& idx,
                                       const std::vector<float>& val) {
   std::vector<std::byte> p(detail::header_bytes({16, 2}) + 8 * idx.size());
@@ -108,7 +119,62 @@ std::vector<std::byte> sparse_payload(std::uint64_t n, const std::vector<std::ui
     store_le<std::uint32_t>(d + 4 * j, idx[j]);
     store_le<float>(d + 4 * idx.size() + 4 * j, val[j]);
   }
+  p[4] = std::byte{1};
+  reseal(p);
   return p;
+}
+
+// A version 2 sparse payload: the indices packed as gaps (index_pack.hpp), as given.
+std::vector<std::byte> packed_payload(std::uint64_t n, const std::vector<std::byte>& packed,
+                                      const std::vector<float>& val) {
+  std::vector<std::byte> p(detail::header_bytes({16, 2}) + packed.size() + 4 * val.size());
+  std::byte params[16] = {};
+  store_le<std::uint64_t>(params + 8, val.size());
+  std::byte* d = detail::write_header(p.data(), CodecKind::topk, n, params,
+                                      {packed.size(), 4 * val.size()});
+  std::copy(packed.begin(), packed.end(), d);
+  for (std::size_t j = 0; j < val.size(); ++j) store_le<float>(d + packed.size() + 4 * j, val[j]);
+  return p;
+}
+
+std::vector<std::byte> pack(const std::vector<std::uint64_t>& idx, std::uint64_t n) {
+  std::vector<std::byte> out(detail::packed_indices_bound(idx.size(), n));
+  out.resize(detail::pack_indices(idx.data(), idx.size(), out.data()));
+  return out;
+}
+
+TEST(WireSparse, PackedIndicesAreChecked) {
+  const std::vector<float> val = {1, 2, 3};
+  // Gaps 1, 1, 26: one block of width 5, 15 bits in two bytes.
+  const auto good = pack({1, 3, 30}, 100);
+  ASSERT_EQ(good.size(), 3u);
+  EXPECT_EQ(decode_status(packed_payload(100, good, val), 100), Status::ok);
+  std::vector<float> acc(100, 0.0f);
+  decode_add(packed_payload(100, good, val), acc);
+  EXPECT_EQ(acc[1], 1.0f);
+  EXPECT_EQ(acc[3], 2.0f);
+  EXPECT_EQ(acc[30], 3.0f);
+  auto bad = good;
+  bad[2] |= std::byte{0x80};  // a padding bit
+  EXPECT_EQ(decode_status(packed_payload(100, bad, val), 100), Status::bad_payload);
+  bad = good;
+  bad[0] = std::byte{65};  // a width beyond 64
+  EXPECT_EQ(decode_status(packed_payload(100, bad, val), 100), Status::bad_payload);
+  // The last index at n.
+  EXPECT_EQ(decode_status(packed_payload(30, pack({1, 3, 30}, 31), val), 30),
+            Status::bad_payload);
+  // A section longer or shorter than its blocks.
+  bad = good;
+  bad.push_back(std::byte{0});
+  EXPECT_EQ(decode_status(packed_payload(100, bad, val), 100), Status::bad_payload);
+  bad = good;
+  bad.pop_back();
+  EXPECT_EQ(decode_status(packed_payload(100, bad, val), 100), Status::bad_payload);
+  // Version 2 takes index format 0 only.
+  auto p = packed_payload(100, good, val);
+  p[detail::kFixedHeader + 1] = std::byte{4};
+  reseal(p);
+  EXPECT_EQ(decode_status(p, 100), Status::bad_payload);
 }
 
 TEST(WireSparse, IndicesMustBeInRangeAndStrictlyIncreasing) {
@@ -196,7 +262,7 @@ TEST(WireInspect, ReportsTheHeader) {
   const auto p = Codec("qsgd:bits=8,bucket=128").encode(test::normal(1000, 6), 1);
   const PayloadInfo info = inspect(p);
   EXPECT_EQ(info.kind, CodecKind::qsgd);
-  EXPECT_EQ(info.version, 1);
+  EXPECT_EQ(info.version, 2);
   EXPECT_EQ(info.elements, 1000u);
   EXPECT_EQ(info.params, "bits=8,bucket=128,norm=l2");
   ASSERT_EQ(info.sections.size(), 2u);

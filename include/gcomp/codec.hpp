@@ -88,6 +88,10 @@ class Codec {
   // Upper bound of the bytes encode() writes for n floats. Throws Error(invalid_argument) for
   // n > kMaxElements (the bound would not fit in size_t).
   std::size_t max_bytes(std::size_t n) const;
+  // The bytes to expect from encode() for n floats of which `entries` are sent (sparse codecs,
+  // whose packed indices take what their gaps need; max_bytes(n) for the others). An estimate
+  // for cost models, not a bound.
+  std::size_t expected_bytes(std::size_t n, std::size_t entries) const;
 
   // Encodes x into out and returns the bytes written. Throws Error(buffer_too_small) when out is
   // shorter than needed (the message gives the size), Error(nonfinite) for NaN/Inf input.

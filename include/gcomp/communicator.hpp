@@ -43,6 +43,7 @@ struct ModelInput;
 namespace detail {
 struct DeviceStage;
 class AutoLearner;
+class RegionMemory;
 }  // namespace detail
 
 enum class Algorithm : int {
@@ -53,8 +54,9 @@ enum class Algorithm : int {
   sparse_split,               // SparCML SSAR/DSAR_Split_allgather
   allgather,                  // allgatherv of any codec's payloads, decode_add each
   compressed_reduce_scatter,  // encode chunks, all-to-all, reduce + re-encode, allgather
+  sparse_reduce_scatter,      // regions all-to-all, owners keep a global top-k, allgather
 };
-inline constexpr int kAlgorithmCount = 7;
+inline constexpr int kAlgorithmCount = 8;
 
 // "auto", "dense", "sparse_allgather", ...
 const char* algorithm_name(Algorithm a) noexcept;
@@ -256,6 +258,7 @@ class Communicator {
   // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
   std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
   std::unique_ptr<detail::DeviceStage> stage_;  // device staging for device tensors
+  std::unique_ptr<detail::RegionMemory> regions_;  // sparse_reduce_scatter's, per tensor
   CallStats last_;
   TotalStats total_;
 };

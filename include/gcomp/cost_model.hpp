@@ -35,6 +35,10 @@ inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity()
 // does not apply to the codec, and for Algorithm::automatic.
 std::array<double, kAlgorithmCount> predict(const ModelInput& in);
 
+// Predicted bytes sent per rank by each algorithm (the largest rank's; the agreement aside);
+// kNotApplicable where an algorithm does not apply.
+std::array<double, kAlgorithmCount> predict_bytes(const ModelInput& in);
+
 // A plain float32 allreduce of x (+ e), the codec skipped.
 double predict_uncompressed(const ModelInput& in);
 
@@ -52,6 +56,13 @@ Choice choose_auto(const ModelInput& in);
 ComputeModel measure_compute(const Codec& codec, std::size_t n = std::size_t{1} << 18);
 // Only the codec-independent parts (reduce, merge), measured the same way.
 ComputeModel measure_reduce_and_merge();
+
+// This rank's measurement of the network among comm's ranks (collective; docs/algorithms.md,
+// "The network"): alpha from a ping-pong between pairs of ranks, each pair on two hosts where
+// comm spans several; beta with every rank sending to the next at once; beta_one with one flow
+// alone; beta_all from an all-to-all; beta_allreduce fitted to MPI's allreduce. A Communicator
+// measures it when made and agrees the ranks' numbers by MAX.
+NetworkModel measure_network(MPI_Comm comm);
 
 // A network model for a switched network of the given link rate (bits per second) and latency,
 // for extrapolation: beta = beta_all = 8 / rate (full bisection bandwidth).

@@ -269,6 +269,7 @@ TEST(CudaCodecs, CorruptPayloadsAreRejectedAndLeaveTheAccumulator) {
   struct Case {
     std::string spec;
     std::vector<std::pair<std::size_t, unsigned char>> writes;  // (offset after the header, byte)
+    bool in_values = false;  // sparse: the offsets count from the values (after the indices)
   };
   const std::vector<Case> cases = {
       {"none", {{4 * 500 + 2, 0xc0}, {4 * 500 + 3, 0x7f}}},  // a NaN value
@@ -278,14 +279,15 @@ TEST(CudaCodecs, CorruptPayloadsAreRejectedAndLeaveTheAccumulator) {
       {"sign", {{4 + 125, 0xff}}},                           // padding bits set (1001 elements)
       {"terngrad", {{4 + 10, 0x03}}},                        // code 3
       {"qsgd", {{4 * 1 + 3, 0x80}}},                         // a negative norm
-      {"topk:k=10", {{4 * 3, 0xff}, {4 * 3 + 1, 0xff}}},     // index out of range
-      {"topk:k=10", {{4 * 5, 0x00}, {4 * 5 + 1, 0x00}, {4 * 5 + 2, 0x00}}},  // not increasing
-      {"topk:k=10", {{40 + 4 * 2 + 2, 0x80}, {40 + 4 * 2 + 3, 0x7f}}},       // an Inf value
+      {"topk:k=10", {{0, 65}}},                              // a gap width beyond 64 bits
+      {"topk:k=10", {{0, 16}}},                              // a block past the section's end
+      {"topk:k=10", {{4 * 2 + 2, 0x80}, {4 * 2 + 3, 0x7f}}, true},  // an Inf value
   };
   for (const Case& k : cases) {
     const Codec c(k.spec);
     std::vector<std::byte> p = c.encode(x, 2);
-    const std::size_t head = gcomp::inspect(p).header_bytes;
+    const gcomp::PayloadInfo info = gcomp::inspect(p);
+    const std::size_t head = info.header_bytes + (k.in_values ? info.sections[0] : 0);
     for (const auto& [at, value] : k.writes) p[head + at] = static_cast<std::byte>(value);
     std::vector<float> acc(x.size(), 1.5f);
     Status cpu = Status::ok;

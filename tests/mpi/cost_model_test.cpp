@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
+
+#include "algorithm_table.hpp"
+#include "network.hpp"
+#include "gcomp/error.hpp"
 
 namespace gcomp {
 namespace {
@@ -48,6 +53,103 @@ TEST(CostModel, AllreduceCostPerByteGrowsBeyondTheCaches) {
   EXPECT_NEAR(dense(1 << 26), 2e-9, 1e-15);
   in.network.beta_allreduce_large = 0;
   EXPECT_NEAR(dense(1 << 26), 1e-9, 1e-15);
+}
+
+}  // namespace
+}  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// The algorithm table: one row per algorithm, in the order of gcomp::Algorithm, each name
+// parsed back to its algorithm, and auto weighing exactly the algorithms that suit the codec.
+TEST(AlgorithmTable, RowsFollowTheEnumAndAutoWeighsWhatSuits) {
+  const auto rows = detail::algorithm_rows();
+  ASSERT_EQ(rows.size(), static_cast<std::size_t>(kAlgorithmCount - 1));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(static_cast<int>(rows[i]->id), static_cast<int>(i) + 1) << rows[i]->name;
+    EXPECT_EQ(&detail::algorithm_row(rows[i]->id), rows[i]);
+    EXPECT_STREQ(algorithm_name(rows[i]->id), rows[i]->name);
+    EXPECT_EQ(parse_algorithm(rows[i]->name), rows[i]->id);
+    EXPECT_NE(rows[i]->predict, nullptr);
+    EXPECT_NE(rows[i]->bytes, nullptr);
+    EXPECT_NE(rows[i]->run, nullptr);
+  }
+  EXPECT_EQ(parse_algorithm("auto"), Algorithm::automatic);
+  EXPECT_THROW(parse_algorithm("ring"), Error);
+  ModelInput none, dense_codec, sparse_codec;
+  none.codec_none = true;
+  sparse_codec.sparse = true;
+  const auto weighed = [](const ModelInput& in) {
+    std::vector<Algorithm> a;
+    for (int i = 0; i < kAlgorithmCount; ++i) {
+      if (auto_candidate(static_cast<Algorithm>(i), in)) a.push_back(static_cast<Algorithm>(i));
+    }
+    return a;
+  };
+  EXPECT_EQ(weighed(none), std::vector<Algorithm>{Algorithm::dense});
+  EXPECT_EQ(weighed(dense_codec),
+            (std::vector<Algorithm>{Algorithm::dense, Algorithm::allgather,
+                                    Algorithm::compressed_reduce_scatter}));
+  EXPECT_EQ(weighed(sparse_codec),
+            (std::vector<Algorithm>{Algorithm::dense, Algorithm::sparse_allgather,
+                                    Algorithm::sparse_recursive_doubling,
+                                    Algorithm::sparse_split}));
+  // sparse_reduce_scatter (a global top-k) only where error feedback keeps what it leaves out.
+  sparse_codec.error_feedback = true;
+  EXPECT_EQ(weighed(sparse_codec),
+            (std::vector<Algorithm>{Algorithm::dense, Algorithm::sparse_allgather,
+                                    Algorithm::sparse_recursive_doubling,
+                                    Algorithm::sparse_split, Algorithm::sparse_reduce_scatter}));
+  // The sparse-only rows have no prediction for a dense codec.
+  const auto t = predict(dense_codec);
+  EXPECT_EQ(t[static_cast<int>(Algorithm::sparse_split)], kNotApplicable);
+  EXPECT_EQ(t[static_cast<int>(Algorithm::automatic)], kNotApplicable);
+}
+
+}  // namespace
+}  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// alpha's ping-pong pairs span two hosts wherever there are several.
+TEST(NetworkMeasurement, PairsSpanHosts) {
+  const auto pairs = [](std::vector<int> host_of) { return detail::deal_over_hosts(host_of); };
+  EXPECT_EQ(pairs({0, 0, 0, 0}), (std::vector<int>{0, 1, 2, 3}));                    // one host
+  EXPECT_EQ(pairs({0, 0, 0, 0, 4, 4, 4, 4}), (std::vector<int>{0, 4, 1, 5, 2, 6, 3, 7}));  // blocks
+  EXPECT_EQ(pairs({0, 1, 0, 1}), (std::vector<int>{0, 1, 2, 3}));  // round-robin placement
+  EXPECT_EQ(pairs({0, 0, 0, 3, 3}), (std::vector<int>{0, 3, 1, 4, 2}));  // uneven: 2 unpaired
+}
+
+}  // namespace
+}  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// The model's bytes per rank for top-k 1% of 16M floats: sparse_reduce_scatter's stay near
+// 2.1 k entries whatever P (the O(P) reports aside), while the union-based algorithms grow.
+TEST(CostModel, SparseReduceScatterBytesDoNotGrowWithRanks) {
+  ModelInput in;
+  in.n = 16777216;
+  in.sparse = true;
+  in.sent = 167772;
+  in.payload_bytes = 52 + in.sent * 8;
+  in.network = network_for_rate(1e10, 5e-6);
+  const auto bytes = [&](int p, Algorithm a) {
+    in.ranks = p;
+    return predict_bytes(in)[static_cast<int>(a)];
+  };
+  const double two = bytes(2, Algorithm::sparse_reduce_scatter);
+  const double five = bytes(5, Algorithm::sparse_reduce_scatter);
+  const double many = bytes(1024, Algorithm::sparse_reduce_scatter);
+  // (P-1)/P k 8 + (P-1) (1.1 k / P 8 + 96 + 16) + 16 (P-1): at P = 2, 0.5 k 8 + 0.55 k 8 + 128.
+  EXPECT_NEAR(two, 0.5 * in.sent * 8 + 0.55 * in.sent * 8 + 128, 1.0);
+  EXPECT_LT(many, 2.1 * in.sent * 8 + 128 * 1023 + 1.0);
+  EXPECT_LT(five / two, 1.75);  // 0.8 + 0.88 against 0.5 + 0.55 k entries
+  EXPECT_GT(bytes(64, Algorithm::sparse_split), 4 * many);
+  EXPECT_GT(bytes(64, Algorithm::sparse_allgather), 20 * many);
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+// The agreement (agreement.hpp).
+#include "agreement.hpp"
+
+#include "mpi_util.hpp"
+
+namespace gcomp::detail {
+
+namespace {
+constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
+constexpr int kAgreementWords = sizeof(Agreement) / 8;
+}  // namespace
+
+void Agreement::seal(std::uint64_t signature) {
+  sig = signature & k63;
+  not_sig = k63 & ~sig;
+}
+
+void Agreement::fail(Status status, int rank) {
+  not_fail = k63 & ~((static_cast<std::uint64_t>(status) << 32) | static_cast<std::uint32_t>(rank));
+}
+
+bool Agreement::same_signature() const { return sig == (k63 & ~not_sig); }
+
+void Agreement::seal_regions(std::uint64_t signature) {
+  regions = signature & k63;
+  not_regions = k63 & ~regions;
+}
+
+bool Agreement::same_regions() const { return regions == (k63 & ~not_regions); }
+
+Status Agreement::failed_status() const { return static_cast<Status>((k63 & ~not_fail) >> 32); }
+
+int Agreement::failed_rank() const { return static_cast<int>((k63 & ~not_fail) & 0xffffffffu); }
+
+Agreement agree(MPI_Comm comm, const Agreement& mine) {
+  Agreement all{};
+  allreduce(&mine, &all, kAgreementWords, MPI_INT64_T, MPI_MAX, comm);
+  return all;
+}
+
+}  // namespace gcomp::detail

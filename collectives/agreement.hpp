@@ -1,0 +1,60 @@
+// The agreement: the one small allreduce before every collective (communicator.cpp, step 2).
+// Every rank contributes an Agreement; MPI_MAX over int64 gives every rank the same combined one,
+// from which each learns whether all agree on the call (a hash), whether any rank failed (and
+// the first that did), the largest payload, and the slowest codec speeds.
+//
+// Every field is combined with MPI_MAX on int64 (a built-in operation MPICH runs on its fast
+// path) and kept in [0, 2^63): Debian's MPICH 4.0.2 compares MPI_UINT64_T as signed in MPI_MAX.
+// The fields: a 63-bit hash and its 63-bit complement (their maxima are each other's complements
+// iff all ranks hold the same hash), the complement of the first failure (status << 32 | rank,
+// so the MAX of the complement is the MIN of the failure; zero when the rank is fine), and the
+// maxima of the payload sizes and of the codec speeds (non-negative doubles order like their
+// bits, whose top bit is zero).
+#pragma once
+
+#include <mpi.h>
+
+#include <bit>
+#include <cstdint>
+#include <string>
+
+#include "gcomp/error.hpp"
+
+namespace gcomp::detail {
+
+struct Agreement {
+  std::uint64_t sig;
+  std::uint64_t not_sig;
+  std::uint64_t not_fail;
+  std::uint64_t sent;             // entries a sparse payload holds
+  std::uint64_t bytes;            // whole-tensor payload bytes
+  std::uint64_t encode;           // the codec's encode seconds per element (double bits)
+  std::uint64_t decode;           // decode seconds per element or entry (double bits)
+  std::uint64_t learned_key;      // the previous call's (codec, size, algorithm) key
+  std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
+  std::uint64_t regions;          // a hash of sparse_reduce_scatter's memory of the tensor
+  std::uint64_t not_regions;
+
+  // This rank's hash of what must agree.
+  void seal(std::uint64_t signature);
+  // This rank cannot take part: it failed with `status`.
+  void fail(Status status, int rank);
+  bool same_signature() const;
+  // The sparse_reduce_scatter memory (SparseRegions::signature) this rank holds.
+  void seal_regions(std::uint64_t signature);
+  bool same_regions() const;
+  bool any_failed() const { return not_fail != 0; }
+  // The first failure: the lowest status, then the lowest rank.
+  Status failed_status() const;
+  int failed_rank() const;
+};
+static_assert(sizeof(Agreement) % 8 == 0);
+
+// Non-negative doubles as fields (their bits order as they do), and back.
+inline std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(v > 0 ? v : 0.0); }
+inline double bitsd(std::uint64_t v) { return std::bit_cast<double>(v); }
+
+// The MAX allreduce of every rank's Agreement.
+Agreement agree(MPI_Comm comm, const Agreement& mine);
+
+}  // namespace gcomp::detail

@@ -1,0 +1,118 @@
+// Auto's side of the Communicator: the codec speeds it measures per (spec, size class), the
+// cost model's input for a call, and the choice among the algorithms (the model's first, then
+// what the learner measured; collectives/learner.hpp, docs/algorithms.md "Learning from its own
+// calls").
+#include <algorithm>
+#include <bit>
+#include <string>
+
+#include "auto_choice.hpp"
+#include "codec_impl.hpp"
+#include "fnv.hpp"
+#include "learner.hpp"
+#include "stream.hpp"
+
+namespace gcomp {
+
+using detail::Fnv;
+using detail::calibration_key;
+using detail::default_bytes;
+using detail::default_sent;
+using detail::model_input;
+
+ComputeModel Timing::codec_speeds(const Codec& codec, std::size_t n) {
+  return measure_compute(codec, n);
+}
+ComputeModel Timing::shared_speeds() { return measure_reduce_and_merge(); }
+double Timing::call_seconds(const Codec&, std::size_t, Choice, double wall) { return wall; }
+
+namespace detail {
+
+std::uint64_t calibration_key(const Codec& codec, std::size_t n) {
+  const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 24));
+  return Fnv{}.add(codec.spec()).add(static_cast<std::uint64_t>(log2n)).h;
+}
+
+ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, std::uint64_t bytes,
+                       int ranks, const NetworkModel& net, const ComputeModel& compute,
+                       bool average, bool ef) {
+  ModelInput in;
+  in.n = static_cast<double>(n);
+  in.ranks = ranks;
+  in.network = net;
+  in.compute = compute;
+  in.codec_none = codec.kind() == CodecKind::none;
+  in.error_feedback = ef;
+  in.sparse = codec.properties().sparse;
+  in.shared_support = codec.kind() == CodecKind::randomk;
+  in.sent = static_cast<double>(sent);
+  in.payload_bytes = static_cast<double>(bytes);
+  in.value_bytes = codec.impl().params().fp16_values ? 2 : 4;
+  in.average = average;
+  return in;
+}
+
+std::uint64_t default_sent(const Codec& codec, std::size_t n) {
+  return codec.properties().sparse ? codec.selected(n) : 0;
+}
+
+std::uint64_t default_bytes(const Codec& codec, std::size_t n, std::uint64_t sent) {
+  return codec.expected_bytes(n, static_cast<std::size_t>(sent));
+}
+
+}  // namespace detail
+
+ComputeModel Communicator::with_shared_speeds(ComputeModel c) const {
+  c.reduce = reduce_speed_;
+  c.merge = merge_speed_;
+  return c;
+}
+
+ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
+  const std::uint64_t key = calibration_key(codec, n);
+  auto it = calibrated_.find(key);
+  if (it == calibrated_.end()) it = calibrated_.emplace(key, timing_->codec_speeds(codec, n)).first;
+  return with_shared_speeds(it->second);
+}
+
+std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, std::size_t n,
+                                                          std::size_t sent) {
+  const std::uint64_t s = sent ? sent : default_sent(codec, n);
+  return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
+                                    compute_model(codec, n), false, false));
+}
+
+double Communicator::predict_uncompressed(std::size_t n) {
+  static const Codec none("none");
+  return gcomp::predict_uncompressed(
+      model_input(none, n, 0, 4 * n, size_, network_, compute_model(none, n), false, false));
+}
+
+Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
+                                    bool with_pending) const {
+  const auto t = gcomp::predict(in);
+  std::array<detail::Option, kAlgorithmCount + 1> options;
+  std::size_t m = 0;
+  options[m++] = {{Algorithm::dense, true}, t[static_cast<int>(Algorithm::dense)]};
+  for (int a = 2; a < kAlgorithmCount; ++a) {
+    if (auto_candidate(static_cast<Algorithm>(a), in)) {
+      options[m++] = {{static_cast<Algorithm>(a), true}, t[a]};
+    }
+  }
+  if (in.allow_uncompressed && !in.codec_none) {
+    options[m++] = {{Algorithm::dense, false}, gcomp::predict_uncompressed(in)};
+  }
+  return learner_->choose(group, std::span<const detail::Option>(options.data(), m),
+                          with_pending ? pending_key_ : 0, pending_seconds_);
+}
+
+Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
+                            bool allow_uncompressed) {
+  const std::uint64_t s = sent ? sent : default_sent(codec, n);
+  ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
+                              compute_model(codec, n), false, false);
+  in.allow_uncompressed = allow_uncompressed;
+  return choose_learned(detail::AutoLearner::group_of(codec.spec(), n), in);
+}
+
+}  // namespace gcomp

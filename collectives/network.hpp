@@ -1,0 +1,15 @@
+// The network measurement's pairing (network.cpp), exposed for its test.
+#pragma once
+
+#include <span>
+#include <vector>
+
+namespace gcomp::detail {
+
+// The ranks dealt round-robin over their hosts (host_of[r]: a host's name, a rank number below
+// host_of.size(); hosts in order of their first rank, each host's ranks in order). Paired as
+// dealt, (dealt[0], dealt[1]), (dealt[2], dealt[3]), ..., each pair spans two hosts wherever
+// there are several; on one host the pairs are (0, 1), (2, 3), ...
+std::vector<int> deal_over_hosts(std::span<const int> host_of);
+
+}  // namespace gcomp::detail

@@ -1,0 +1,388 @@
+// sparse_reduce_scatter: a sparse allreduce whose bytes per rank do not grow with P, after
+// Ok-Topk (Li and Hoefler, PPoPP 2022). The result is the sum over ranks at the k indices of
+// largest |sum| (k: the most entries any rank sent, the codec's k for top-k), not the sum over
+// the union of the ranks' selections: a global top-k.
+//
+//   1. Regions: the index range is cut into P regions, region j owned by rank j, balanced by
+//      where the ranks' selections fell in this tensor's previous call (its owners report the
+//      quartiles of what they received; equal regions on a first call). Every rank derives the
+//      same boundaries from the same gathered data, and the agreement checks that they do.
+//   2. Sparse reduce-scatter: each rank sends the entries of region j to rank j (all-to-all);
+//      owner j sums its P pieces in rank order (sparse merges; dense past SparCML's byte rule).
+//   3. Global re-selection by a shared threshold: owner j keeps the entries of its region with
+//      |sum| >= theta. theta is the previous call's estimate, set to keep about 1.1 k entries;
+//      on a first call (or after the ranks' estimates differed) the owners' histograms of
+//      |sum| (1/8 octave bins) are summed in one allreduce and theta is the edge of the bin
+//      where 1.1 k is reached.
+//   4. Allgather of the kept entries (with each owner's quartiles and a histogram of what it
+//      held back just below theta). Where fewer than k came (the sums shrank since theta was
+//      set), a second allgather brings what the owners held back down to where their
+//      histograms reach 1.1 k. Every rank then holds the same K >= k entries (or the whole
+//      union, where it is smaller) and keeps the k largest (|sum|, then the lower index): the
+//      result is exactly the global top-k of the sums. The next theta is the 1.1 k-th largest
+//      |sum| gathered.
+//
+// Error feedback: each rank's residual takes back its own contribution at every index that was
+// not kept (where the result is zero), so the sum of the results and of all residuals is the sum
+// of the inputs. Without error feedback the contributions at dropped indices are lost, as with
+// any sparsifier.
+//
+// Schedule: 1 all-to-all (each rank sends its k entries outside its own region, (P-1)/P k
+// entries, and 8 bytes per peer), 1 allgatherv (each rank sends its kept entries, about 1.1 k /
+// P, and 96 bytes of report, to P-1 ranks), and on a first call one allreduce of 16 KiB. Bytes
+// per rank: about 2.1 k (P-1)/P entries + 104 (P-1) bytes, for any P.
+#include "sparse_reduce_scatter.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "algorithm_table.hpp"
+#include "fnv.hpp"
+#include "gcomp/error.hpp"
+#include "model_terms.hpp"
+#include "stream.hpp"
+
+namespace gcomp::detail {
+
+namespace {
+
+constexpr int kQuartiles = 3;     // the points owners report between their region's ends
+constexpr int kBelow = 16;        // half-octave bins of |sum| just below theta
+constexpr double kAim = 1.1;      // theta aims at kAim * k kept entries
+constexpr int kHistShift = 20;    // first-call histogram bin: the float bits of |sum| >> 20
+constexpr std::size_t kHistBins = std::size_t{1} << (31 - kHistShift);
+
+// What each owner reports beside its kept entries.
+struct Report {
+  std::uint64_t received;            // entries it received (with multiplicity)
+  std::uint64_t points[kQuartiles];  // the indices at 1/4, 2/4, 3/4 of them
+  std::uint32_t below[kBelow];       // |sum| in [theta 2^-(i+1)/2, theta 2^-i/2), not kept
+};
+static_assert(sizeof(Report) == 96);
+
+[[noreturn]] void bad_report(const std::string& why) {
+  throw Error(Status::bad_payload, "bad sparse_reduce_scatter report from a peer: " + why);
+}
+
+// The boundaries whose regions hold equal shares of the received entries, from the owners'
+// reports: a piecewise-linear count over [0, n) through each region's ends and quartiles.
+std::vector<std::uint64_t> balanced_bounds(const std::vector<std::uint64_t>& old,
+                                           const std::vector<Report>& reports, std::uint64_t n) {
+  const std::size_t p = reports.size();
+  std::vector<double> x, y;  // the count's knots: position, entries before it
+  x.reserve(p * (kQuartiles + 2));
+  y.reserve(x.capacity());
+  double total = 0;
+  for (std::size_t j = 0; j < p; ++j) {
+    const double m = static_cast<double>(reports[j].received);
+    x.push_back(static_cast<double>(old[j]));
+    y.push_back(total);
+    for (int q = 0; q < kQuartiles; ++q) {
+      x.push_back(static_cast<double>(reports[j].points[q]));
+      y.push_back(total + m * (q + 1) / (kQuartiles + 1));
+    }
+    total += m;
+  }
+  x.push_back(static_cast<double>(n));
+  y.push_back(total);
+  if (total <= 0) return even_bounds(n, p);
+  std::vector<std::uint64_t> b(p + 1);
+  b[0] = 0;
+  b[p] = n;
+  std::size_t k = 1;
+  for (std::size_t j = 1; j < p; ++j) {
+    const double want = total * static_cast<double>(j) / static_cast<double>(p);
+    while (k + 1 < y.size() && y[k] < want) ++k;
+    const double dy = y[k] - y[k - 1];
+    const double at = dy > 0 ? x[k - 1] + (x[k] - x[k - 1]) * (want - y[k - 1]) / dy : x[k];
+    b[j] = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(std::llround(at)), b[j - 1], n);
+  }
+  return b;
+}
+
+// |v|'s bin in the first-call histogram, and a bin's lower edge.
+std::size_t hist_bin(float v) { return std::bit_cast<std::uint32_t>(std::fabs(v)) >> kHistShift; }
+double bin_edge(std::size_t bin) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bin << kHistShift));
+}
+
+template <class F>
+void for_each_entry(const Stream& s, F&& f) {
+  if (s.dense) {
+    for (std::uint64_t i = 0; i < s.n; ++i) f(i, s.val[i]);
+  } else {
+    for (std::size_t j = 0; j < s.idx.size(); ++j) f(s.idx[j], s.val[j]);
+  }
+}
+
+// A gathered entry, ordered by |sum| descending, then index ascending: a strict total order, so
+// every rank cuts the same k.
+struct Ranked {
+  float mag;
+  std::uint64_t idx;
+  bool operator<(const Ranked& o) const { return mag > o.mag || (mag == o.mag && idx < o.idx); }
+};
+
+}  // namespace
+
+std::uint64_t SparseRegions::signature() const {
+  if (bound.empty() && threshold == 0) return 0;
+  Fnv h;
+  for (std::uint64_t b : bound) h.add(b);
+  return h.add(std::bit_cast<std::uint64_t>(threshold)).h | 1;
+}
+
+SparseRegions& RegionMemory::of(std::uint64_t key) {
+  if (map_.size() >= 4096 && !map_.contains(key)) map_.clear();  // bounded: forget them all
+  return map_[key];
+}
+
+void run_sparse_reduce_scatter(Job& job) {
+  encode_whole(job);
+  thread_local Stream s;
+  payload_stream(job, s);
+  const std::uint64_t n = job.out.size();
+  const auto p = static_cast<std::uint64_t>(job.size);
+  const auto me = static_cast<std::size_t>(job.rank);
+  SparseRegions fresh;
+  SparseRegions& memory = job.regions ? *job.regions : fresh;
+  const std::vector<std::uint64_t> bound =
+      memory.bound.size() == p + 1 && memory.bound[p] == n ? memory.bound : even_bounds(n, p);
+  const std::uint64_t k = std::min<std::uint64_t>(job.agreed_sent, n);
+  const auto aim = static_cast<std::uint64_t>(std::ceil(kAim * static_cast<double>(k)));
+
+  // 2. The all-to-all of the regions' entries, and the owner's sum.
+  auto& from = scratch_vector<std::vector<std::byte>, 131>();
+  exchange_parts(job, s, bound, from);
+
+  double start = now();
+  const std::uint64_t lo = bound[me], len = bound[me + 1] - bound[me];
+  thread_local Stream acc, piece;
+  Report report{};
+  thread_local std::vector<std::uint64_t> positions;
+  positions.clear();
+  bool any_dense = false;
+  for (std::size_t r = 0; r < p; ++r) {
+    deserialize(from[r], len, r == 0 ? acc : piece);
+    const Stream& got = r == 0 ? acc : piece;
+    report.received += got.entries();
+    if (got.dense) {
+      any_dense = true;
+    } else if (!any_dense) {
+      positions.insert(positions.end(), got.idx.begin(), got.idx.end());
+    }
+    if (r > 0) merge_into(acc, piece);
+  }
+  for (int q = 0; q < kQuartiles; ++q) {
+    std::uint64_t at = lo + len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
+    if (!any_dense && !positions.empty()) {
+      const auto nth = positions.begin() + static_cast<std::ptrdiff_t>(
+                                                positions.size() * static_cast<std::size_t>(q + 1) /
+                                                (kQuartiles + 1));
+      std::nth_element(positions.begin(), nth, positions.end());
+      at = lo + *nth;
+    }
+    report.points[q] = at;
+  }
+  job.decode_seconds += now() - start;
+
+  // 3. The threshold: the remembered one, or from the summed histograms.
+  double theta = memory.threshold;
+  if (!(theta > 0)) {
+    start = now();
+    thread_local std::vector<std::uint64_t> hist, sum;
+    hist.assign(kHistBins, 0);
+    for_each_entry(acc, [&](std::uint64_t, float v) {
+      if (v != 0 && std::isfinite(v)) ++hist[hist_bin(v)];
+    });
+    sum.resize(kHistBins);
+    job.decode_seconds += now() - start;
+    start = now();
+    allreduce(hist.data(), sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T, MPI_SUM,
+              job.comm);
+    const std::uint64_t volume = 2 * (p - 1) * 8 * kHistBins / p;
+    job.traffic.sent += volume;
+    job.traffic.received += volume;
+    job.traffic.seconds += now() - start;
+    theta = std::numeric_limits<float>::denorm_min();  // fewer than aim in all: keep every one
+    std::uint64_t above = 0;
+    for (std::size_t b = kHistBins; b-- > 0;) {
+      above += sum[b];
+      if (above >= aim) {
+        theta = std::max<double>(bin_edge(b), std::numeric_limits<float>::denorm_min());
+        break;
+      }
+    }
+  }
+
+  // The owner's kept entries and its report.
+  start = now();
+  thread_local Stream kept;
+  kept.n = len;
+  kept.dense = false;
+  kept.idx.clear();
+  kept.val.clear();
+  for_each_entry(acc, [&](std::uint64_t i, float v) {
+    const double m = std::fabs(static_cast<double>(v));
+    if (v == 0) return;
+    if (m >= theta || !std::isfinite(v)) {  // a non-finite sum is kept: every rank throws
+      kept.idx.push_back(i);
+      kept.val.push_back(v);
+    } else {
+      const int bin = static_cast<int>(std::floor(-2.0 * std::log2(m / theta)));
+      if (bin >= 0 && bin < kBelow) ++report.below[bin];
+    }
+  });
+  std::vector<std::byte>& mine = scratch_vector<std::byte, 132>();
+  thread_local std::vector<std::byte> entries;
+  serialize(kept, entries);
+  mine.resize(sizeof(Report) + entries.size());
+  std::memcpy(mine.data(), &report, sizeof(Report));
+  std::memcpy(mine.data() + sizeof(Report), entries.data(), entries.size());
+  job.decode_seconds += now() - start;
+
+  // 4. The allgather; every rank reads the same K entries and cuts the same k.
+  thread_local Gathered all;
+  allgatherv_bytes(job.comm, mine, all, job.traffic);
+  start = now();
+  std::vector<Report> reports(p);
+  thread_local std::vector<Ranked> ranked;
+  ranked.clear();
+  std::fill(job.out.begin(), job.out.end(), 0.0f);
+  // Owner j's kept entries into the result (entries beyond the k-th are zeroed below).
+  const auto take = [&](std::span<const std::byte> bytes, std::uint64_t j) {
+    deserialize(bytes, bound[j + 1] - bound[j], piece);
+    if (piece.dense) bad_report("dense kept entries");
+    for (std::size_t e = 0; e < piece.idx.size(); ++e) {
+      const float v = piece.val[e];
+      const std::uint64_t i = bound[j] + piece.idx[e];
+      if (!std::isfinite(v)) {  // every rank holds the same entries: every rank throws
+        throw Error(Status::nonfinite,
+                    "the sum over ranks is not finite at element " + std::to_string(i) +
+                        " (the ranks' finite contributions overflow float32; "
+                        "sparse_reduce_scatter)");
+      }
+      ranked.push_back({std::fabs(v), i});
+      job.out[i] = v;
+    }
+  };
+  for (std::uint64_t j = 0; j < p; ++j) {
+    const auto got = all.of(static_cast<int>(j));
+    if (got.size() < sizeof(Report)) bad_report("shorter than its header");
+    std::memcpy(&reports[j], got.data(), sizeof(Report));
+    for (std::uint64_t point : reports[j].points) {
+      if (point < bound[j] || point > bound[j + 1]) bad_report("a point outside its region");
+    }
+    take(got.subspan(sizeof(Report)), j);
+  }
+  // Fewer than k above the remembered threshold (the sums shrank since): a second allgather of
+  // what the owners held back, down to where their histograms of it reach 1.1 k (or all of it,
+  // beyond the histograms' 8 octaves). Every rank sees the same counts and takes this branch
+  // alike; the result is then the global top-k as on a first call.
+  bool sent_all = theta <= std::numeric_limits<float>::denorm_min();
+  if (ranked.size() < k && !sent_all) {
+    double lower = std::numeric_limits<float>::denorm_min();
+    std::uint64_t count = ranked.size();
+    for (int b = 0; b < kBelow; ++b) {
+      for (const Report& r : reports) count += r.below[b];
+      if (count >= aim) {
+        lower = theta * std::exp2(-(b + 1) / 2.0);
+        break;
+      }
+    }
+    sent_all = lower <= std::numeric_limits<float>::denorm_min();
+    kept.idx.clear();
+    kept.val.clear();
+    for_each_entry(acc, [&](std::uint64_t i, float v) {
+      const double m = std::fabs(static_cast<double>(v));
+      if (v != 0 && m < theta && m >= lower) {
+        kept.idx.push_back(i);
+        kept.val.push_back(v);
+      }
+    });
+    serialize(kept, mine);
+    job.decode_seconds += now() - start;
+    allgatherv_bytes(job.comm, mine, all, job.traffic);
+    start = now();
+    for (std::uint64_t j = 0; j < p; ++j) take(all.of(static_cast<int>(j)), j);
+    theta = lower;
+    for (Report& r : reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
+  }
+  const std::uint64_t gathered = ranked.size();
+  // The next threshold: the 1.1 k-th largest gathered; else from the held-back histograms; else
+  // (everything was sent, fewer than 1.1 k in all) keep everything next time too.
+  double next_theta = 0;
+  if (aim > 0 && gathered >= aim) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(aim - 1),
+                     ranked.end());
+    next_theta = ranked[aim - 1].mag;
+  } else if (sent_all) {
+    next_theta = std::numeric_limits<float>::denorm_min();
+  } else {
+    std::uint64_t count = gathered;
+    for (int b = 0; b < kBelow && next_theta == 0; ++b) {
+      for (const Report& r : reports) count += r.below[b];
+      if (count >= aim) next_theta = theta * std::exp2(-(b + 1) / 2.0);
+    }
+  }
+  if (gathered > k) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
+                     ranked.end());
+    for (std::size_t e = k; e < ranked.size(); ++e) job.out[ranked[e].idx] = 0.0f;
+  }
+  // Error feedback: this rank's own contribution returns where nothing was kept.
+  if (job.ef) {
+    for_each_entry(s, [&](std::uint64_t i, float v) {
+      if (job.out[i] == 0.0f) job.ef_next[i] += v;
+    });
+  }
+  // The next call's regions and threshold, the same on every rank.
+  if (job.regions) {
+    job.regions->bound = balanced_bounds(bound, reports, n);
+    job.regions->threshold = next_theta > 0 && std::isfinite(next_theta) ? next_theta : 0.0;
+  }
+  job.decode_seconds += now() - start;
+  finish_average(job);
+}
+
+namespace {
+
+// The all-to-all of the ranks' entries (as sparse_split), the owners' merges and selection, the
+// allgatherv of about kAim k / P entries per owner, the cut to k, the residual's return.
+double predict_sparse_reduce_scatter(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  const double n = in.n, p = in.ranks;
+  const auto& c = in.compute;
+  const double entry = stream_entry_bytes(in);
+  const double kept = std::min(kAim * in.sent, n) / p;
+  const double merges =
+      std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
+  return l.encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
+         t_allgatherv(in, sizeof(Report) + 8 + kept * entry) + kept * p * c.merge +
+         (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out + l.average;
+}
+
+// The regions out, the kept entries (with the reports) to every rank.
+double bytes_sparse_reduce_scatter(const ModelInput& in) {
+  const double n = in.n, p = in.ranks;
+  const double entry = stream_entry_bytes(in);
+  const double kept = std::min(kAim * in.sent, n) / p;
+  return (p - 1) / p * in.sent * entry + 16 * (p - 1) +
+         (p - 1) * (sizeof(Report) + 16 + kept * entry);
+}
+
+// Auto weighs it only with error feedback: its result is the global top-k, not the sum over the
+// union of the ranks' selections, and only error feedback keeps what it leaves out.
+bool with_error_feedback(const ModelInput& in) { return for_sparse_codecs(in) && in.error_feedback; }
+
+}  // namespace
+
+const AlgorithmRow kSparseReduceScatterRow = {
+    Algorithm::sparse_reduce_scatter, "sparse_reduce_scatter", true, with_error_feedback,
+    predict_sparse_reduce_scatter, bytes_sparse_reduce_scatter, run_sparse_reduce_scatter,
+    nullptr};
+
+}  // namespace gcomp::detail
