@@ -12,8 +12,9 @@ gcomp_qsgd4, gcomp_sign (sign + error feedback), and gcomp_topk1_sync (top-k 1% 
 allreduce forced synchronous: what overlap buys); also gcomp_topk1_layers,
 gcomp_topk1_layers_sync, gcomp_topk01_layers and gcomp_qsgd4_layers (per parameter instead of
 per DDP bucket),
-gcomp_sign_bucket (one sign scale per bucket) and gcomp_topk1_auto (top-k 1% where auto may send a
-tensor uncompressed). --network 1gbit shapes the loopback with
+gcomp_sign_bucket (one sign scale per bucket), gcomp_topk1_auto (top-k 1% where auto may send a
+tensor uncompressed), and gcomp_topk1_mc, gcomp_topk01_mc (top-k with DGC's momentum
+correction: the hook keeps the momentum, 0.9, and the optimizer is SGD without it). --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
 
@@ -58,6 +59,9 @@ GCOMP_ROWS = {
     "gcomp_qsgd4_layers": dict(codec="qsgd:bits=4", per_parameter=True, **APPLIED),
     "gcomp_sign_bucket": dict(codec="sign", per_parameter=False, **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01"),
+    # DGC's momentum correction: the momentum moves from the optimizer into the hook.
+    "gcomp_topk1_mc": dict(codec="topk:ratio=0.01", momentum=0.9, **APPLIED),
+    "gcomp_topk01_mc": dict(codec="topk:ratio=0.001", momentum=0.9, **APPLIED),
 }
 KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
 
@@ -98,7 +102,9 @@ def worker(a):
     elif a.worker in GCOMP_ROWS:
         state = gt.CompressionState(**GCOMP_ROWS[a.worker], seed=a.seed)
         model.register_comm_hook(state, gt.compression_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows.
+    in_hook = a.worker in GCOMP_ROWS and GCOMP_ROWS[a.worker].get("momentum", 0) > 0
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.0 if in_hook else 0.9)
 
     wall, steps, step_times, evals = 0.0, 0, [], []
 

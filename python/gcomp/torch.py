@@ -107,6 +107,18 @@ def _splits(codec, per_parameter):
     return name not in ("none", "fp16", "bf16", "threshold")
 
 
+def _momentum_of(momentum, error_feedback):
+    """The momentum-correction factor, checked: 0 <= momentum < 1, and only with error
+    feedback (the residual is where the velocities accumulate)."""
+    m = float(momentum)
+    if not 0.0 <= m < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), not {momentum!r}")
+    if m > 0.0 and not error_feedback:
+        raise ValueError("momentum correction needs error feedback (error_feedback=True for a "
+                         "codec whose error contracts, or \"always\")")
+    return m
+
+
 # ---- the communication thread ----
 
 
@@ -240,10 +252,46 @@ class _PerParameterFeedback:
             home = self._home[id(p)] = (gcomp.ErrorFeedback(p.numel()), 0, p.numel())
         return home[0]
 
+    def velocity(self, param):
+        """The momentum-correction velocity of one parameter (a float32 tensor), or None."""
+        return self._velocity.get(id(param))
+
+    def _accumulate_momentum(self, params, grads):
+        """Momentum correction (Lin et al., DGC), before compression: each parameter's velocity
+        u = momentum * u + g replaces its gradient g (in place), so that the error-feedback
+        residual accumulates velocities and top-k selects on them. Returns [(param, u)]."""
+        pairs = []
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                u = self._velocity.get(id(p))
+                if u is None:
+                    u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
+                else:
+                    u.mul_(self.momentum).add_(g.reshape(-1))
+                g.copy_(u.view_as(g))
+                pairs.append((p, u))
+        return pairs
+
+    def _mask_momentum(self, pairs):
+        """Momentum factor masking, after the allreduce: a parameter's velocity is zeroed where
+        its accumulated value was sent (the residual is 0 there), so that a gradient already
+        applied late does not go on pushing. A parameter sent whole (its residual all zero:
+        warm-up, a tensor auto or dense_below sent uncompressed) keeps its velocity: nothing of it
+        was delayed, and the update is plain momentum SGD."""
+        with torch.no_grad():
+            for p, u in pairs:
+                r = self.residual(p)
+                if r is None:
+                    continue
+                sent = torch.from_numpy(r) == 0
+                if not bool(sent.all()):
+                    u.masked_fill_(sent, 0.0)
+
 
 class CompressionState(_PerParameterFeedback):
     """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
-    dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True)
+    dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
+    momentum=0.0)
 
     The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
     per_parameter: True compresses each parameter's gradient in the bucket on its own (one
@@ -263,11 +311,16 @@ class CompressionState(_PerParameterFeedback):
     allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
     when that is faster, unless allow_uncompressed is False). synchronous: wait for each
     bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
+    momentum: DGC's momentum correction (0 = off). The hook keeps a velocity per parameter,
+    u = momentum * u + g, and compresses u with error feedback instead of g: the residual
+    accumulates velocities, top-k selects on them, and where a value is sent its velocity is
+    zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
+    momentum=0): the momentum is here. Needs error feedback.
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
                  dense_below=1024, seed=0, synchronous=False, per_parameter=None,
-                 allow_uncompressed=True):
+                 allow_uncompressed=True, momentum=0.0):
         self.codec = codec
         self.error_feedback = _feedback_wanted(codec, error_feedback)
         self.warmup_steps = int(warmup_steps)
@@ -278,6 +331,8 @@ class CompressionState(_PerParameterFeedback):
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
+        self.momentum = _momentum_of(momentum, self.error_feedback)
+        self._velocity = {}  # parameter id -> its velocity (momentum correction)
         self.step = 0  # completed backward passes (a bucket with is_last() ends one)
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
         self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
@@ -340,13 +395,17 @@ def compression_hook(state, bucket):
     seed = _mix(state.seed, step, index)
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
-    ef = views = efs = None
+    ef = views = efs = velocities = None
     if per_parameter and not dense:
         views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
         if state.error_feedback:
             efs = [state._feedback_of(p) for p in bucket.parameters()]
     elif state.error_feedback and not dense:
         ef = state._feedback_for(bucket)
+    if state.momentum:
+        params = bucket.parameters()
+        velocities = state._accumulate_momentum(
+            params, views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
 
     def job(comm):
         try:
@@ -364,6 +423,8 @@ def compression_hook(state, bucket):
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
         state._stats.add(comm, dense)
+        if velocities and not dense:
+            state._mask_momentum(velocities)
         return tensor
 
     if bucket.is_last():
@@ -383,7 +444,7 @@ def compression_hook(state, bucket):
 class DistributedOptimizer(_PerParameterFeedback):
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
-    synchronous=False, per_parameter=None, allow_uncompressed=True)
+    synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=0.0)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
@@ -393,13 +454,15 @@ class DistributedOptimizer(_PerParameterFeedback):
     each gradient of a bucket compressed on its own (one collective each); False, the bucket's
     gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
     feedback is per parameter, as in CompressionState (True: for the codecs whose error
-    contracts). Every other attribute (param_groups, state_dict, ...) is the wrapped
+    contracts). momentum: DGC's momentum correction, as CompressionState's (wrap an optimizer
+    without momentum). Every other attribute (param_groups, state_dict, ...) is the wrapped
     optimizer's.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
-                 seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True):
+                 seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
+                 momentum=0.0):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -422,6 +485,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
         self.allow_uncompressed = bool(allow_uncompressed)
+        self.momentum = _momentum_of(momentum, self.error_feedback)
+        self._velocity = {}  # parameter id -> its velocity (momentum correction)
         self.steps = 0
         self._names = {id(p): n for n, p in named}
         self._home = {}  # parameter id -> (its ErrorFeedback, 0, numel)
@@ -463,9 +528,11 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
                                  f"{'missing' if g is None else 'not contiguous'}")
             grads.append(g.view(-1))
-        efs = None
+        efs = velocities = None
         if self.error_feedback and not dense:
             efs = [self._feedback_of(p) for p in params]
+        if self.momentum:
+            velocities = self._accumulate_momentum(params, grads)
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
         seed = _mix(self.seed, self.steps, self._buckets)
@@ -479,6 +546,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                                    dense_below=dense_below, average=True, seed=seed,
                                    algorithm=algorithm, allow_uncompressed=allow)
             stats.add(comm, dense)
+            if velocities and not dense:
+                self._mask_momentum(velocities)
 
         fut = _engine().submit(job)
         self._pending.append(fut)

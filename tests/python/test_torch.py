@@ -369,3 +369,81 @@ def test_error_feedback_is_for_the_codecs_whose_error_contracts():
         assert gt.CompressionState(spec, error_feedback=False).error_feedback is False
     with pytest.raises(ValueError, match="error_feedback"):
         gt.CompressionState("sign", error_feedback="yes")
+
+
+def test_momentum_correction_accumulates_velocities_and_masks_what_was_sent():
+    # DGC: u = m u + g replaces g; the residual accumulates u; where a value was sent (its
+    # residual is 0 after the call), u is zeroed. Checked bit for bit on every rank: top-k's
+    # residual is (r + u) exactly where nothing was sent and 0 where it was.
+    m = 0.5
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3000, 2000)]
+    state = gt.CompressionState("topk:ratio=0.05", algorithm="sparse_allgather", dense_below=10,
+                                per_parameter=False, allow_uncompressed=False, momentum=m)
+    u_expected = [None, None]
+    r_before = [np.zeros(p.numel(), np.float32) for p in params]
+    for s in range(3):
+        g = torch.Generator().manual_seed(10 * s + rank())
+        grads = [torch.randn(p.numel(), generator=g) for p in params]
+        for p, gr in zip(params, grads):
+            p.grad = gr.clone()
+        for i, gr in enumerate(grads):
+            u_expected[i] = gr.clone() if u_expected[i] is None else u_expected[i] * m + gr
+        gt.compression_hook(state, FakeBucket(0, params, True)).wait()
+        for i, p in enumerate(params):
+            r = state.residual(p)
+            v = r_before[i] + u_expected[i].numpy()  # what top-k selected from
+            sent = r == 0
+            assert 0 < np.count_nonzero(sent) < p.numel() // 2
+            assert np.array_equal(r[~sent], v[~sent])
+            # The velocity: zero where sent, untouched where kept.
+            u = state.velocity(p)
+            assert torch.equal(u[torch.from_numpy(sent)], torch.zeros(int(sent.sum())))
+            assert torch.equal(u[torch.from_numpy(~sent)], u_expected[i][torch.from_numpy(~sent)])
+            u_expected[i] = u.clone()
+            r_before[i] = r.copy()
+
+
+def test_momentum_correction_sent_whole_is_momentum_sgd():
+    # Warm-up steps send everything: no delay, no masking, the velocity is momentum SGD's buffer.
+    m = 0.9
+    params = [torch.nn.Parameter(torch.zeros(500))]
+    state = gt.CompressionState("topk:ratio=0.01", warmup_steps=3, momentum=m)
+    u = None
+    for s in range(3):
+        g = torch.Generator().manual_seed(10 * s + rank())
+        gr = torch.randn(500, generator=g)
+        params[0].grad = gr.clone()
+        u = gr.clone() if u is None else u * m + gr
+        out = gt.compression_hook(state, FakeBucket(0, params, True)).wait()
+        assert torch.equal(state.velocity(params[0]), u)
+        # The average over ranks of their velocities: a sum of P float32 terms and a product
+        # by 1/P, off by at most (gamma_{P-1} + 2u) S with S = sum_r |u_r| / P; 4Pu bounds that.
+        us = [v.double() for v in gathered(u)]
+        mean, s_abs = sum(us) / size(), sum(v.abs() for v in us) / size()
+        assert torch.all((out.double() - mean).abs() <= 4 * size() * U * s_abs)
+    assert state.stats()["compressed"] == 0
+
+
+def test_momentum_correction_in_the_optimizer_keeps_ranks_identical():
+    m = model()
+    opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                  named_parameters=m.named_parameters(),
+                                  codec="topk:ratio=0.05", bucket_bytes=10000, momentum=0.9,
+                                  allow_uncompressed=False, algorithm="sparse_allgather")
+    train(m, opt, 4)
+    same_on_every_rank(list(m.parameters()))
+    big = [p for p in m.parameters() if p.numel() >= 1024]
+    for p in big:  # masked where sent, so partly zero, and not all
+        u = opt.velocity(p)
+        assert u is not None and 0 < int((u == 0).sum()) < p.numel()
+    assert opt.stats()["compressed"] > 0
+
+
+def test_momentum_correction_needs_error_feedback():
+    with pytest.raises(ValueError, match="error feedback"):
+        gt.CompressionState("qsgd:bits=4", momentum=0.9)
+    with pytest.raises(ValueError, match="error feedback"):
+        gt.CompressionState("topk:ratio=0.01", error_feedback=False, momentum=0.9)
+    with pytest.raises(ValueError, match="momentum"):
+        gt.CompressionState("topk:ratio=0.01", momentum=1.0)
+    assert gt.CompressionState("topk:ratio=0.01", momentum=0.9).momentum == 0.9
