@@ -10,6 +10,7 @@
 #include "codec_impl.hpp"
 #include "fnv.hpp"
 #include "learner.hpp"
+#include "mpi_util.hpp"
 #include "stream.hpp"
 
 namespace gcomp {
@@ -108,6 +109,17 @@ Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
 
 Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
                             bool allow_uncompressed) {
+  const std::uint64_t key = calibration_key(codec, n);
+  if (calibrated_.find(key) == calibrated_.end()) {
+    // Collective: the codec measured on every rank at once and the slowest rank's speeds
+    // agreed, as a call does, so that every rank's answer is the call's (a rank's own speeds
+    // can tip a near tie the other way).
+    const ComputeModel m = timing_->codec_speeds(codec, n);
+    const double speeds[2] = {m.encode, m.decode};
+    double agreed[2];
+    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, comm_);
+    calibrated_[key] = {agreed[0], agreed[1], 0, 0};
+  }
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
   ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
                               compute_model(codec, n), false, false);
