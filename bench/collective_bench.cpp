@@ -4,7 +4,7 @@
 // and rank 0 reports.
 //
 // Names: <algorithm>/<codec>/<n>, e.g. sparse_recursive_doubling/topk:ratio=0.01/16777216, and
-// mpi_allreduce/none/<n> for the peer. Counters:
+// mpi_allreduce/none/<n> for the peer; <codec>+ef: with error feedback. Counters:
 //   bytes_per_rank  bytes this rank handed to MPI (rank 0's; the stats' bytes_sent)
 //   algbw, busbw    GB/s as nccl-tests defines them: 4n / time, and algbw * 2(P-1)/P
 //   predicted_s     the cost model's time for this algorithm (with the agreed calibration)
@@ -86,21 +86,26 @@ void bm_mpi_allreduce(benchmark::State& st, std::size_t n) {
 // sees after its first steps.
 constexpr int kAutoWarmup = 16;
 
-void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n) {
+// ef: with error feedback (one ErrorFeedback across the iterations, as a training loop keeps
+// one per tensor): sparse_reduce_scatter's regions then follow the previous call's selections.
+void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n,
+              bool ef) {
   const gcomp::Codec codec(spec);
   const auto x = input(n);
   std::vector<float> out(n);
+  gcomp::ErrorFeedback memory(ef ? n : 0);
+  gcomp::ErrorFeedback* e = ef ? &memory : nullptr;
   gcomp::AllreduceOptions opt;
   opt.algorithm = alg;
   std::uint64_t seed = 1;
   // Warm up: first-use calibration, page faults; for auto, past its exploration.
   const int warm = alg == gcomp::Algorithm::automatic ? kAutoWarmup : 1;
-  for (int i = 0; i < warm; ++i) comm->allreduce(x, out, codec, nullptr, opt);
+  for (int i = 0; i < warm; ++i) comm->allreduce(x, out, codec, e, opt);
   for (auto _ : st) {
     opt.seed = seed++;
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    comm->allreduce(x, out, codec, nullptr, opt);
+    comm->allreduce(x, out, codec, e, opt);
     st.SetIterationTime(slowest(MPI_Wtime() - start));
   }
   const gcomp::Algorithm ran = comm->last_stats().algorithm;
@@ -157,7 +162,8 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
 struct Entry {
   const char* spec;
   gcomp::Algorithm alg;
-  bool target;  // needed for the network targets
+  bool target;      // needed for the network targets
+  bool ef = false;  // with error feedback (named spec+ef)
 };
 
 const Entry kEntries[] = {
@@ -178,6 +184,14 @@ const Entry kEntries[] = {
     {"topk:ratio=0.01", gcomp::Algorithm::sparse_recursive_doubling, true},
     {"topk:ratio=0.01", gcomp::Algorithm::sparse_split, true},
     {"topk:ratio=0.01", gcomp::Algorithm::dense, false},
+    // With error feedback, as training runs it: every sparse algorithm, the global top-k among
+    // them (auto weighs sparse_reduce_scatter only with error feedback).
+    {"topk:ratio=0.01", gcomp::Algorithm::automatic, true, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_allgather, true, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_recursive_doubling, true, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_split, true, true},
+    {"topk:ratio=0.01", gcomp::Algorithm::sparse_reduce_scatter, true, true},
+    {"topk:ratio=0.001", gcomp::Algorithm::sparse_reduce_scatter, false, true},
     {"topk:ratio=0.001", gcomp::Algorithm::sparse_allgather, false},
     {"topk:ratio=0.001", gcomp::Algorithm::sparse_recursive_doubling, false},
     {"topk:ratio=0.001", gcomp::Algorithm::sparse_split, false},
@@ -354,9 +368,9 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond);
       for (const Entry& e : kEntries) {
         if (targets_only && !e.target) continue;
-        const std::string name = std::string(gcomp::algorithm_name(e.alg)) + "/" + e.spec + "/" +
-                                 std::to_string(n);
-        benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(e.spec), e.alg, n)
+        const std::string name = std::string(gcomp::algorithm_name(e.alg)) + "/" + e.spec +
+                                 (e.ef ? "+ef/" : "/") + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(e.spec), e.alg, n, e.ef)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
       }

@@ -72,9 +72,23 @@ LocalTerms local_terms(const ModelInput& in) {
           in.sparse ? in.sent * c.decode : in.n * c.decode};
 }
 
-double stream_entry_bytes(const ModelInput& in) {
-  // stream entries carry float32 values; the byte rule's index width (streams pack theirs)
-  return static_cast<double>(index_width(static_cast<std::uint64_t>(in.n))) + 4;
+double stream_entry_bytes(double entries, double range) {
+  return 4 + expected_packed_index_bytes(range > 0 ? std::min(1.0, entries / range) : 1.0);
+}
+
+double stream_entry_bytes(const ModelInput& in) { return stream_entry_bytes(in.sent, in.n); }
+
+double predict_region_exchange(const ModelInput& in) {
+  const double n = in.n, p = in.ranks;
+  const auto& c = in.compute;
+  const double merges =
+      std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
+  return in.sent * c.decode + t_alltoallv(in, in.sent * stream_entry_bytes(in) + 8 * p) + merges;
+}
+
+double bytes_region_exchange(const ModelInput& in) {
+  const double p = in.ranks;
+  return (p - 1) / p * in.sent * stream_entry_bytes(in) + 16 * (p - 1);
 }
 
 }  // namespace detail

@@ -34,7 +34,16 @@ LocalTerms local_terms(const ModelInput& in);
 double predict_payload_allgather(const ModelInput& in);
 double bytes_payload_allgather(const ModelInput& in);
 
-// Bytes of one (index, value) stream entry: 4- or 8-byte indices by n, float32 values.
+// Bytes of one (index, value) stream entry: a float32 value and a packed index, whose size
+// follows the density of the stream's entries in the index range it covers
+// (expected_packed_index_bytes); without a density, the codec's sent / n.
+double stream_entry_bytes(double entries, double range);
 double stream_entry_bytes(const ModelInput& in);
+
+// The start both region algorithms share (sparse_split, sparse_reduce_scatter): each rank's
+// entries to the owners of their regions (an all-to-all, a stream head per region), decoded
+// there and merged, P pieces per owner. Seconds, and bytes sent per rank.
+double predict_region_exchange(const ModelInput& in);
+double bytes_region_exchange(const ModelInput& in);
 
 }  // namespace gcomp::detail

@@ -81,18 +81,24 @@ void run_sparse_recursive_doubling(Job& job) {
 
 namespace {
 
+// Whether a stream of `entries` of n is sent dense (goes_dense, the merge's rule), and its bytes.
+bool dense_stream(double entries, double n) {
+  return goes_dense(static_cast<std::uint64_t>(entries), static_cast<std::uint64_t>(n));
+}
+double stream_bytes(double entries, double n) {
+  return 8 + (dense_stream(entries, n) ? 4 * n : entries * stream_entry_bytes(entries, n));
+}
+
 // Rounds of whole-stream exchanges, streams growing by union.
 double predict_sparse_recursive_doubling(const ModelInput& in) {
   const LocalTerms l = local_terms(in);
   const double n = in.n, p = in.ranks;
   const auto& c = in.compute;
-  const double entry = stream_entry_bytes(in);
   int p2 = 1;
   while (p2 * 2 <= in.ranks) p2 *= 2;
   const bool fold = p2 != in.ranks;
-  const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
   const auto merge_cost = [&](double a, double b) {
-    return (a + b) * entry >= 4 * n ? n * c.reduce : (a + b) * c.merge;
+    return dense_stream(a + b, n) ? n * c.reduce : (a + b) * c.merge;
   };
   // Folding and unfolding move P - p2 messages at once, the rounds p2.
   const double fold_beta = beta_for(in, in.ranks - p2);
@@ -100,37 +106,35 @@ double predict_sparse_recursive_doubling(const ModelInput& in) {
   double total = l.encode + in.sent * c.decode + l.write_out + l.average;
   double s = in.sent;
   if (fold) {
-    total += in.network.alpha + stream_bytes(s) * fold_beta + merge_cost(s, s);
+    total += in.network.alpha + stream_bytes(s, n) * fold_beta + merge_cost(s, s);
     s = union_size(n, in.sent, 2, in.shared_support);
   }
   // m: the most contributions one rank's stream holds (2 on a folded rank), never above P.
   double m = fold ? 2 : 1;
   for (int step = 1; step < p2; step *= 2) {
-    total += in.network.alpha + stream_bytes(s) * round_beta + merge_cost(s, s);
+    total += in.network.alpha + stream_bytes(s, n) * round_beta + merge_cost(s, s);
     m = std::min(2 * m, p);
     s = union_size(n, in.sent, m, in.shared_support);
   }
-  if (fold) total += in.network.alpha + stream_bytes(s) * fold_beta;
+  if (fold) total += in.network.alpha + stream_bytes(s, n) * fold_beta;
   return total;
 }
 
 // The most a rank sends: a folded odd rank's rounds and the unfold.
 double bytes_sparse_recursive_doubling(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
-  const double entry = stream_entry_bytes(in);
   int p2 = 1;
   while (p2 * 2 <= in.ranks) p2 *= 2;
   const bool fold = p2 != in.ranks;
-  const auto stream_bytes = [&](double entries) { return 8 + std::min(entries * entry, 4 * n); };
   double total = 0;
   double s = fold ? union_size(n, in.sent, 2, in.shared_support) : in.sent;
   double m = fold ? 2 : 1;
   for (int step = 1; step < p2; step *= 2) {
-    total += stream_bytes(s);
+    total += stream_bytes(s, n);
     m = std::min(2 * m, p);
     s = union_size(n, in.sent, m, in.shared_support);
   }
-  if (fold) total += stream_bytes(s);
+  if (fold) total += stream_bytes(s, n);
   return total;
 }
 

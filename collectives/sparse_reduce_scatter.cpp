@@ -356,22 +356,19 @@ double predict_sparse_reduce_scatter(const ModelInput& in) {
   const LocalTerms l = local_terms(in);
   const double n = in.n, p = in.ranks;
   const auto& c = in.compute;
-  const double entry = stream_entry_bytes(in);
   const double kept = std::min(kAim * in.sent, n) / p;
-  const double merges =
-      std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
-  return l.encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
-         t_allgatherv(in, sizeof(Report) + 8 + kept * entry) + kept * p * c.merge +
-         (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out + l.average;
+  return l.encode + predict_region_exchange(in) +
+         t_allgatherv(in, sizeof(Report) + 8 + kept * stream_entry_bytes(kept, n / p)) +
+         kept * p * c.merge + (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out +
+         l.average;
 }
 
-// The regions out, the kept entries (with the reports) to every rank.
+// The region exchange, then the kept entries (with the reports) to every rank.
 double bytes_sparse_reduce_scatter(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
-  const double entry = stream_entry_bytes(in);
   const double kept = std::min(kAim * in.sent, n) / p;
-  return (p - 1) / p * in.sent * entry + 16 * (p - 1) +
-         (p - 1) * (sizeof(Report) + 16 + kept * entry);
+  return bytes_region_exchange(in) +
+         (p - 1) * (sizeof(Report) + 16 + kept * stream_entry_bytes(kept, n / p));
 }
 
 // Auto weighs it only with error feedback: its result is the global top-k, not the sum over the

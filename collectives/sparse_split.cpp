@@ -55,27 +55,21 @@ void run_sparse_split(Job& job) {
 
 namespace {
 
-// All-to-all of the parts, owners merge P pieces, allgather of the parts.
-double predict_sparse_split(const ModelInput& in) {
-  const LocalTerms l = local_terms(in);
+// The region exchange, then the reduced parts (the union's share of each region) to every rank.
+double part_bytes(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
-  const auto& c = in.compute;
-  const double entry = stream_entry_bytes(in);
   const double u = union_size(n, in.sent, p, in.shared_support);
-  const double part_bytes = 8 + std::min(u / p * entry, 4 * n / p);
-  const double merges =
-      std::min(in.sent * (p / 2 + 1) * c.merge, n * c.reduce + in.sent * c.merge);
-  return l.encode + in.sent * c.decode + t_alltoallv(in, in.sent * entry + 8 * p) + merges +
-         t_allgatherv(in, part_bytes) + l.write_out + l.average;
+  return 8 + std::min(u / p * stream_entry_bytes(u, n), 4 * n / p);
 }
 
-// The parts out (with their stream heads), the reduced parts to every rank.
+double predict_sparse_split(const ModelInput& in) {
+  const LocalTerms l = local_terms(in);
+  return l.encode + predict_region_exchange(in) + t_allgatherv(in, part_bytes(in)) + l.write_out +
+         l.average;
+}
+
 double bytes_sparse_split(const ModelInput& in) {
-  const double n = in.n, p = in.ranks;
-  const double entry = stream_entry_bytes(in);
-  const double u = union_size(n, in.sent, p, in.shared_support);
-  return (p - 1) / p * in.sent * entry + 16 * (p - 1) +
-         (p - 1) * (8 + std::min(u / p * entry, 4 * n / p));
+  return bytes_region_exchange(in) + (in.ranks - 1) * part_bytes(in);
 }
 
 }  // namespace

@@ -63,6 +63,10 @@ struct CodecEntry {
   // The part of validate that reads only the header and parameters (section sizes against n),
   // for payloads whose sections are in device memory; validate includes it.
   void (*validate_layout)(const Payload& p);
+  // validate then decode_add in one pass, for the families where validating does work decoding
+  // would repeat (packed sparse indices are unpacked once); nullptr where the two are separate.
+  // The layout is checked first; nothing is added to acc unless all of the payload is valid.
+  void (*validate_decode_add)(const Payload& p, float* acc, float alpha) = nullptr;
 };
 
 // Every family's entry, in wire-id order (registry.cpp).

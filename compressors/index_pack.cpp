@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -55,6 +56,21 @@ std::size_t pack_indices(const std::uint64_t* idx, std::size_t count, std::byte*
     if (bits > 0) *p++ = static_cast<std::byte>(static_cast<std::uint8_t>(acc));
   }
   return static_cast<std::size_t>(p - out);
+}
+
+double expected_packed_index_bytes(double density) noexcept {
+  if (!(density > 0)) return 8.0;  // no entries: nothing to weigh; a whole index at most
+  if (density >= 1) return 1.0 / kIndexBlock;  // every gap 0: the width byte alone
+  const double log_miss = std::log1p(-density);  // ln P(gap >= 1)
+  double width = 0;
+  for (int b = 0; b < 64; ++b) {
+    // P(gap >= 2^b) = (1 - d)^(2^b); P(the largest of a block's gaps >= 2^b):
+    const double one = std::exp(std::ldexp(log_miss, b));
+    const double any = -std::expm1(static_cast<double>(kIndexBlock) * std::log1p(-one));
+    if (any < 1e-12) break;
+    width += any;
+  }
+  return (1.0 + static_cast<double>(kIndexBlock) * width / 8.0) / kIndexBlock;
 }
 
 void unpack_indices(std::span<const std::byte> in, std::uint64_t count, std::uint64_t n,

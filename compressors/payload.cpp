@@ -20,7 +20,11 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
   detail::check_environment();
   const detail::Payload p = detail::parse_payload(payload);
   const detail::CodecEntry* e = detail::find_codec(p.kind);
-  e->validate(p);
+  if (e->validate_decode_add) {
+    e->validate_layout(p);
+  } else {
+    e->validate(p);
+  }
   if (p.n != acc.size()) {
     throw Error(Status::mismatch, "payload holds " + std::to_string(p.n) +
                                       " elements but the accumulator has " +
@@ -28,7 +32,11 @@ void decode_add(std::span<const std::byte> payload, std::span<float> acc, float 
   }
   if (acc.data() == nullptr && !acc.empty())
     throw Error(Status::invalid_argument, "accumulator is null");
-  e->decode_add(p, acc.data(), alpha);
+  if (e->validate_decode_add) {
+    e->validate_decode_add(p, acc.data(), alpha);
+  } else {
+    e->decode_add(p, acc.data(), alpha);
+  }
 }
 
 void decode_add(TensorView<const std::byte> payload, TensorView<float> acc, float alpha) {

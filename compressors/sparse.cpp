@@ -364,9 +364,10 @@ void read_indices(const Payload& p, std::vector<std::uint64_t>& idx) {
   }
 }
 
-void validate_sparse(const Payload& p) {
+// Everything of validate_sparse; the checked indices are left in idx.
+void check_sparse(const Payload& p, std::vector<std::uint64_t>& idx) {
   validate_sparse_layout(p);
-  read_indices(p, scratch_vector<std::uint64_t, 8>());
+  read_indices(p, idx);
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
   const std::uint64_t vb = static_cast<std::uint8_t>(p.params[0]) == kValuesF16 ? 2 : 4;
   const std::byte* vp = p.sections[1].data;
@@ -378,7 +379,11 @@ void validate_sparse(const Payload& p) {
   }
 }
 
-void decode_add_sparse(const Payload& p, float* acc, float alpha) {
+void validate_sparse(const Payload& p) { check_sparse(p, scratch_vector<std::uint64_t, 8>()); }
+
+// acc += alpha * the entries, with the indices of a version 2 payload already in idx.
+void scatter_entries(const Payload& p, const std::vector<std::uint64_t>& idx, float* acc,
+                     float alpha) {
   const bool f16 = static_cast<std::uint8_t>(p.params[0]) == kValuesF16;
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
   const std::byte* vp = p.sections[1].data;
@@ -387,13 +392,24 @@ void decode_add_sparse(const Payload& p, float* acc, float alpha) {
     scatter_add(acc, p.sections[0].data, vp, static_cast<std::size_t>(nnz), ib, f16, alpha);
     return;
   }
-  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
-  read_indices(p, idx);
   for (std::uint64_t j = 0; j < nnz; ++j) {
     const float v =
         f16 ? half_to_float(load_le<std::uint16_t>(vp + 2 * j)) : load_le<float>(vp + 4 * j);
     acc[idx[j]] += alpha * v;
   }
+}
+
+void decode_add_sparse(const Payload& p, float* acc, float alpha) {
+  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
+  if (p.version >= 2) read_indices(p, idx);
+  scatter_entries(p, idx, acc, alpha);
+}
+
+// validate_sparse and decode_add_sparse with the indices unpacked once.
+void validate_decode_add_sparse(const Payload& p, float* acc, float alpha) {
+  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
+  check_sparse(p, idx);
+  scatter_entries(p, idx, acc, alpha);
 }
 
 std::string describe_sparse(const Payload& p) {
@@ -439,14 +455,14 @@ void read_sparse_entries(const Payload& p, SparseEntries& out, bool own) {
   }
   if (own) {
     validate_sparse_layout(p);  // the header only: read_indices needs it
+    read_indices(p, out.indices);
   } else {
-    validate_sparse(p);
+    check_sparse(p, out.indices);  // the indices unpacked once, checked
   }
   const bool f16 = static_cast<std::uint8_t>(p.params[0]) == kValuesF16;
   const auto nnz = load_le<std::uint64_t>(p.params + 8);
   const std::byte* vp = p.sections[1].data;
   out.elements = p.n;
-  read_indices(p, out.indices);
   out.values.resize(nnz);
   for (std::uint64_t j = 0; j < nnz; ++j) {
     out.values[j] =
@@ -463,7 +479,8 @@ const CodecEntry& topk_entry() {
                             validate_sparse,
                             decode_add_sparse,
                             describe_sparse,
-                            validate_sparse_layout};
+                            validate_sparse_layout,
+                            validate_decode_add_sparse};
   return e;
 }
 const CodecEntry& randomk_entry() {
@@ -478,7 +495,8 @@ const CodecEntry& randomk_entry() {
                             validate_sparse,
                             decode_add_sparse,
                             describe_sparse,
-                            validate_sparse_layout};
+                            validate_sparse_layout,
+                            validate_decode_add_sparse};
   return e;
 }
 const CodecEntry& threshold_entry() {
@@ -490,7 +508,8 @@ const CodecEntry& threshold_entry() {
                             validate_sparse,
                             decode_add_sparse,
                             describe_sparse,
-                            validate_sparse_layout};
+                            validate_sparse_layout,
+                            validate_decode_add_sparse};
   return e;
 }
 

@@ -160,6 +160,10 @@ TEST(WireSparse, PackedIndicesAreChecked) {
   bad = good;
   bad[0] = std::byte{65};  // a width beyond 64
   EXPECT_EQ(decode_status(packed_payload(100, bad, val), 100), Status::bad_payload);
+  // A non-finite value behind valid indices (validated and decoded in one pass: nothing added).
+  EXPECT_EQ(decode_status(packed_payload(100, good, {1, std::numeric_limits<float>::quiet_NaN(), 3}),
+                          100),
+            Status::bad_payload);
   // The last index at n.
   EXPECT_EQ(decode_status(packed_payload(30, pack({1, 3, 30}, 31), val), 30),
             Status::bad_payload);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "algorithm_table.hpp"
+#include "index_pack.hpp"
 #include "network.hpp"
 #include "gcomp/error.hpp"
 
@@ -15,6 +16,9 @@ namespace gcomp {
 namespace {
 
 double union_of(double n, double k, double m) { return n * (1 - std::pow(1 - k / n, m)); }
+
+// A stream entry of m entries among n: a float32 value and a packed index.
+double entry_bytes(double m, double n) { return 4 + detail::expected_packed_index_bytes(m / n); }
 
 // Recursive doubling at 3 ranks: the fold and unfold are single messages (at beta_one), the one
 // round moves two streams at once (between beta_one and beta, at 2 of 3 flows), and the unfolded
@@ -29,9 +33,9 @@ TEST(CostModel, RecursiveDoublingFoldsAtOneFlow) {
   in.network = {0.0, 24e-9, 24e-9, 8e-9, 24e-9, 0.0};
   const auto t = predict(in);
   const double two_flows = 8e-9 + (24e-9 - 8e-9) * 0.5;
-  const double want = (8 + in.sent * 8) * 8e-9 +
-                      (8 + union_of(in.n, in.sent, 2) * 8) * two_flows +
-                      (8 + union_of(in.n, in.sent, 3) * 8) * 8e-9;
+  const auto stream = [&](double m) { return 8 + m * entry_bytes(m, in.n); };
+  const double want = stream(in.sent) * 8e-9 + stream(union_of(in.n, in.sent, 2)) * two_flows +
+                      stream(union_of(in.n, in.sent, 3)) * 8e-9;
   EXPECT_NEAR(t[static_cast<int>(Algorithm::sparse_recursive_doubling)], want, 1e-9 * want);
 }
 
@@ -144,9 +148,11 @@ TEST(CostModel, SparseReduceScatterBytesDoNotGrowWithRanks) {
   const double two = bytes(2, Algorithm::sparse_reduce_scatter);
   const double five = bytes(5, Algorithm::sparse_reduce_scatter);
   const double many = bytes(1024, Algorithm::sparse_reduce_scatter);
-  // (P-1)/P k 8 + (P-1) (1.1 k / P 8 + 96 + 16) + 16 (P-1): at P = 2, 0.5 k 8 + 0.55 k 8 + 128.
-  EXPECT_NEAR(two, 0.5 * in.sent * 8 + 0.55 * in.sent * 8 + 128, 1.0);
-  EXPECT_LT(many, 2.1 * in.sent * 8 + 128 * 1023 + 1.0);
+  // (P-1)/P k e(k) + (P-1) (1.1 k / P e'+ 96 + 16) + 16 (P-1), with e(k) the bytes of an entry
+  // among k of n (1.1 k / P of n / P for e'): at P = 2, 0.5 k e(k) + 0.55 k e(1.1 k) + 128.
+  const double k = in.sent, e = entry_bytes(k, in.n), e_kept = entry_bytes(1.1 * k, in.n);
+  EXPECT_NEAR(two, 0.5 * k * e + 0.55 * k * e_kept + 128, 1.0);
+  EXPECT_LT(many, 2.1 * k * e + 128 * 1023 + 1.0);
   EXPECT_LT(five / two, 1.75);  // 0.8 + 0.88 against 0.5 + 0.55 k entries
   EXPECT_GT(bytes(64, Algorithm::sparse_split), 4 * many);
   EXPECT_GT(bytes(64, Algorithm::sparse_allgather), 20 * many);
