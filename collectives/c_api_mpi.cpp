@@ -6,6 +6,7 @@
 #include <string>
 
 #include "c_handles.hpp"
+#include "communicator_for.hpp"
 #include "gcomp/communicator.hpp"
 #include "gcomp/gcomp_mpi.h"
 
@@ -27,6 +28,12 @@ int keyval() {
   return k;
 }
 
+gcomp_status status_of(const gcomp::Error& e) { return static_cast<gcomp_status>(e.code()); }
+
+}  // namespace
+
+namespace gcomp::detail {
+
 gcomp::Communicator& communicator_for(MPI_Comm comm) {
   void* value = nullptr;
   int found = 0;
@@ -40,9 +47,7 @@ gcomp::Communicator& communicator_for(MPI_Comm comm) {
   return *created.release();
 }
 
-gcomp_status status_of(const gcomp::Error& e) { return static_cast<gcomp_status>(e.code()); }
-
-}  // namespace
+}  // namespace gcomp::detail
 
 extern "C" {
 
@@ -57,7 +62,7 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
     return set_last_error(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_allreduce: comm is MPI_COMM_NULL");
   }
   try {
-    gcomp::Communicator& c = communicator_for(comm);
+    gcomp::Communicator& c = gcomp::detail::communicator_for(comm);
     // Bad arguments still take part in the call, so that the other ranks do not wait.
     std::string bad;
     if (!codec) bad = "codec is NULL";

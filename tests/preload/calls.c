@@ -1,0 +1,126 @@
+/* The interposer's test program (tests/preload/preload_test.sh): allreduces it must pass through
+ * and allreduces it takes. Rank 0 prints one line per case, "name hash", the hash being FNV-1a
+ * of the result's bits (of every rank: each rank's hash is summed in). Run without the
+ * interposer and under it: the pass_* lines must be the same. Under it, the taken_* lines say
+ * whether a taken call equals gcomp_allreduce with the same codec, seed and error feedback.
+ */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gcomp/gcomp_mpi.h"
+
+enum { BIG = 100000, SMALL = 1000 };
+
+static uint64_t fnv(const void* p, size_t bytes) {
+  const unsigned char* b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* The sum over ranks of each rank's hash of its result (wraps; only compared for equality). */
+static void report(const char* name, const void* p, size_t bytes) {
+  uint64_t mine = fnv(p, bytes), all = 0;
+  PMPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) printf("%s %016llx\n", name, (unsigned long long)all);
+}
+
+static void fill(float* x, int n, int rank, int salt) {
+  uint64_t s = (uint64_t)(rank + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)salt;
+  for (int i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((int64_t)(s >> 33) - (1ll << 30)) / (float)(1 << 30);
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  float* x = malloc(sizeof(float) * BIG);
+  float* y = malloc(sizeof(float) * BIG);
+  float* z = malloc(sizeof(float) * BIG);
+  double* d = malloc(sizeof(double) * BIG);
+  double* dy = malloc(sizeof(double) * BIG);
+
+  /* Pass through: another type, another op, a small count, in place or not. */
+  for (int i = 0; i < BIG; ++i) d[i] = 1.0 / (i + rank + 1);
+  MPI_Allreduce(d, dy, BIG, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  report("pass_double", dy, sizeof(double) * BIG);
+  fill(x, BIG, rank, 1);
+  MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
+  report("pass_max", y, sizeof(float) * BIG);
+  fill(x, SMALL, rank, 2);
+  MPI_Allreduce(x, y, SMALL, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  report("pass_small", y, sizeof(float) * SMALL);
+  fill(y, SMALL, rank, 3);
+  MPI_Allreduce(MPI_IN_PLACE, y, SMALL, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  report("pass_small_in_place", y, sizeof(float) * SMALL);
+  for (int i = 0; i < BIG; ++i) dy[i] = 1.0 / (i + 2 * rank + 1);
+  MPI_Allreduce(MPI_IN_PLACE, dy, BIG, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  report("pass_double_in_place", dy, sizeof(double) * BIG);
+  if (size >= 2) {
+    /* An intercommunicator between the even and the odd ranks. */
+    MPI_Comm half, inter;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 ? 0 : 1, 99, &inter);
+    fill(x, BIG, rank, 4);
+    MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, inter);
+    report("pass_intercomm", y, sizeof(float) * BIG);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+  }
+  MPI_Request req;
+  fill(x, BIG, rank, 5);
+  MPI_Iallreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+  MPI_Wait(&req, MPI_STATUS_IGNORE);
+  report("pass_iallreduce", y, sizeof(float) * BIG);
+
+  /* Taken (when GCOMP_CODEC is set): on a fresh communicator, whose first taken call has seed 0
+     and error feedback from zero, against gcomp_allreduce of the same input. */
+  const char* spec = getenv("GCOMP_CODEC");
+  if (spec && *spec) {
+    MPI_Comm fresh;
+    MPI_Comm_dup(MPI_COMM_WORLD, &fresh);
+    fill(x, BIG, rank, 6);
+    MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, fresh);
+    report("taken", y, sizeof(float) * BIG);
+    gcomp_codec codec;
+    gcomp_ef ef = NULL;
+    const char* efs = getenv("GCOMP_EF");
+    int with_ef = strstr(spec, "topk") == spec && !(efs && strcmp(efs, "0") == 0);
+    if (gcomp_codec_create(spec, &codec) != GCOMP_OK ||
+        (with_ef && gcomp_ef_create(BIG, &ef) != GCOMP_OK) ||
+        gcomp_allreduce(x, z, BIG, codec, ef, 0, fresh) != GCOMP_OK) {
+      fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    int same = memcmp(y, z, sizeof(float) * BIG) == 0, all_same = 0;
+    PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rank == 0) printf("taken_equals_gcomp_allreduce %s\n", all_same ? "yes" : "no");
+    /* In place: the same input, the same result (top-k does not draw from the seed; this
+       buffer is a new call site, so its residual starts from zero too). */
+    memcpy(z, x, sizeof(float) * BIG);
+    MPI_Allreduce(MPI_IN_PLACE, z, BIG, MPI_FLOAT, MPI_SUM, fresh);
+    same = memcmp(y, z, sizeof(float) * BIG) == 0;
+    PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rank == 0) printf("taken_in_place_equals %s\n", all_same ? "yes" : "no");
+    if (ef) gcomp_ef_destroy(ef);
+    gcomp_codec_destroy(codec);
+    MPI_Comm_free(&fresh);
+  }
+  fflush(stdout);
+  free(x);
+  free(y);
+  free(z);
+  free(d);
+  free(dy);
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The interposer (libgcomp_preload.so) end to end:
+#   preload_test.sh PRELOAD CALLS PLAIN_TRAIN GCOMP_TRAIN MPIEXEC SCRATCH
+# - the calls it must pass through are bit-identical with and without it (1, 2 and 4 ranks), and
+#   a taken call equals gcomp_allreduce with the same codec, seed and error feedback;
+# - bad settings fail at MPI_Init on every rank with a one-line message naming the variable;
+# - ranks whose settings differ fail at the first taken call on every rank, within a time limit;
+# - the plain training program: with GCOMP_CODEC=none the same weights, bit for bit, as without
+#   the interposer; with top-k 1% + error feedback it trains, and sends >= 20x fewer bytes;
+# - gcomp-train under it: nothing taken twice (gcomp's own traffic is not the program's).
+# Every run is bounded by a timeout. Exits 77 (skipped) without Fashion-MNIST.
+set -u
+PRE=$1 CALLS=$2 TRAIN=$3 GTRAIN=$4 M=$5 S=$6
+DATA=${GCOMP_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+abs() { case $1 in /* | "") echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+PRE=$(abs "$PRE") CALLS=$(abs "$CALLS") TRAIN=$(abs "$TRAIN") GTRAIN=$(abs "$GTRAIN")
+mkdir -p "$S" && cd "$S" || exit 1
+
+fail() {
+  echo "preload_test: FAIL: $*" >&2
+  exit 1
+}
+
+# run P [VAR=VALUE...] PROGRAM ARGS: under mpiexec, the interposer preloaded in every rank when
+# the first argument after P is "pre"; stdout in out.txt, stderr in err.txt; returns the status.
+run() {
+  local p=$1 pre=
+  shift
+  if [ "$1" = pre ]; then
+    pre="LD_PRELOAD=$PRE"
+    shift
+  fi
+  timeout -k 10 300 "$M" -n "$p" env $pre "$@" >out.txt 2>err.txt
+}
+
+for p in 1 2 4; do
+  run "$p" "$CALLS" || fail "calls on $p ranks: $(head -c 2000 err.txt)"
+  grep '^pass_' out.txt >plain.txt
+  run "$p" pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_allgather GCOMP_STATS=1 \
+    "$CALLS" || fail "calls under the interposer on $p ranks: $(head -c 2000 err.txt)"
+  grep '^pass_' out.txt >under.txt
+  [ "$(wc -l <plain.txt)" -ge 6 ] || fail "calls printed $(wc -l <plain.txt) pass-through cases"
+  diff plain.txt under.txt >/dev/null || fail "$p ranks: a pass-through call changed: $(diff plain.txt under.txt)"
+  grep -q '^taken_equals_gcomp_allreduce yes$' out.txt ||
+    fail "$p ranks: the taken call differs from gcomp_allreduce: $(cat out.txt)"
+  grep -q '^taken_in_place_equals yes$' out.txt || fail "$p ranks: in place differs: $(cat out.txt)"
+  # Taken: the two float sums of the fresh communicator; everything else passed.
+  grep -q 'gcomp preload: rank 0: taken=2 ' err.txt || fail "$p ranks: $(cat err.txt)"
+done
+
+# bad VAR=VALUE WORD: fails at init, non-zero on every rank, one line naming VAR=VALUE.
+bad() {
+  run 2 pre GCOMP_ALGORITHM=auto "$1" "$CALLS"
+  local rc=$?
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "$1: hung"
+  [ "$rc" -ne 0 ] || fail "$1: exited 0"
+  grep -q "gcomp preload: rank 0: $1: " err.txt || fail "$1: no message naming it: $(head -c 2000 err.txt)"
+  [ "$(grep -c 'gcomp preload' err.txt)" -eq 1 ] || fail "$1: not one line: $(cat err.txt)"
+  [ ! -s out.txt ] || fail "$1: the program ran on: $(cat out.txt)"
+}
+bad GCOMP_CODEC=bogus
+bad GCOMP_CODEC=topk:ratio=2
+bad GCOMP_MIN_COUNT=many
+bad GCOMP_EF=maybe
+bad GCOMP_ALGORITHM=fastest
+bad GCOMP_STATS=loud
+
+# Settings that differ between ranks: every rank fails at the first taken call, none hangs.
+timeout -k 10 120 "$M" -n 1 env LD_PRELOAD="$PRE" GCOMP_CODEC=topk:ratio=0.01 "$CALLS" : \
+  -n 1 env LD_PRELOAD="$PRE" GCOMP_CODEC=fp16 "$CALLS" >out.txt 2>err.txt
+rc=$?
+[ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "differing settings: hung"
+[ "$rc" -ne 0 ] || fail "differing settings: exited 0"
+[ "$(grep -c "settings differ" err.txt)" -eq 2 ] || fail "differing settings: not on both ranks: $(head -c 3000 err.txt)"
+grep -q '^pass_intercomm' out.txt || fail "differing settings: the calls before the first taken one did not run"
+
+if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+  echo "preload_test: no Fashion-MNIST in $DATA: the training runs are skipped" >&2
+  exit 77
+fi
+
+# The plain program: 300 steps on 4 ranks.
+run 4 "$TRAIN" "$DATA" 300 || fail "plain_train: $(head -c 2000 err.txt)"
+plain=$(grep '^plain_train:' out.txt) || fail "plain_train printed $(cat out.txt)"
+run 4 pre GCOMP_CODEC=none GCOMP_STATS=1 "$TRAIN" "$DATA" 300 || fail "plain_train, none: $(head -c 2000 err.txt)"
+none=$(grep '^plain_train:' out.txt)
+grep -q 'taken=300 ' err.txt || fail "none: not every step taken: $(cat err.txt)"
+[ "${plain##*weights=}" = "${none##*weights=}" ] || fail "none changed the weights: $plain / $none"
+# (The algorithm pinned: on an unshaped loopback auto may find the dense sum of the decoded
+# contributions fastest, which applies the codec but sends float32.)
+run 4 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_reduce_scatter GCOMP_STATS=1 \
+  "$TRAIN" "$DATA" 300 ||
+  fail "plain_train, top-k: $(head -c 2000 err.txt)"
+topk=$(grep '^plain_train:' out.txt)
+acc=$(sed 's/.*accuracy=\([0-9.]*\).*/\1/' <<<"$topk")
+red=$(sed -n 's/.*reduction=\([0-9.]*\)x.*/\1/p' err.txt)
+awk -v a="$acc" 'BEGIN { exit !(a > 0.70) }' || fail "top-k did not train: $topk"
+awk -v r="$red" 'BEGIN { exit !(r >= 20) }' || fail "top-k sent only ${red}x fewer bytes: $(cat err.txt)"
+
+# gcomp-train under the interposer: its allreduces are gcomp's own, none is taken.
+if [ -x "$GTRAIN" ]; then
+  args=(--data "$DATA" --codec topk:ratio=0.01 --epochs 1 --subset 2000 --test-subset 500 --seed 3)
+  run 2 "$GTRAIN" "${args[@]}" || fail "gcomp-train: $(head -c 2000 err.txt)"
+  # Each epoch's line without its seconds: loss, test accuracy, bytes.
+  sed -n 's/^\(epoch .*\)  [0-9.]* s$/\1/p' out.txt >alone.txt
+  [ -s alone.txt ] || fail "gcomp-train printed no epoch line: $(cat out.txt)"
+  run 2 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_STATS=1 "$GTRAIN" "${args[@]}" ||
+    fail "gcomp-train under the interposer: $(head -c 2000 err.txt)"
+  grep -q 'gcomp preload: rank 0: taken=0 ' err.txt || fail "gcomp-train: calls taken: $(cat err.txt)"
+  sed -n 's/^\(epoch .*\)  [0-9.]* s$/\1/p' out.txt >under.txt
+  diff alone.txt under.txt >/dev/null ||
+    fail "gcomp-train changed under the interposer: $(cat alone.txt) / $(cat under.txt)"
+fi
+echo "preload_test: ok"
