@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -129,10 +130,12 @@ void run_sparse_reduce_scatter(Job& job);
 struct Stream;
 void payload_stream(Job& job, Stream& out);
 
-// The all-to-all of a stream's parts: part j, [bound[j], bound[j+1]), goes to rank j, and from[r]
-// receives rank r's part of this rank's range (sparse_split, sparse_reduce_scatter). The slicing
-// counts as decode time.
-void exchange_parts(Job& job, const Stream& s, std::span<const std::uint64_t> bound,
-                    std::vector<std::vector<std::byte>>& from);
+// The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
+// this rank's payload as a stream (into mine), its part j, [bound[j], bound[j+1]), to rank j (an
+// all-to-all), and the P parts of this rank's own region summed into acc in rank order. each(got)
+// sees every rank's part before it is merged (nullptr: none). Slicing and merging count as
+// decode time.
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& mine, Stream& acc,
+                       const std::function<void(const Stream&)>& each);
 
 }  // namespace gcomp::detail

@@ -43,18 +43,30 @@ std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p) {
   return b;
 }
 
-void exchange_parts(Job& job, const Stream& s, std::span<const std::uint64_t> bound,
-                    std::vector<std::vector<std::byte>>& from) {
-  const double start = now();
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& mine, Stream& acc,
+                       const std::function<void(const Stream&)>& each) {
+  encode_whole(job);
+  payload_stream(job, mine);
+  double start = now();
   auto& to = scratch_vector<std::vector<std::byte>, 108>();
+  auto& from = scratch_vector<std::vector<std::byte>, 109>();
   to.resize(bound.size() - 1);
-  thread_local Stream part;
+  thread_local Stream piece;
   for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
-    slice(s, bound[j], bound[j + 1], part);
-    serialize(part, to[j]);
+    slice(mine, bound[j], bound[j + 1], piece);
+    serialize(piece, to[j]);
   }
   job.decode_seconds += now() - start;
   alltoallv_bytes(job.comm, to, from, job.traffic);
+  start = now();
+  const auto me = static_cast<std::size_t>(job.rank);
+  const std::uint64_t len = bound[me + 1] - bound[me];
+  for (std::size_t r = 0; r < from.size(); ++r) {
+    deserialize(from[r], len, r == 0 ? acc : piece);
+    if (each) each(r == 0 ? acc : piece);
+    if (r > 0) merge_into(acc, piece);
+  }
+  job.decode_seconds += now() - start;
 }
 
 void finish_average(Job& job) {

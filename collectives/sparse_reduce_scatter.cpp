@@ -141,9 +141,6 @@ SparseRegions& RegionMemory::of(std::uint64_t key) {
 }
 
 void run_sparse_reduce_scatter(Job& job) {
-  encode_whole(job);
-  thread_local Stream s;
-  payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const auto me = static_cast<std::size_t>(job.rank);
@@ -154,28 +151,23 @@ void run_sparse_reduce_scatter(Job& job) {
   const std::uint64_t k = std::min<std::uint64_t>(job.agreed_sent, n);
   const auto aim = static_cast<std::uint64_t>(std::ceil(kAim * static_cast<double>(k)));
 
-  // 2. The all-to-all of the regions' entries, and the owner's sum.
-  auto& from = scratch_vector<std::vector<std::byte>, 131>();
-  exchange_parts(job, s, bound, from);
-
-  double start = now();
+  // 2. The all-to-all of the regions' entries, and the owner's sum; what it received, for the
+  // report (the positions, unless some part came dense).
   const std::uint64_t lo = bound[me], len = bound[me + 1] - bound[me];
-  thread_local Stream acc, piece;
+  thread_local Stream s, acc, piece;
   Report report{};
   thread_local std::vector<std::uint64_t> positions;
   positions.clear();
   bool any_dense = false;
-  for (std::size_t r = 0; r < p; ++r) {
-    deserialize(from[r], len, r == 0 ? acc : piece);
-    const Stream& got = r == 0 ? acc : piece;
+  reduce_own_region(job, bound, s, acc, [&](const Stream& got) {
     report.received += got.entries();
     if (got.dense) {
       any_dense = true;
     } else if (!any_dense) {
       positions.insert(positions.end(), got.idx.begin(), got.idx.end());
     }
-    if (r > 0) merge_into(acc, piece);
-  }
+  });
+  double start = now();
   for (int q = 0; q < kQuartiles; ++q) {
     std::uint64_t at = lo + len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
     if (!any_dense && !positions.empty()) {

@@ -18,25 +18,13 @@
 namespace gcomp::detail {
 
 void run_sparse_split(Job& job) {
-  encode_whole(job);
-  thread_local Stream s;
-  payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const std::vector<std::uint64_t> bound = even_bounds(n, p);
-
-  auto& from = scratch_vector<std::vector<std::byte>, 109>();
-  exchange_parts(job, s, bound, from);
+  thread_local Stream s, acc, piece;
+  reduce_own_region(job, bound, s, acc, nullptr);
 
   double start = now();
-  const auto me = static_cast<std::size_t>(job.rank);
-  const std::uint64_t len = bound[me + 1] - bound[me];
-  thread_local Stream acc, piece;
-  deserialize(from[0], len, acc);
-  for (std::size_t r = 1; r < p; ++r) {
-    deserialize(from[r], len, piece);
-    merge_into(acc, piece);
-  }
   std::vector<std::byte>& mine = scratch_vector<std::byte, 110>();
   serialize(acc, mine);
   job.decode_seconds += now() - start;
