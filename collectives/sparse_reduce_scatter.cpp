@@ -10,16 +10,22 @@
 //   2. Sparse reduce-scatter: each rank sends the entries of region j to rank j (all-to-all);
 //      owner j sums its P pieces in rank order (sparse merges; dense past SparCML's byte rule).
 //   3. Global re-selection by a shared threshold: owner j keeps the entries of its region with
-//      |sum| >= theta. theta is the previous call's estimate, set to keep about 1.1 k entries;
-//      on a first call (or after the ranks' estimates differed) the owners' histograms of
-//      |sum| (1/8 octave bins) are summed in one allreduce and theta is the edge of the bin
-//      where 1.1 k is reached.
-//   4. Allgather of the kept entries (with each owner's quartiles and a histogram of what it
-//      held back just below theta). Where fewer than k came (the sums shrank since theta was
-//      set), a second allgather brings what the owners held back down to where their
-//      histograms reach 1.1 k. Every rank then holds the same K >= k entries (or the whole
-//      union, where it is smaller) and keeps the k largest (|sum|, then the lower index): the
-//      result is exactly the global top-k of the sums. The next theta is the 1.1 k-th largest
+//      |sum| >= theta, at most its cap (1.5 x 1.1 k / P + 16) of them, the largest. theta is the
+//      previous call's estimate, set to keep about 1.1 k entries; on a first call (or after the
+//      ranks' estimates differed) the owners' histograms of |sum| (1/8 octave bins) are summed
+//      in one allreduce and theta is the edge of the bin where 1.1 k is reached. The cap bounds
+//      what a theta set on the previous call can cost when the sums have grown since: with
+//      error feedback the residuals, and with them the sums, grow over a job's first tens of
+//      calls, and the selected entries' sums lie in a narrow band, so a theta one call behind
+//      would keep every entry received (up to about 3.5 k at 4 ranks) on each of those calls.
+//   4. Allgather of the kept entries (with each owner's quartiles, the |sum| of the last entry
+//      it kept where its cap cut, and a histogram of what it held back just below theta). Every
+//      rank then holds the same K entries and keeps the k largest (|sum|, then the lower
+//      index). That is the global top-k of the sums when K >= k and the k-th largest beats
+//      every cut; otherwise a second allgather brings every entry the owners held back down to
+//      the k-th largest gathered (or, where fewer than k came because the sums shrank since
+//      theta was set, down to where their histograms reach 1.1 k), after which it is. So the
+//      result is exactly the global top-k, every call. The next theta is the 1.1 k-th largest
 //      |sum| gathered.
 //
 // Error feedback: each rank's residual takes back its own contribution at every index that was
@@ -29,8 +35,9 @@
 //
 // Schedule: 1 all-to-all (each rank sends its k entries outside its own region, (P-1)/P k
 // entries, and 8 bytes per peer), 1 allgatherv (each rank sends its kept entries, about 1.1 k /
-// P, and 96 bytes of report, to P-1 ranks), and on a first call one allreduce of 16 KiB. Bytes
-// per rank: about 2.1 k (P-1)/P entries + 104 (P-1) bytes, for any P.
+// P, and 104 bytes of report, to P-1 ranks), and on a first call one allreduce of 16 KiB. Bytes
+// per rank: about 2.1 k (P-1)/P entries + 112 (P-1) bytes, for any P; while the sums grow, at
+// most about 2.4 k (P-1)/P entries (the caps).
 #include "sparse_reduce_scatter.hpp"
 
 #include <algorithm>
@@ -52,6 +59,8 @@ namespace {
 constexpr int kQuartiles = 3;     // the points owners report between their region's ends
 constexpr int kBelow = 16;        // half-octave bins of |sum| just below theta
 constexpr double kAim = 1.1;      // theta aims at kAim * k kept entries
+constexpr double kCap = 1.5;      // an owner keeps at most kCap * kAim * k / P + kCapSlack
+constexpr std::uint64_t kCapSlack = 16;
 constexpr int kHistShift = 20;    // first-call histogram bin: the float bits of |sum| >> 20
 constexpr std::size_t kHistBins = std::size_t{1} << (31 - kHistShift);
 
@@ -60,8 +69,10 @@ struct Report {
   std::uint64_t received;            // entries it received (with multiplicity)
   std::uint64_t points[kQuartiles];  // the indices at 1/4, 2/4, 3/4 of them
   std::uint32_t below[kBelow];       // |sum| in [theta 2^-(i+1)/2, theta 2^-i/2), not kept
+  float cut;                         // where the cap cut: the |sum| of the last entry kept
+  std::uint32_t capped;              // 1 where the cap cut, else 0 (and cut is 0)
 };
-static_assert(sizeof(Report) == 96);
+static_assert(sizeof(Report) == 104);
 
 [[noreturn]] void bad_report(const std::string& why) {
   throw Error(Status::bad_payload, "bad sparse_reduce_scatter report from a peer: " + why);
@@ -210,8 +221,14 @@ void run_sparse_reduce_scatter(Job& job) {
     }
   }
 
-  // The owner's kept entries and its report.
+  // The owner's kept entries (at most its cap of them, the largest, and any non-finite sum, on
+  // which every rank throws) and its report.
   start = now();
+  const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(aim) /
+                                              static_cast<double>(p)) +
+                   kCapSlack;
+  thread_local std::vector<Ranked> above;
+  above.clear();
   thread_local Stream kept;
   kept.n = len;
   kept.dense = false;
@@ -220,14 +237,39 @@ void run_sparse_reduce_scatter(Job& job) {
   for_each_entry(acc, [&](std::uint64_t i, float v) {
     const double m = std::fabs(static_cast<double>(v));
     if (v == 0) return;
-    if (m >= theta || !std::isfinite(v)) {  // a non-finite sum is kept: every rank throws
+    if (!std::isfinite(v)) {
       kept.idx.push_back(i);
       kept.val.push_back(v);
+    } else if (m >= theta) {
+      above.push_back({static_cast<float>(m), i});
     } else {
       const int bin = static_cast<int>(std::floor(-2.0 * std::log2(m / theta)));
       if (bin >= 0 && bin < kBelow) ++report.below[bin];
     }
   });
+  // An entry the owner sent in the first allgather: above theta and not past its cut.
+  Ranked cut{0, 0};
+  if (above.size() > cap) {
+    std::nth_element(above.begin(), above.begin() + static_cast<std::ptrdiff_t>(cap - 1),
+                     above.end());
+    cut = above[cap - 1];
+    above.resize(cap);
+    report.cut = cut.mag;
+    report.capped = 1;
+  }
+  const auto sent_first = [&](std::uint64_t i, double m) {
+    return m >= theta && (!report.capped || !(cut < Ranked{static_cast<float>(m), i}));
+  };
+  for (const Ranked& r : above) kept.idx.push_back(r.idx);
+  if (kept.idx.size() > above.size() || report.capped) std::sort(kept.idx.begin(), kept.idx.end());
+  kept.val.resize(kept.idx.size());
+  {
+    // The values, in index order, by one merge-walk over the sums.
+    std::size_t e = 0;
+    for_each_entry(acc, [&](std::uint64_t i, float v) {
+      if (e < kept.idx.size() && kept.idx[e] == i) kept.val[e++] = v;
+    });
+  }
   std::vector<std::byte>& mine = scratch_vector<std::byte, 132>();
   thread_local std::vector<std::byte> entries;
   serialize(kept, entries);
@@ -268,15 +310,31 @@ void run_sparse_reduce_scatter(Job& job) {
     for (std::uint64_t point : reports[j].points) {
       if (point < bound[j] || point > bound[j + 1]) bad_report("a point outside its region");
     }
+    const Report& r = reports[j];
+    if (r.capped > 1 || !std::isfinite(r.cut) || r.cut < 0 || (r.capped == 0 && r.cut != 0)) {
+      bad_report("a bad cut");
+    }
     take(got.subspan(sizeof(Report)), j);
   }
-  // Fewer than k above the remembered threshold (the sums shrank since): a second allgather of
-  // what the owners held back, down to where their histograms of it reach 1.1 k (or all of it,
-  // beyond the histograms' 8 octaves). Every rank sees the same counts and takes this branch
-  // alike; the result is then the global top-k as on a first call.
-  bool sent_all = theta <= std::numeric_limits<float>::denorm_min();
+  // A second allgather where the first did not settle the global top-k. Every rank sees the
+  // same reports and entries and takes the same branch.
+  // - Fewer than k came (the sums shrank since theta was set): what the owners held back, down
+  //   to where their histograms of it reach 1.1 k (or all of it, beyond their 8 octaves).
+  // - A cap cut at or above the k-th largest gathered: what the owners held back down to that
+  //   k-th largest, so that nothing left out can beat it.
+  // After it the k largest gathered are the k largest sums.
+  bool any_capped = false;
+  float max_cut = 0;
+  for (const Report& r : reports) {
+    any_capped = any_capped || r.capped != 0;
+    max_cut = std::max(max_cut, r.cut);
+  }
+  bool sent_all = theta <= std::numeric_limits<float>::denorm_min() && !any_capped;
+  bool second = false, too_few = false;
+  double lower = 0;
   if (ranked.size() < k && !sent_all) {
-    double lower = std::numeric_limits<float>::denorm_min();
+    second = too_few = true;
+    lower = std::numeric_limits<float>::denorm_min();
     std::uint64_t count = ranked.size();
     for (int b = 0; b < kBelow; ++b) {
       for (const Report& r : reports) count += r.below[b];
@@ -286,11 +344,20 @@ void run_sparse_reduce_scatter(Job& job) {
       }
     }
     sent_all = lower <= std::numeric_limits<float>::denorm_min();
+  } else if (any_capped && k > 0 && ranked.size() >= k) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                     ranked.end());
+    if (!(ranked[k - 1].mag > max_cut)) {
+      second = true;
+      lower = ranked[k - 1].mag;
+    }
+  }
+  if (second) {
     kept.idx.clear();
     kept.val.clear();
     for_each_entry(acc, [&](std::uint64_t i, float v) {
       const double m = std::fabs(static_cast<double>(v));
-      if (v != 0 && m < theta && m >= lower) {
+      if (v != 0 && std::isfinite(v) && m >= lower && !sent_first(i, m)) {
         kept.idx.push_back(i);
         kept.val.push_back(v);
       }
@@ -300,8 +367,10 @@ void run_sparse_reduce_scatter(Job& job) {
     allgatherv_bytes(job.comm, mine, all, job.traffic);
     start = now();
     for (std::uint64_t j = 0; j < p; ++j) take(all.of(static_cast<int>(j)), j);
-    theta = lower;
-    for (Report& r : reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
+    if (too_few) {
+      theta = lower;
+      for (Report& r : reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
+    }
   }
   const std::uint64_t gathered = ranked.size();
   // The next threshold: the 1.1 k-th largest gathered; else from the held-back histograms; else
