@@ -126,7 +126,7 @@ void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std:
     st.SetIterationTime(slowest(MPI_Wtime() - start));
   }
   const gcomp::Algorithm ran = comm->last_stats().algorithm;
-  const auto pred = comm->predict(codec, n);
+  const auto pred = comm->predict(codec, n, 0, ef);
   set_common(st, n, static_cast<double>(comm->last_stats().bytes_sent),
              pred[static_cast<int>(ran)]);
   st.counters["chosen"] = static_cast<double>(static_cast<int>(ran));

@@ -77,10 +77,10 @@ ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
 }
 
 std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, std::size_t n,
-                                                          std::size_t sent) {
+                                                          std::size_t sent, bool error_feedback) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
   return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
-                                    compute_model(codec, n), false, false));
+                                    compute_model(codec, n), false, error_feedback));
 }
 
 double Communicator::predict_uncompressed(std::size_t n) {

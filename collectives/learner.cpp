@@ -103,6 +103,13 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
       if (!same(x.choice, best) && plausible && (!pick || x.runs < pick->runs)) pick = &x;
     }
     if (pick) return pick->choice;
+  } else if (runs % kRecheckClose == kRecheckClose - 1) {
+    const Candidate* pick = nullptr;  // in estimate order: among the least measured, the fastest
+    for (const Candidate& x : all) {
+      const bool close = x.runs > 0 && x.estimate <= kClose * all[0].estimate;
+      if (!same(x.choice, best) && close && (!pick || x.runs < pick->runs)) pick = &x;
+    }
+    if (pick) return pick->choice;
   }
   return best;
 }

@@ -31,12 +31,19 @@ class AutoLearner {
   // (the model's prediction where nothing was measured; the uncompressed allreduce wins ties);
   // and every kRecheck-th run of a group goes to the least-measured other option within those
   // bounds or within kExploreFactor of the best estimate, so that neither a run at a bad moment
-  // nor a slow spell rules an algorithm out for good.
+  // nor a slow spell rules an algorithm out for good. Near ties are rechecked more often: every
+  // kRecheckClose-th run (between those) goes to the least-measured option whose estimate is
+  // within kClose of the best's. A near tie is where runs early in a job decide wrongly most
+  // easily (with error feedback the residuals grow over the first tens of calls, and what some
+  // algorithms send grows with them) and where a recheck costs least: at most (kClose - 1) /
+  // kRecheckClose, about 1%.
   static constexpr std::size_t kWindow = 8;
   static constexpr std::uint32_t kTries = 3;
   static constexpr double kExploreFactor = 2.0;
   static constexpr double kExploreSlack = 1e-3;
   static constexpr std::uint64_t kRecheck = 32;
+  static constexpr std::uint64_t kRecheckClose = 8;
+  static constexpr double kClose = 1.1;
 
   // Calls whose sizes lie within a quarter octave (about 19%) of each other share a group: (spec,
   // bit width of n, the two bits after the leading one), hashed to 59 bits, never 0.

@@ -227,49 +227,56 @@ void run_sparse_reduce_scatter(Job& job) {
   const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(aim) /
                                               static_cast<double>(p)) +
                    kCapSlack;
-  thread_local std::vector<Ranked> above;
-  above.clear();
   thread_local Stream kept;
   kept.n = len;
   kept.dense = false;
   kept.idx.clear();
   kept.val.clear();
+  double edge[kBelow + 1];  // below[b] counts |sum| in [edge[b + 1], edge[b])
+  for (int b = 0; b <= kBelow; ++b) edge[b] = theta * std::exp2(-b / 2.0);
+  std::size_t nonfinite = 0;
   for_each_entry(acc, [&](std::uint64_t i, float v) {
-    const double m = std::fabs(static_cast<double>(v));
     if (v == 0) return;
-    if (!std::isfinite(v)) {
+    const double m = std::fabs(static_cast<double>(v));
+    if (m >= theta || !std::isfinite(v)) {
       kept.idx.push_back(i);
       kept.val.push_back(v);
-    } else if (m >= theta) {
-      above.push_back({static_cast<float>(m), i});
-    } else {
-      const int bin = static_cast<int>(std::floor(-2.0 * std::log2(m / theta)));
-      if (bin >= 0 && bin < kBelow) ++report.below[bin];
+      nonfinite += !std::isfinite(v);
+    } else if (m >= edge[kBelow]) {
+      int b = 0;
+      while (m < edge[b + 1]) ++b;
+      ++report.below[b];
     }
   });
-  // An entry the owner sent in the first allgather: above theta and not past its cut.
+  // Past the cap: only the cap largest, cut where the cap-th lies (the kept entries stay in
+  // index order).
   Ranked cut{0, 0};
-  if (above.size() > cap) {
+  if (kept.idx.size() - nonfinite > cap) {
+    thread_local std::vector<Ranked> above;
+    above.clear();
+    for (std::size_t e = 0; e < kept.idx.size(); ++e) {
+      if (std::isfinite(kept.val[e])) above.push_back({std::fabs(kept.val[e]), kept.idx[e]});
+    }
     std::nth_element(above.begin(), above.begin() + static_cast<std::ptrdiff_t>(cap - 1),
                      above.end());
     cut = above[cap - 1];
-    above.resize(cap);
     report.cut = cut.mag;
     report.capped = 1;
+    std::size_t to = 0;
+    for (std::size_t e = 0; e < kept.idx.size(); ++e) {
+      const float v = kept.val[e];
+      if (!std::isfinite(v) || !(cut < Ranked{std::fabs(v), kept.idx[e]})) {
+        kept.idx[to] = kept.idx[e];
+        kept.val[to++] = v;
+      }
+    }
+    kept.idx.resize(to);
+    kept.val.resize(to);
   }
+  // An entry the owner sent in the first allgather: above theta and not past its cut.
   const auto sent_first = [&](std::uint64_t i, double m) {
     return m >= theta && (!report.capped || !(cut < Ranked{static_cast<float>(m), i}));
   };
-  for (const Ranked& r : above) kept.idx.push_back(r.idx);
-  if (kept.idx.size() > above.size() || report.capped) std::sort(kept.idx.begin(), kept.idx.end());
-  kept.val.resize(kept.idx.size());
-  {
-    // The values, in index order, by one merge-walk over the sums.
-    std::size_t e = 0;
-    for_each_entry(acc, [&](std::uint64_t i, float v) {
-      if (e < kept.idx.size() && kept.idx[e] == i) kept.val[e++] = v;
-    });
-  }
   std::vector<std::byte>& mine = scratch_vector<std::byte, 132>();
   thread_local std::vector<std::byte> entries;
   serialize(kept, entries);
@@ -373,12 +380,18 @@ void run_sparse_reduce_scatter(Job& job) {
     }
   }
   const std::uint64_t gathered = ranked.size();
-  // The next threshold: the 1.1 k-th largest gathered; else from the held-back histograms; else
-  // (everything was sent, fewer than 1.1 k in all) keep everything next time too.
+  // The k largest first.
+  if (gathered > k) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
+                     ranked.end());
+  }
+  // The next threshold: the 1.1 k-th largest gathered (sought among those after the k-th);
+  // else from the held-back histograms; else (everything was sent, fewer than 1.1 k in all)
+  // keep everything next time too.
   double next_theta = 0;
   if (aim > 0 && gathered >= aim) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(aim - 1),
-                     ranked.end());
+    std::nth_element(ranked.begin() + static_cast<std::ptrdiff_t>(std::min(k, aim - 1)),
+                     ranked.begin() + static_cast<std::ptrdiff_t>(aim - 1), ranked.end());
     next_theta = ranked[aim - 1].mag;
   } else if (sent_all) {
     next_theta = std::numeric_limits<float>::denorm_min();
@@ -390,8 +403,6 @@ void run_sparse_reduce_scatter(Job& job) {
     }
   }
   if (gathered > k) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
-                     ranked.end());
     for (std::size_t e = k; e < ranked.size(); ++e) job.out[ranked[e].idx] = 0.0f;
   }
   // Error feedback: this rank's own contribution returns where nothing was kept.

@@ -221,13 +221,15 @@ class Communicator {
   // the fastest measured), and the
   // model's time for each algorithm applying the codec (infinity where it does not apply) and
   // for the uncompressed allreduce, for a codec on n elements whose payloads hold `sent` entries
-  // per rank (sparse codecs; 0: the codec's k). choose() is collective the first time for a
+  // per rank (sparse codecs; 0: the codec's k), with or without error feedback (which adds the
+  // residual's pass to every compressing algorithm, and to sparse_reduce_scatter the return of
+  // what was not kept). choose() is collective the first time for a
   // codec and size class (every rank measures the codec, the slowest speeds are agreed, as in
   // a call), so every rank gets the same answer; predict() uses this rank's own speeds.
   Choice choose(const Codec& codec, std::size_t n, std::size_t sent = 0,
                 bool allow_uncompressed = true);
   std::array<double, kAlgorithmCount> predict(const Codec& codec, std::size_t n,
-                                              std::size_t sent = 0);
+                                              std::size_t sent = 0, bool error_feedback = false);
   double predict_uncompressed(std::size_t n);
 
   const CallStats& last_stats() const noexcept { return last_; }

@@ -323,11 +323,12 @@ TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
     if (call >= explore && mine != truth_best) ++off_best;
   }
   // Every plausible option ran (and nothing else); after that, the fastest by the given times,
-  // apart from the one recheck in every 32 runs.
+  // apart from the one recheck in every 32 runs and, where another option's time is within
+  // 10% of the best's, one in every 8 (20 calls: at most 2 + 1).
   std::sort(seen.begin(), seen.end());
   std::sort(plausible.begin(), plausible.end());
   EXPECT_EQ(seen, plausible);
-  EXPECT_LE(off_best, 1);
+  EXPECT_LE(off_best, 3);
 }
 
 TEST(Allreduce, AutoMaySkipTheCodecWhenAllowed) {

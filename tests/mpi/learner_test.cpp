@@ -123,6 +123,28 @@ TEST(Learner, RechecksOthersAndRecovers) {
   EXPECT_TRUE(same(l.choose(g, options), kPlain));
 }
 
+// A near tie (within 10%) is rechecked every kRecheckClose-th run: an option measured a little
+// slower early (as a job's first calls can make it) wins once it is faster, long before the
+// kRecheck-th run. An option 20% slower is not rechecked that often.
+TEST(Learner, NearTiesAreRecheckedSooner) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("topk:ratio=0.01", 1 << 24);
+  const std::vector<Option> options = {{kGather, 0.0012}, {kCrs, 0.0010}};
+  std::map<int, double> truth = {{id(kGather), 0.00100}, {id(kCrs), 0.00105}};
+  run(l, g, options, truth, 6);  // exploration: the allgather measured faster
+  EXPECT_TRUE(same(l.choose(g, options), kGather));
+  truth[id(kCrs)] = 0.0009;  // past the first calls the other is faster
+  const auto ran = run(l, g, options, truth, static_cast<int>(AutoLearner::kRecheckClose));
+  EXPECT_TRUE(same(ran.back(), kCrs));
+  EXPECT_TRUE(same(l.choose(g, options), kCrs));
+
+  AutoLearner far;
+  truth = {{id(kGather), 0.00100}, {id(kCrs), 0.0012}};
+  run(far, g, options, truth, 6);
+  const auto later = run(far, g, options, truth, static_cast<int>(AutoLearner::kRecheck) - 8);
+  for (Choice c : later) EXPECT_TRUE(same(c, kGather));
+}
+
 // choose(pending) is choose() after record(pending): a rank's guess before the agreement.
 TEST(Learner, PendingCountsAsRecorded) {
   const std::uint64_t g = AutoLearner::group_of("terngrad", 5000);
