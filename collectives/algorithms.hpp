@@ -129,6 +129,8 @@ void run_sparse_reduce_scatter(Job& job);
 // The sparse stream of this rank's payload (sparse codecs).
 struct Stream;
 void payload_stream(Job& job, Stream& out);
+// Whether the sparse algorithms' streams carry binary16 values (the codec's values=fp16).
+bool half_streams(const Job& job);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
 // this rank's payload as a stream (into mine), its part j, [bound[j], bound[j+1]), to rank j (an

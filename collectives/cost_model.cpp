@@ -75,11 +75,13 @@ LocalTerms local_terms(const ModelInput& in) {
           in.sparse ? in.sent * c.decode : in.n * c.decode};
 }
 
-double stream_entry_bytes(double entries, double range) {
-  return 4 + expected_packed_index_bytes(range > 0 ? std::min(1.0, entries / range) : 1.0);
+double stream_entry_bytes(double entries, double range, double value_bytes) {
+  return value_bytes + expected_packed_index_bytes(range > 0 ? std::min(1.0, entries / range) : 1.0);
 }
 
-double stream_entry_bytes(const ModelInput& in) { return stream_entry_bytes(in.sent, in.n); }
+double stream_entry_bytes(const ModelInput& in) {
+  return stream_entry_bytes(in.sent, in.n, in.value_bytes);
+}
 
 double predict_region_exchange(const ModelInput& in) {
   const double n = in.n, p = in.ranks;

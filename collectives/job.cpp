@@ -21,6 +21,10 @@ void encode_whole(Job& job) {
   job.encode_seconds += now() - start;
 }
 
+bool half_streams(const Job& job) {
+  return job.codec != nullptr && job.codec->impl().params().fp16_values;
+}
+
 void payload_stream(Job& job, Stream& out) {
   const double start = now();
   SparseEntries e;
@@ -54,7 +58,7 @@ void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& m
   thread_local Stream piece;
   for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
     slice(mine, bound[j], bound[j + 1], piece);
-    serialize(piece, to[j]);
+    serialize(piece, to[j], half_streams(job));
   }
   job.decode_seconds += now() - start;
   alltoallv_bytes(job.comm, to, from, job.traffic);

@@ -34,10 +34,11 @@ LocalTerms local_terms(const ModelInput& in);
 double predict_payload_allgather(const ModelInput& in);
 double bytes_payload_allgather(const ModelInput& in);
 
-// Bytes of one (index, value) stream entry: a float32 value and a packed index, whose size
-// follows the density of the stream's entries in the index range it covers
-// (expected_packed_index_bytes); without a density, the codec's sent / n.
-double stream_entry_bytes(double entries, double range);
+// Bytes of one (index, value) stream entry: a value (float32, or binary16 for a codec with
+// values=fp16) and a packed index, whose size follows the density of the stream's entries in
+// the index range it covers (expected_packed_index_bytes); without a density, the codec's
+// sent / n.
+double stream_entry_bytes(double entries, double range, double value_bytes);
 double stream_entry_bytes(const ModelInput& in);
 
 // The start both region algorithms share (sparse_split, sparse_reduce_scatter): each rank's

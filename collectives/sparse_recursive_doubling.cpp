@@ -32,6 +32,12 @@ void run_sparse_recursive_doubling(Job& job) {
   std::vector<std::byte>& wire = scratch_vector<std::byte, 111>();
   std::vector<std::byte>& got = scratch_vector<std::byte, 112>();
   thread_local Stream other;
+  // With binary16 values a partner reads this rank's stream rounded: this rank sums the same.
+  const bool half = half_streams(job);
+  const auto send_form = [&] {
+    if (half) round_to_half(s);
+    serialize(s, wire, half);
+  };
   const auto merge_from = [&](const std::vector<std::byte>& bytes) {
     const double start = now();
     deserialize(bytes, n, other);
@@ -42,7 +48,7 @@ void run_sparse_recursive_doubling(Job& job) {
   int newrank = -1;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      serialize(s, wire);
+      send_form();
       send_bytes(job.comm, r + 1, wire, job.traffic);
     } else {
       recv_bytes(job.comm, r - 1, got, job.traffic);
@@ -56,14 +62,14 @@ void run_sparse_recursive_doubling(Job& job) {
     for (int mask = 1; mask < p2; mask <<= 1) {
       const int peer_new = newrank ^ mask;
       const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
-      serialize(s, wire);
+      send_form();
       sendrecv_bytes(job.comm, peer, wire, got, job.traffic);
       merge_from(got);
     }
   }
   if (r < 2 * rem) {
     if (r % 2 == 1) {
-      serialize(s, wire);
+      serialize(s, wire);  // the result as it is, as its round partner holds it
       send_bytes(job.comm, r - 1, wire, job.traffic);
     } else {
       recv_bytes(job.comm, r + 1, got, job.traffic);
@@ -81,12 +87,14 @@ void run_sparse_recursive_doubling(Job& job) {
 
 namespace {
 
-// Whether a stream of `entries` of n is sent dense (goes_dense, the merge's rule), and its bytes.
+// Whether a stream of `entries` of n is sent dense (goes_dense, the merge's rule), and its bytes
+// (values of value_bytes each).
 bool dense_stream(double entries, double n) {
   return goes_dense(static_cast<std::uint64_t>(entries), static_cast<std::uint64_t>(n));
 }
-double stream_bytes(double entries, double n) {
-  return 8 + (dense_stream(entries, n) ? 4 * n : entries * stream_entry_bytes(entries, n));
+double stream_bytes(double entries, double n, double value_bytes) {
+  return 8 + (dense_stream(entries, n) ? value_bytes * n
+                                       : entries * stream_entry_bytes(entries, n, value_bytes));
 }
 
 // Rounds of whole-stream exchanges, streams growing by union.
@@ -106,17 +114,17 @@ double predict_sparse_recursive_doubling(const ModelInput& in) {
   double total = l.encode + in.sent * c.decode + l.write_out + l.average;
   double s = in.sent;
   if (fold) {
-    total += in.network.alpha + stream_bytes(s, n) * fold_beta + merge_cost(s, s);
+    total += in.network.alpha + stream_bytes(s, n, in.value_bytes) * fold_beta + merge_cost(s, s);
     s = union_size(n, in.sent, 2, in.shared_support);
   }
   // m: the most contributions one rank's stream holds (2 on a folded rank), never above P.
   double m = fold ? 2 : 1;
   for (int step = 1; step < p2; step *= 2) {
-    total += in.network.alpha + stream_bytes(s, n) * round_beta + merge_cost(s, s);
+    total += in.network.alpha + stream_bytes(s, n, in.value_bytes) * round_beta + merge_cost(s, s);
     m = std::min(2 * m, p);
     s = union_size(n, in.sent, m, in.shared_support);
   }
-  if (fold) total += in.network.alpha + stream_bytes(s, n) * fold_beta;
+  if (fold) total += in.network.alpha + stream_bytes(s, n, in.value_bytes) * fold_beta;
   return total;
 }
 
@@ -130,11 +138,11 @@ double bytes_sparse_recursive_doubling(const ModelInput& in) {
   double s = fold ? union_size(n, in.sent, 2, in.shared_support) : in.sent;
   double m = fold ? 2 : 1;
   for (int step = 1; step < p2; step *= 2) {
-    total += stream_bytes(s, n);
+    total += stream_bytes(s, n, in.value_bytes);
     m = std::min(2 * m, p);
     s = union_size(n, in.sent, m, in.shared_support);
   }
-  if (fold) total += stream_bytes(s, n);
+  if (fold) total += stream_bytes(s, n, in.value_bytes);
   return total;
 }
 

@@ -279,7 +279,7 @@ void run_sparse_reduce_scatter(Job& job) {
   };
   std::vector<std::byte>& mine = scratch_vector<std::byte, 132>();
   thread_local std::vector<std::byte> entries;
-  serialize(kept, entries);
+  serialize(kept, entries, half_streams(job));
   mine.resize(sizeof(Report) + entries.size());
   std::memcpy(mine.data(), &report, sizeof(Report));
   std::memcpy(mine.data() + sizeof(Report), entries.data(), entries.size());
@@ -369,7 +369,7 @@ void run_sparse_reduce_scatter(Job& job) {
         kept.val.push_back(v);
       }
     });
-    serialize(kept, mine);
+    serialize(kept, mine, half_streams(job));
     job.decode_seconds += now() - start;
     allgatherv_bytes(job.comm, mine, all, job.traffic);
     start = now();
@@ -430,7 +430,7 @@ double predict_sparse_reduce_scatter(const ModelInput& in) {
   const auto& c = in.compute;
   const double kept = std::min(kAim * in.sent, n) / p;
   return l.encode + predict_region_exchange(in) +
-         t_allgatherv(in, sizeof(Report) + 8 + kept * stream_entry_bytes(kept, n / p)) +
+         t_allgatherv(in, sizeof(Report) + 8 + kept * stream_entry_bytes(kept, n / p, in.value_bytes)) +
          kept * p * c.merge + (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out +
          l.average;
 }
@@ -440,7 +440,7 @@ double bytes_sparse_reduce_scatter(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
   const double kept = std::min(kAim * in.sent, n) / p;
   return bytes_region_exchange(in) +
-         (p - 1) * (sizeof(Report) + 16 + kept * stream_entry_bytes(kept, n / p));
+         (p - 1) * (sizeof(Report) + 16 + kept * stream_entry_bytes(kept, n / p, in.value_bytes));
 }
 
 // Auto weighs it only with error feedback: its result is the global top-k, not the sum over the

@@ -26,7 +26,7 @@ void run_sparse_split(Job& job) {
 
   double start = now();
   std::vector<std::byte>& mine = scratch_vector<std::byte, 110>();
-  serialize(acc, mine);
+  serialize(acc, mine, half_streams(job));
   job.decode_seconds += now() - start;
 
   thread_local Gathered all;
@@ -47,7 +47,7 @@ namespace {
 double part_bytes(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
   const double u = union_size(n, in.sent, p, in.shared_support);
-  return 8 + std::min(u / p * stream_entry_bytes(u, n), 4 * n / p);
+  return 8 + std::min(u / p * stream_entry_bytes(u, n, in.value_bytes), in.value_bytes * n / p);
 }
 
 double predict_sparse_split(const ModelInput& in) {

@@ -2,16 +2,28 @@
 #include "stream.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "gcomp/error.hpp"
+#include "half.hpp"
 #include "index_pack.hpp"
 
 namespace gcomp::detail {
 
 namespace {
 constexpr std::uint64_t kDenseBit = std::uint64_t{1} << 63;
+constexpr std::uint64_t kHalfBit = std::uint64_t{1} << 62;
+
+// Every value finite and within binary16's range: it rounds to a finite half, not a saturated
+// one.
+bool fits_half(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!(std::fabs(x) <= kHalfMax)) return false;
+  }
+  return true;
+}
 
 void to_dense(Stream& s) {
   if (s.dense) return;
@@ -78,16 +90,49 @@ void merge_into(Stream& acc, const Stream& other) {
   acc.val.swap(val);
 }
 
-void serialize(const Stream& s, std::vector<std::byte>& out) {
+bool round_to_half(Stream& s) {
+  if (!fits_half(s.val)) return false;
+  for (float& v : s.val) v = half_to_float(float_to_half(v));
+  return true;
+}
+
+bool serialize(const Stream& s, std::vector<std::byte>& out, bool half) {
+  half = half && fits_half(s.val);
   out.resize(s.wire_bytes_bound());
-  const std::uint64_t head = (s.dense ? kDenseBit : 0) | s.entries();
+  const std::uint64_t head = (s.dense ? kDenseBit : 0) | (half ? kHalfBit : 0) | s.entries();
   std::memcpy(out.data(), &head, 8);
   std::byte* p = out.data() + 8;
-  if (!s.val.empty()) std::memcpy(p, s.val.data(), 4 * s.val.size());
-  p += 4 * s.val.size();
+  if (half) {
+    for (float v : s.val) {
+      const std::uint16_t h = float_to_half(v);
+      std::memcpy(p, &h, 2);
+      p += 2;
+    }
+  } else {
+    if (!s.val.empty()) std::memcpy(p, s.val.data(), 4 * s.val.size());
+    p += 4 * s.val.size();
+  }
   if (!s.dense) p += pack_indices(s.idx.data(), s.idx.size(), p);
   out.resize(static_cast<std::size_t>(p - out.data()));
+  return half;
 }
+
+namespace {
+// `count` values from `in` (float32, or binary16: finite ones only) into `out`.
+void read_values(const std::byte* in, std::uint64_t count, bool half, std::vector<float>& out) {
+  out.resize(count);
+  if (!half) {
+    if (count > 0) std::memcpy(out.data(), in, 4 * count);
+    return;
+  }
+  for (std::uint64_t j = 0; j < count; ++j) {
+    std::uint16_t h;
+    std::memcpy(&h, in + 2 * j, 2);
+    if (!half_is_finite(h)) bad_stream("a binary16 value that is not finite");
+    out[j] = half_to_float(h);
+  }
+}
+}  // namespace
 
 void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
   if (in.size() < 8) bad_stream("shorter than its header");
@@ -95,20 +140,20 @@ void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
   std::memcpy(&head, in.data(), 8);
   out.n = n;
   out.dense = (head & kDenseBit) != 0;
-  const std::uint64_t count = head & ~kDenseBit;
+  const bool half = (head & kHalfBit) != 0;
+  const std::uint64_t width = half ? 2 : 4;
+  const std::uint64_t count = head & ~(kDenseBit | kHalfBit);
   if (out.dense) {
-    if (count != n || in.size() != 8 + 4 * n) bad_stream("dense stream of the wrong size");
+    if (count != n || in.size() != 8 + width * n) bad_stream("dense stream of the wrong size");
     out.idx.clear();
-    out.val.resize(n);
-    if (n > 0) std::memcpy(out.val.data(), in.data() + 8, 4 * n);
+    read_values(in.data() + 8, n, half, out.val);
     return;
   }
-  if (count > n || (in.size() - 8) / 4 < count) bad_stream("sparse stream of the wrong size");
-  out.val.resize(count);
+  if (count > n || (in.size() - 8) / width < count) bad_stream("sparse stream of the wrong size");
+  read_values(in.data() + 8, count, half, out.val);
   out.idx.resize(count);
-  if (count > 0) std::memcpy(out.val.data(), in.data() + 8, 4 * count);
   try {
-    unpack_indices(in.subspan(8 + 4 * count), count, n, out.idx.data());
+    unpack_indices(in.subspan(8 + width * count), count, n, out.idx.data());
   } catch (const Error& e) {
     bad_stream(e.what());
   }

@@ -1,5 +1,6 @@
 // SparCML's streams: a partial sum of sparse contributions in one of two representations,
-// sparse (strictly ascending indices with float32 values) or dense (all n values). Merging two
+// sparse (strictly ascending indices with float32 values) or dense (all n values); on the wire
+// the values are float32, or binary16 for a codec with values=fp16. Merging two
 // streams sums them; the result turns dense once (len_a + len_b) * (index + value bytes) reaches
 // the dense size n * 4 (Renggli et al., SC 2019). Merges are commutative bit for bit (IEEE
 // addition is), so two partners that merge each other's streams hold identical results.
@@ -34,10 +35,17 @@ struct Stream {
 // acc = acc + other (same n), switching to dense by the byte rule.
 void merge_into(Stream& acc, const Stream& other);
 
-// Wire form (docs/wire-format.md, "Streams"): u64 header (bit 63: dense; low bits: entry
-// count), the float32 values, and for a sparse stream its indices packed as gaps
-// (compressors/index_pack.hpp) to the end.
-void serialize(const Stream& s, std::vector<std::byte>& out);
+// Wire form (docs/wire-format.md, "Streams"): u64 header (bit 63: dense; bit 62: binary16
+// values; low bits: entry count), the values, and for a sparse stream its indices packed as
+// gaps (compressors/index_pack.hpp) to the end. With `half` (a codec with values=fp16) the
+// values go as IEEE binary16, rounded to nearest even, where every one of them is within the
+// format's range (|v| <= 65504, finite), else as float32; returns whether they went as halves.
+// A receiver reads the rounded values: a sender that goes on using its own stream (recursive
+// doubling's partners, which must hold the same sums) rounds it first with round_to_half.
+bool serialize(const Stream& s, std::vector<std::byte>& out, bool half = false);
+// Every value rounded to binary16 and back, where all of them are within its range; returns
+// whether it rounded (what serialize(s, out, true) then sends).
+bool round_to_half(Stream& s);
 // Checks sizes and index order; throws Error(bad_payload).
 void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out);
 

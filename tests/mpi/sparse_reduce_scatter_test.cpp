@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "half.hpp"
 #include "mpi_util.hpp"
 
 namespace gcomp {
@@ -161,6 +162,47 @@ TEST(SparseReduceScatter, CapsBoundWhatATrailingThresholdKeeps) {
     auto x = test::input(n, 51 + static_cast<std::uint32_t>(step), scale);
     for (std::size_t i = n / 2; i < n / 2 + n / 20; ++i) x[i] *= 10.0f;
     check(x, "growing, crowded");
+  }
+}
+
+// values=fp16: the sums cross as binary16. The result is the same on every rank, holds k
+// entries, each the sum rounded to binary16, and no sum left out is larger (after rounding) than
+// one kept; the bytes per rank drop by 2 per entry sent.
+TEST(SparseReduceScatter, HalfValuesCarryRoundedSums) {
+  const std::size_t n = 100000;
+  const Codec half("topk:ratio=0.02,values=fp16"), full("topk:ratio=0.02");
+  AllreduceOptions opt = pinned();
+  for (int call = 0; call < 3; ++call) {
+    const auto x = test::input(n, 70 + static_cast<std::uint32_t>(call));
+    const UnionSum u = union_sum(test::contribution(half, x, 0));
+    std::vector<float> out(n), out_full(n);
+    opt.tensor = 80;
+    world().allreduce(x, out, half, nullptr, opt);
+    const double bytes_half = static_cast<double>(world().last_stats().bytes_sent);
+    opt.tensor = 81;
+    world().allreduce(x, out_full, full, nullptr, opt);
+    const double bytes_full = static_cast<double>(world().last_stats().bytes_sent);
+    EXPECT_TRUE(test::same_on_all_ranks(out));
+    std::size_t kept = 0, bad = 0;
+    float least_kept = INFINITY, most_left = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float r = detail::half_to_float(detail::float_to_half(u.sum[i]));
+      if (out[i] != 0.0f) {
+        ++kept;
+        bad += out[i] != r;
+        least_kept = std::min(least_kept, std::fabs(out[i]));
+      } else if (u.in_union[i]) {
+        most_left = std::max(most_left, std::fabs(r));
+      }
+    }
+    EXPECT_EQ(kept, half.selected(n));
+    EXPECT_EQ(bad, 0u);
+    EXPECT_LE(most_left, least_kept);
+    // The entries sent: (P-1)/P k each way and the kept 1.1 k/P to P-1 ranks, 2 bytes less each.
+    if (size() > 1 && call > 0) {
+      const double p = size(), k = static_cast<double>(half.selected(n));
+      EXPECT_LE(bytes_half, bytes_full - 2 * 0.9 * (p - 1) / p * 2.0 * k) << "call " << call;
+    }
   }
 }
 
