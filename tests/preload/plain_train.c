@@ -1,10 +1,18 @@
 /* A plain MPI training program that knows nothing of gcomp: an MLP 784-128-10 on Fashion-MNIST,
- * data parallel, each step's gradients summed with one MPI_Allreduce of a flat float buffer (as
- * hand-written MPI training codes do). Run it as it is, or under the interposer:
+ * data parallel, momentum SGD, each step's gradients summed with one MPI_Allreduce of a flat
+ * float buffer (as hand-written MPI training codes do). Run it as it is, or under the interposer:
  *
- *   mpiexec.mpich -n 4 ./gcomp_plain_train [DATA_DIR [STEPS]]
+ *   mpiexec.mpich -n 4 ./gcomp_plain_train [DATA_DIR [STEPS [velocity|gradient]]]
  *   LD_PRELOAD=libgcomp_preload.so GCOMP_CODEC=topk:ratio=0.01 GCOMP_STATS=1 \
  *       mpiexec.mpich -n 4 ./gcomp_plain_train
+ *
+ * What it sums (both are momentum SGD on the summed gradient; they differ only in rounding):
+ *   velocity (the default): each rank keeps the momentum of its own gradient, v_r = m v_r + g_r,
+ *     and the ranks sum their velocities (a sum is linear: the momentum of the sum).
+ *   gradient: the ranks sum their gradients and one momentum is applied to the sum.
+ * Under a sparsifying codec with error feedback they differ: summing the velocity is DGC's
+ * momentum correction (what the codec delays is momentum already applied), while momentum
+ * applied after a delayed, sparse sum costs accuracy (docs/interposer.md has both measured).
  *
  * Rank 0 prints the test accuracy, the training seconds and a checksum of the weights (their
  * bits, so that two runs that summed the same gradients print the same line). docs/interposer.md.
@@ -77,6 +85,13 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const char* dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
   const long steps = argc > 2 ? atol(argv[2]) : 2 * 60000 / (BATCH * size);
+  const char* mode = argc > 3 ? argv[3] : "velocity";
+  const int sum_velocity = strcmp(mode, "velocity") == 0;
+  if (!sum_velocity && strcmp(mode, "gradient") != 0) {
+    if (rank == 0) fprintf(stderr, "plain_train: the third argument is velocity or gradient\n");
+    MPI_Finalize();
+    return 2;
+  }
   const int ntrain = 60000, ntest = 10000;
   unsigned char* train_x = read_idx(dir, "train-images-idx3-ubyte.gz", 16, (size_t)ntrain * IN);
   unsigned char* train_y = read_idx(dir, "train-labels-idx1-ubyte.gz", 8, ntrain);
@@ -86,6 +101,7 @@ int main(int argc, char** argv) {
   float* p = malloc(sizeof(float) * NPARAM);
   float* g = malloc(sizeof(float) * NPARAM);
   float* v = calloc(NPARAM, sizeof(float));
+  float* u = malloc(sizeof(float) * NPARAM); /* the summed velocities */
   uint64_t seed = 1;
   const float s1 = sqrtf(6.0f / (IN + HID)), s2 = sqrtf(6.0f / (HID + OUT));
   for (int i = 0; i < NW1; ++i) p[i] = (2 * uniform(&seed) - 1) * s1;
@@ -130,12 +146,21 @@ int main(int argc, char** argv) {
         for (int j = 0; j < HID; ++j) row[j] += x * dh[j];
       }
     }
-    /* The one line gcomp replaces: the gradients summed over the ranks. */
-    MPI_Allreduce(MPI_IN_PLACE, g, NPARAM, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    /* The one line gcomp replaces: the velocities (or gradients) summed over the ranks. */
     const float scale = 1.0f / (float)(BATCH * size);
-    for (int i = 0; i < NPARAM; ++i) {
-      v[i] = momentum * v[i] + g[i] * scale;
-      p[i] -= lr * v[i];
+    if (sum_velocity) {
+      for (int i = 0; i < NPARAM; ++i) {
+        v[i] = momentum * v[i] + g[i] * scale;
+        u[i] = v[i];
+      }
+      MPI_Allreduce(MPI_IN_PLACE, u, NPARAM, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (int i = 0; i < NPARAM; ++i) p[i] -= lr * u[i];
+    } else {
+      MPI_Allreduce(MPI_IN_PLACE, g, NPARAM, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (int i = 0; i < NPARAM; ++i) {
+        v[i] = momentum * v[i] + g[i] * scale;
+        p[i] -= lr * v[i];
+      }
     }
   }
   const double seconds = MPI_Wtime() - t0;
@@ -156,13 +181,14 @@ int main(int argc, char** argv) {
     check = (check ^ bits) * 1099511628211ull;
   }
   if (rank == 0) {
-    printf("plain_train: ranks=%d steps=%ld accuracy=%.4f seconds=%.2f weights=%016llx\n", size,
-           steps, total / (double)ntest, seconds, (unsigned long long)check);
+    printf("plain_train: ranks=%d steps=%ld sum=%s accuracy=%.4f seconds=%.2f weights=%016llx\n",
+           size, steps, mode, total / (double)ntest, seconds, (unsigned long long)check);
     fflush(stdout);
   }
   free(p);
   free(g);
   free(v);
+  free(u);
   free(train_x);
   free(train_y);
   free(test_x);

@@ -86,6 +86,15 @@ run 4 pre GCOMP_CODEC=none GCOMP_STATS=1 "$TRAIN" "$DATA" 300 || fail "plain_tra
 none=$(grep '^plain_train:' out.txt)
 grep -q 'taken=300 ' err.txt || fail "none: not every step taken: $(cat err.txt)"
 [ "${plain##*weights=}" = "${none##*weights=}" ] || fail "none changed the weights: $plain / $none"
+# The same with the gradients summed (momentum applied after the sum), and a bad mode.
+run 4 "$TRAIN" "$DATA" 100 gradient || fail "plain_train, gradient: $(head -c 2000 err.txt)"
+plain=$(grep '^plain_train:' out.txt)
+run 4 pre GCOMP_CODEC=none "$TRAIN" "$DATA" 100 gradient || fail "gradient, none: $(head -c 2000 err.txt)"
+none=$(grep '^plain_train:' out.txt)
+[ "${plain##*weights=}" = "${none##*weights=}" ] || fail "none changed the weights (gradient): $plain / $none"
+[ "${plain##*sum=gradient }" != "$plain" ] || fail "the gradient mode did not say so: $plain"
+run 2 "$TRAIN" "$DATA" 10 momentum && fail "plain_train accepted a bad mode"
+grep -q 'velocity or gradient' err.txt || fail "bad mode: $(cat err.txt)"
 # (The algorithm pinned: on an unshaped loopback auto may find the dense sum of the decoded
 # contributions fastest, which applies the codec but sends float32.)
 run 4 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_reduce_scatter GCOMP_STATS=1 \
