@@ -112,6 +112,46 @@ int main(int argc, char** argv) {
     PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) printf("taken_in_place_equals %s\n", all_same ? "yes" : "no");
     if (ef) gcomp_ef_destroy(ef);
+    /* "calls sites": error feedback per call site. Three call sites (receive buffers) on a new
+       communicator, then the first one again: its result equals gcomp_allreduce with error
+       feedback from zero where its residual was freed (GCOMP_EF_MEMORY_MB=1 holds two residuals
+       of BIG floats), and with the residual its first call left where it was kept. */
+    if (argc > 1 && strcmp(argv[1], "sites") == 0 && with_ef) {
+      MPI_Comm sites;
+      MPI_Comm_dup(MPI_COMM_WORLD, &sites);
+      float* x2 = malloc(sizeof(float) * BIG);
+      float* yb = malloc(sizeof(float) * BIG);
+      float* yc = malloc(sizeof(float) * BIG);
+      fill(x, BIG, rank, 7);
+      fill(x2, BIG, rank, 8);
+      MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, sites);
+      MPI_Allreduce(x, yb, BIG, MPI_FLOAT, MPI_SUM, sites);
+      MPI_Allreduce(x, yc, BIG, MPI_FLOAT, MPI_SUM, sites);
+      MPI_Allreduce(x2, y, BIG, MPI_FLOAT, MPI_SUM, sites);
+      gcomp_ef from_zero, kept;
+      if (gcomp_ef_create(BIG, &from_zero) != GCOMP_OK || gcomp_ef_create(BIG, &kept) != GCOMP_OK ||
+          gcomp_allreduce(x2, z, BIG, codec, from_zero, 0, sites) != GCOMP_OK) {
+        fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      same = memcmp(y, z, sizeof(float) * BIG) == 0;
+      PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      if (rank == 0) printf("site_from_zero %s\n", all_same ? "yes" : "no");
+      if (gcomp_allreduce(x, z, BIG, codec, kept, 0, sites) != GCOMP_OK ||
+          gcomp_allreduce(x2, z, BIG, codec, kept, 0, sites) != GCOMP_OK) {
+        fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      same = memcmp(y, z, sizeof(float) * BIG) == 0;
+      PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      if (rank == 0) printf("site_kept %s\n", all_same ? "yes" : "no");
+      gcomp_ef_destroy(from_zero);
+      gcomp_ef_destroy(kept);
+      free(x2);
+      free(yb);
+      free(yc);
+      MPI_Comm_free(&sites);
+    }
     gcomp_codec_destroy(codec);
     MPI_Comm_free(&fresh);
   }

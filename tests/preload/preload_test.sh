@@ -48,6 +48,17 @@ for p in 1 2 4; do
   grep -q 'gcomp preload: rank 0: taken=2 ' err.txt || fail "$p ranks: $(cat err.txt)"
 done
 
+# Error feedback per call site: a site's residual is kept (the default) or freed when the
+# memory bound is reached (GCOMP_EF_MEMORY_MB=1 holds two of the three sites' residuals).
+run 2 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_allgather "$CALLS" sites ||
+  fail "sites: $(head -c 2000 err.txt)"
+grep -q '^site_kept yes$' out.txt && grep -q '^site_from_zero no$' out.txt ||
+  fail "sites: the first site's residual was not kept: $(cat out.txt)"
+run 2 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_allgather GCOMP_EF_MEMORY_MB=1 \
+  "$CALLS" sites || fail "sites, 1 MiB: $(head -c 2000 err.txt)"
+grep -q '^site_from_zero yes$' out.txt && grep -q '^site_kept no$' out.txt ||
+  fail "sites, 1 MiB: the first site's residual was not freed: $(cat out.txt)"
+
 # bad VAR=VALUE WORD: fails at init, non-zero on every rank, one line naming VAR=VALUE.
 bad() {
   run 2 pre GCOMP_ALGORITHM=auto "$1" "$CALLS"
