@@ -30,6 +30,22 @@ static void report(const char* name, const void* p, size_t bytes) {
   if (rank == 0) printf("%s %016llx\n", name, (unsigned long long)all);
 }
 
+/* Stops every rank where a gcomp call failed. */
+static void must(gcomp_status status) {
+  if (status != GCOMP_OK) {
+    fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+/* Rank 0 prints "name yes" when a and b hold the same bits on every rank, else "name no". */
+static void say_same(const char* name, const float* a, const float* b, size_t n) {
+  int same = memcmp(a, b, sizeof(float) * n) == 0, all_same = 0, rank;
+  PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) printf("%s %s\n", name, all_same ? "yes" : "no");
+}
+
 static void fill(float* x, int n, int rank, int salt) {
   uint64_t s = (uint64_t)(rank + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)salt;
   for (int i = 0; i < n; ++i) {
@@ -95,22 +111,15 @@ int main(int argc, char** argv) {
     gcomp_ef ef = NULL;
     const char* efs = getenv("GCOMP_EF");
     int with_ef = strstr(spec, "topk") == spec && !(efs && strcmp(efs, "0") == 0);
-    if (gcomp_codec_create(spec, &codec) != GCOMP_OK ||
-        (with_ef && gcomp_ef_create(BIG, &ef) != GCOMP_OK) ||
-        gcomp_allreduce(x, z, BIG, codec, ef, 0, fresh) != GCOMP_OK) {
-      fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    int same = memcmp(y, z, sizeof(float) * BIG) == 0, all_same = 0;
-    PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rank == 0) printf("taken_equals_gcomp_allreduce %s\n", all_same ? "yes" : "no");
+    must(gcomp_codec_create(spec, &codec));
+    if (with_ef) must(gcomp_ef_create(BIG, &ef));
+    must(gcomp_allreduce(x, z, BIG, codec, ef, 0, fresh));
+    say_same("taken_equals_gcomp_allreduce", y, z, BIG);
     /* In place: the same input, the same result (top-k does not draw from the seed; this
        buffer is a new call site, so its residual starts from zero too). */
     memcpy(z, x, sizeof(float) * BIG);
     MPI_Allreduce(MPI_IN_PLACE, z, BIG, MPI_FLOAT, MPI_SUM, fresh);
-    same = memcmp(y, z, sizeof(float) * BIG) == 0;
-    PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (rank == 0) printf("taken_in_place_equals %s\n", all_same ? "yes" : "no");
+    say_same("taken_in_place_equals", y, z, BIG);
     if (ef) gcomp_ef_destroy(ef);
     /* "calls sites": error feedback per call site. Three call sites (receive buffers) on a new
        communicator, then the first one again: its result equals gcomp_allreduce with error
@@ -129,22 +138,13 @@ int main(int argc, char** argv) {
       MPI_Allreduce(x, yc, BIG, MPI_FLOAT, MPI_SUM, sites);
       MPI_Allreduce(x2, y, BIG, MPI_FLOAT, MPI_SUM, sites);
       gcomp_ef from_zero, kept;
-      if (gcomp_ef_create(BIG, &from_zero) != GCOMP_OK || gcomp_ef_create(BIG, &kept) != GCOMP_OK ||
-          gcomp_allreduce(x2, z, BIG, codec, from_zero, 0, sites) != GCOMP_OK) {
-        fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      same = memcmp(y, z, sizeof(float) * BIG) == 0;
-      PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-      if (rank == 0) printf("site_from_zero %s\n", all_same ? "yes" : "no");
-      if (gcomp_allreduce(x, z, BIG, codec, kept, 0, sites) != GCOMP_OK ||
-          gcomp_allreduce(x2, z, BIG, codec, kept, 0, sites) != GCOMP_OK) {
-        fprintf(stderr, "calls: gcomp: %s\n", gcomp_last_error());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      same = memcmp(y, z, sizeof(float) * BIG) == 0;
-      PMPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-      if (rank == 0) printf("site_kept %s\n", all_same ? "yes" : "no");
+      must(gcomp_ef_create(BIG, &from_zero));
+      must(gcomp_ef_create(BIG, &kept));
+      must(gcomp_allreduce(x2, z, BIG, codec, from_zero, 0, sites));
+      say_same("site_from_zero", y, z, BIG);
+      must(gcomp_allreduce(x, z, BIG, codec, kept, 0, sites));
+      must(gcomp_allreduce(x2, z, BIG, codec, kept, 0, sites));
+      say_same("site_kept", y, z, BIG);
       gcomp_ef_destroy(from_zero);
       gcomp_ef_destroy(kept);
       free(x2);
