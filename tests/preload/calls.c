@@ -5,6 +5,7 @@
  * whether a taken call equals gcomp_allreduce with the same codec, seed and error feedback.
  */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +55,49 @@ static void fill(float* x, int n, int rank, int salt) {
   }
 }
 
+/* "calls threads": under MPI_THREAD_MULTIPLE, an allreduce from the thread that initialized MPI
+   (taken) and one from another thread (passed through), each of the same input on its own
+   communicator: rank 0 prints "provided LEVEL", "threads_main HASH" and "threads_other HASH". */
+struct other_call {
+  const float* x;
+  float* y;
+  MPI_Comm comm;
+};
+
+static void* other_thread(void* arg) {
+  struct other_call* c = arg;
+  MPI_Allreduce(c->x, c->y, BIG, MPI_FLOAT, MPI_SUM, c->comm);
+  return NULL;
+}
+
+static int threads_case(int* argc, char*** argv) {
+  int provided, rank;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) printf("provided %d\n", provided == MPI_THREAD_MULTIPLE ? 3 : provided);
+  float* x = malloc(sizeof(float) * BIG);
+  float* y = malloc(sizeof(float) * BIG);
+  fill(x, BIG, rank, 9);
+  struct other_call c = {x, y, MPI_COMM_NULL};
+  MPI_Comm_dup(MPI_COMM_WORLD, &c.comm);
+  pthread_t t;
+  if (pthread_create(&t, NULL, other_thread, &c) != 0 || pthread_join(t, NULL) != 0) {
+    fprintf(stderr, "calls: no thread\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  report("threads_other", y, sizeof(float) * BIG);
+  MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, c.comm);
+  report("threads_main", y, sizeof(float) * BIG);
+  fflush(stdout);
+  MPI_Comm_free(&c.comm);
+  free(x);
+  free(y);
+  MPI_Finalize();
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "threads") == 0) return threads_case(&argc, &argv);
   MPI_Init(&argc, &argv);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

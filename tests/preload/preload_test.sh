@@ -59,6 +59,23 @@ run 2 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_ALGORITHM=sparse_allgather GCOMP_EF_
 grep -q '^site_from_zero yes$' out.txt && grep -q '^site_kept no$' out.txt ||
   fail "sites, 1 MiB: the first site's residual was not freed: $(cat out.txt)"
 
+# MPI_THREAD_MULTIPLE: the initializing thread's call is taken, another thread's passes through
+# bit for bit (skipped where MPICH does not provide MULTIPLE).
+run 2 "$CALLS" threads || fail "threads: $(head -c 2000 err.txt)"
+if grep -q '^provided 3$' out.txt; then
+  grep '^threads_' out.txt >plain.txt
+  run 2 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_STATS=1 "$CALLS" threads ||
+    fail "threads under the interposer: $(head -c 2000 err.txt)"
+  grep '^threads_' out.txt >under.txt
+  [ "$(grep '^threads_other' plain.txt)" = "$(grep '^threads_other' under.txt)" ] ||
+    fail "threads: the other thread's call changed: $(cat plain.txt under.txt)"
+  [ "$(grep '^threads_main' plain.txt)" != "$(grep '^threads_main' under.txt)" ] ||
+    fail "threads: the main thread's call was not taken: $(cat under.txt)"
+  grep -q 'gcomp preload: rank 0: taken=1 passed=1 ' err.txt || fail "threads: $(cat err.txt)"
+else
+  echo "preload_test: MPI_THREAD_MULTIPLE not provided: $(cat out.txt)" >&2
+fi
+
 # bad VAR=VALUE WORD: fails at init, non-zero on every rank, one line naming VAR=VALUE.
 bad() {
   run 2 pre GCOMP_ALGORITHM=auto "$1" "$CALLS"
