@@ -26,7 +26,9 @@
 //      the k-th largest gathered (or, where fewer than k came because the sums shrank since
 //      theta was set, down to where their histograms reach 1.1 k), after which it is. So the
 //      result is exactly the global top-k, every call. The next theta is the 1.1 k-th largest
-//      |sum| gathered.
+//      |sum| gathered (its level), lowered by the level's ratio to the previous call's where it
+//      shrank (at most halved): a call short of k costs a second allgather, one over it at most
+//      the caps.
 //
 // Error feedback: each rank's residual takes back its own contribution at every index that was
 // not kept (where the result is zero), so the sum of the results and of all residuals is the sum
@@ -140,10 +142,11 @@ struct Ranked {
 }  // namespace
 
 std::uint64_t SparseRegions::signature() const {
-  if (bound.empty() && threshold == 0) return 0;
+  if (bound.empty() && threshold == 0 && level == 0) return 0;
   Fnv h;
   for (std::uint64_t b : bound) h.add(b);
-  return h.add(std::bit_cast<std::uint64_t>(threshold)).h | 1;
+  return h.add(std::bit_cast<std::uint64_t>(threshold)).add(std::bit_cast<std::uint64_t>(level)).h |
+         1;
 }
 
 SparseRegions& RegionMemory::of(std::uint64_t key) {
@@ -388,11 +391,17 @@ void run_sparse_reduce_scatter(Job& job) {
   // The next threshold: the 1.1 k-th largest gathered (sought among those after the k-th);
   // else from the held-back histograms; else (everything was sent, fewer than 1.1 k in all)
   // keep everything next time too.
-  double next_theta = 0;
+  double next_theta = 0, level = 0;
   if (aim > 0 && gathered >= aim) {
     std::nth_element(ranked.begin() + static_cast<std::ptrdiff_t>(std::min(k, aim - 1)),
                      ranked.begin() + static_cast<std::ptrdiff_t>(aim - 1), ranked.end());
-    next_theta = ranked[aim - 1].mag;
+    level = ranked[aim - 1].mag;
+    // Sums that shrink from call to call (a decaying learning rate inside what is summed, a
+    // converging model) would leave the next call short of k under this call's level, and a
+    // short call costs a second allgather; so theta follows a shrinking level down by its last
+    // ratio (at most halving it). Too low a theta costs at most the owners' caps.
+    const double ratio = memory.level > 0 ? level / memory.level : 1.0;
+    next_theta = level * std::clamp(ratio, 0.5, 1.0);
   } else if (sent_all) {
     next_theta = std::numeric_limits<float>::denorm_min();
   } else {
@@ -415,6 +424,7 @@ void run_sparse_reduce_scatter(Job& job) {
   if (job.regions) {
     job.regions->bound = balanced_bounds(bound, reports, n);
     job.regions->threshold = next_theta > 0 && std::isfinite(next_theta) ? next_theta : 0.0;
+    job.regions->level = level > 0 && std::isfinite(level) ? level : 0.0;
   }
   job.decode_seconds += now() - start;
   finish_average(job);

@@ -1,6 +1,6 @@
 // sparse_reduce_scatter's memory between calls (sparse_reduce_scatter.cpp): per tensor, the
 // region boundaries balanced by where the ranks' selections fell last time, and the global
-// threshold estimate. Every rank derives it from the same gathered data, so every rank holds the
+// threshold estimate (with the level it came from). Every rank derives it from the same gathered data, so every rank holds the
 // same; the agreement compares its hash (Agreement::regions) and every rank forgets it when they
 // differ.
 #pragma once
@@ -14,10 +14,12 @@ namespace gcomp::detail {
 struct SparseRegions {
   std::vector<std::uint64_t> bound;  // P + 1 boundaries; empty: P equal regions
   double threshold = 0;              // keep |sum| >= threshold; 0: unknown (found this call)
-  std::uint64_t signature() const;   // a hash of both (0 when both are unset)
+  double level = 0;                  // the previous call's 1.1 k-th largest |sum|; 0: unknown
+  std::uint64_t signature() const;   // a hash of the three (0 when all are unset)
   void forget() {
     bound.clear();
     threshold = 0;
+    level = 0;
   }
 };
 
