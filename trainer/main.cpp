@@ -48,7 +48,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},
           {"warmup_epochs", c.warmup_epochs},
-          {"ef_on", c.ef_on_velocity ? "velocity" : "gradient"},
+          {"ef_on", !c.ef_on_velocity ? "gradient" : c.ef_scaled_by_lr ? "update" : "velocity"},
           {"dense_below", c.dense_below},
           {"bucket_bytes", c.bucket_bytes},
           {"subset", c.subset},
@@ -100,7 +100,8 @@ int run(int argc, char** argv) {
   app.add_flag("--ef,!--no-ef", c.error_feedback, "error feedback (default on)");
   app.add_option("--ef-on", ef_on,
                  "with error feedback, what each rank compresses: velocity (its momentum, the "
-                 "step being the average sent) or gradient (momentum applied to the average)")
+                 "step being the average sent times lr), update (lr times its momentum, the step "
+                 "being the average sent) or gradient (momentum applied to the average)")
       ->capture_default_str();
   app.add_option("--epochs", c.epochs, "epochs")->capture_default_str();
   app.add_option("--batch", c.batch, "samples per rank per step")->capture_default_str();
@@ -132,11 +133,12 @@ int run(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "no per-epoch lines");
   try {
     app.parse(argc, argv);
-    if (ef_on != "velocity" && ef_on != "gradient") {
+    if (ef_on != "velocity" && ef_on != "gradient" && ef_on != "update") {
       throw gcomp::Error(gcomp::Status::invalid_argument,
-                         "--ef-on: " + ef_on + " is neither velocity nor gradient");
+                         "--ef-on: " + ef_on + " is not velocity, update or gradient");
     }
-    c.ef_on_velocity = ef_on == "velocity";
+    c.ef_on_velocity = ef_on != "gradient";
+    c.ef_scaled_by_lr = ef_on == "update";
     if (algorithm != "bytes") c.algorithm = gcomp::parse_algorithm(algorithm);
     gcomp::train::validate(c);
   } catch (const CLI::CallForHelp& e) {

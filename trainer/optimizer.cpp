@@ -130,15 +130,16 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
       std::vector<float>& g = params_[i]->grad;
       for (std::size_t k = 0; k < m.size(); ++k) {
         m[k] = mu * m[k] + g[k];
-        g[k] = m[k];
+        g[k] = c_.ef_scaled_by_lr ? lr * m[k] : m[k];
       }
     }
     total.compute_seconds += now() - t0;
     comm.allreduce_buckets(grads_, codec_, efs_, bo);
     add_stats(total, comm.last_stats());
     t0 = now();
+    const float apply = c_.ef_scaled_by_lr ? 1.0f : lr;  // the update was sent as it is
     for (Param* q : params_) {
-      for (std::size_t k = 0; k < q->value.size(); ++k) q->value[k] -= lr * q->grad[k];
+      for (std::size_t k = 0; k < q->value.size(); ++k) q->value[k] -= apply * q->grad[k];
     }
     total.compute_seconds += now() - t0;
   } else {

@@ -45,6 +45,11 @@ struct Config {
   // average then feeding one global momentum. Without compression the two agree up to rounding
   // (the sum of momenta against the momentum of the sum; tests/mpi/trainer_test.cpp bounds it).
   bool ef_on_velocity = true;
+  // With error feedback on the velocity: true compresses lr m_r (the update, as EF-SGD writes
+  // it: a residual released late carries the learning rate of the steps it came from, not the
+  // later, decayed one), the step being minus the average sent. Without compression the same
+  // training up to rounding. `--ef-on update`.
+  bool ef_scaled_by_lr = false;
   // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
   // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
   std::optional<Algorithm> algorithm;

@@ -139,7 +139,7 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
   c.algorithm = Algorithm::dense;
   c.momentum = 0.9;
   const double lr = 0.1;
-  Param a[2], b[2];
+  Param a[2], b[2], d[2];
   std::mt19937 init(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int i = 0; i < 2; ++i) {
@@ -147,9 +147,13 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
     for (float& v : a[i].value) v = normal(init);
     a[i].grad.assign(sizes[i], 0.0f);
     b[i] = a[i];
+    d[i] = a[i];
   }
   c.ef_on_velocity = true;
   Optimizer on_velocity(c, {&a[0], &a[1]});
+  c.ef_scaled_by_lr = true;
+  Optimizer on_update(c, {&d[0], &d[1]});
+  c.ef_scaled_by_lr = false;
   c.ef_on_velocity = false;
   Optimizer on_gradient(c, {&b[0], &b[1]});
   // Two steps' gradients, different on every rank and of different scales along the tensor.
@@ -166,9 +170,11 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
     for (int i = 0; i < 2; ++i) {
       a[i].grad = grads[step][i];
       b[i].grad = grads[step][i];
+      d[i].grad = grads[step][i];
     }
     on_velocity.step(test::world(), lr, true, 1.0, static_cast<std::uint64_t>(step), stats);
     on_gradient.step(test::world(), lr, true, 1.0, static_cast<std::uint64_t>(step), stats);
+    on_update.step(test::world(), lr, true, 1.0, static_cast<std::uint64_t>(step), stats);
     if (step == 0) {
       for (int i = 0; i < 2; ++i) EXPECT_EQ(a[i].value, b[i].value) << "first step, tensor " << i;
     }
@@ -183,14 +189,19 @@ TEST(Trainer, VelocityAndGradientFeedbackAgreeWithoutCompression) {
     }
     MPI_Allreduce(mine.data(), sum.data(), static_cast<int>(sizes[i]), MPI_DOUBLE, MPI_SUM,
                   MPI_COMM_WORLD);
-    std::size_t bad = 0;
-    for (std::size_t k = 0; k < sizes[i]; ++k) {
-      const double big_a = sum[k] / p;
-      const double bound = (1 + u) * (lr * 2 * gamma * big_a + 2 * u * lr * big_a * (1 + gamma)) +
-                           u * (1 + 2 * u) * (std::fabs(a[i].value[k]) + std::fabs(b[i].value[k]));
-      bad += !(std::fabs(static_cast<double>(a[i].value[k]) - b[i].value[k]) <= bound);
+    // The same bound for the update form (lr m_r summed: one rounding of lr m_r per rank more,
+    // inside gamma's p + 3).
+    for (const Param* other : {&b[i], &d[i]}) {
+      std::size_t bad = 0;
+      for (std::size_t k = 0; k < sizes[i]; ++k) {
+        const double big_a = sum[k] / p;
+        const double bound =
+            (1 + u) * (lr * 2 * gamma * big_a + 2 * u * lr * big_a * (1 + gamma)) +
+            u * (1 + 2 * u) * (std::fabs(a[i].value[k]) + std::fabs(other->value[k]));
+        bad += !(std::fabs(static_cast<double>(a[i].value[k]) - other->value[k]) <= bound);
+      }
+      EXPECT_EQ(bad, 0u) << "tensor " << i << (other == &d[i] ? " (update)" : " (gradient)");
     }
-    EXPECT_EQ(bad, 0u) << "tensor " << i;
   }
 }
 
