@@ -76,7 +76,8 @@ LocalTerms local_terms(const ModelInput& in) {
 }
 
 double stream_entry_bytes(double entries, double range, double value_bytes) {
-  return value_bytes + expected_packed_index_bytes(range > 0 ? std::min(1.0, entries / range) : 1.0);
+  const double density = range > 0 ? std::min(1.0, entries / range) : 1.0;
+  return value_bytes + expected_packed_index_bytes(density);
 }
 
 double stream_entry_bytes(const ModelInput& in) {

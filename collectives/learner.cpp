@@ -95,23 +95,24 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
   const auto g = group_runs_.find(group);
   const std::uint64_t runs = (g != group_runs_.end() ? g->second : 0) +
                              (pending_key != 0 && pending_key >> 4 == group ? 1 : 0);
+  // A recheck: in estimate order, among the least measured others that `fits`, the fastest.
+  const auto recheck = [&](auto fits) -> const Candidate* {
+    const Candidate* pick = nullptr;
+    for (const Candidate& x : all) {
+      if (!same(x.choice, best) && fits(x) && (!pick || x.runs < pick->runs)) pick = &x;
+    }
+    return pick;
+  };
+  const Candidate* pick = nullptr;
   if (runs % kRecheck == kRecheck - 1) {
-    const Candidate* pick = nullptr;  // in estimate order: among the least measured, the fastest
-    for (const Candidate& x : all) {
-      const bool plausible =
-          x.predicted <= limit || x.estimate <= kExploreFactor * all[0].estimate;
-      if (!same(x.choice, best) && plausible && (!pick || x.runs < pick->runs)) pick = &x;
-    }
-    if (pick) return pick->choice;
+    pick = recheck([&](const Candidate& x) {
+      return x.predicted <= limit || x.estimate <= kExploreFactor * all[0].estimate;
+    });
   } else if (runs % kRecheckClose == kRecheckClose - 1) {
-    const Candidate* pick = nullptr;  // in estimate order: among the least measured, the fastest
-    for (const Candidate& x : all) {
-      const bool close = x.runs > 0 && x.estimate <= kClose * all[0].estimate;
-      if (!same(x.choice, best) && close && (!pick || x.runs < pick->runs)) pick = &x;
-    }
-    if (pick) return pick->choice;
+    pick = recheck(
+        [&](const Candidate& x) { return x.runs > 0 && x.estimate <= kClose * all[0].estimate; });
   }
-  return best;
+  return pick ? pick->choice : best;
 }
 
 }  // namespace gcomp::detail

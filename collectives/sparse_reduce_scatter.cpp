@@ -145,8 +145,8 @@ std::uint64_t SparseRegions::signature() const {
   if (bound.empty() && threshold == 0 && level == 0) return 0;
   Fnv h;
   for (std::uint64_t b : bound) h.add(b);
-  return h.add(std::bit_cast<std::uint64_t>(threshold)).add(std::bit_cast<std::uint64_t>(level)).h |
-         1;
+  h.add(std::bit_cast<std::uint64_t>(threshold)).add(std::bit_cast<std::uint64_t>(level));
+  return h.h | 1;
 }
 
 SparseRegions& RegionMemory::of(std::uint64_t key) {
@@ -341,6 +341,7 @@ void run_sparse_reduce_scatter(Job& job) {
   }
   bool sent_all = theta <= std::numeric_limits<float>::denorm_min() && !any_capped;
   bool second = false, too_few = false;
+  bool top_k_first = false;  // ranked's k largest already come first
   double lower = 0;
   if (ranked.size() < k && !sent_all) {
     second = too_few = true;
@@ -360,6 +361,8 @@ void run_sparse_reduce_scatter(Job& job) {
     if (!(ranked[k - 1].mag > max_cut)) {
       second = true;
       lower = ranked[k - 1].mag;
+    } else {
+      top_k_first = true;
     }
   }
   if (second) {
@@ -384,7 +387,7 @@ void run_sparse_reduce_scatter(Job& job) {
   }
   const std::uint64_t gathered = ranked.size();
   // The k largest first.
-  if (gathered > k) {
+  if (gathered > k && !top_k_first) {
     std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
                      ranked.end());
   }
@@ -439,8 +442,9 @@ double predict_sparse_reduce_scatter(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
   const auto& c = in.compute;
   const double kept = std::min(kAim * in.sent, n) / p;
+  const double entry = stream_entry_bytes(kept, n / p, in.value_bytes);
   return l.encode + predict_region_exchange(in) +
-         t_allgatherv(in, sizeof(Report) + 8 + kept * stream_entry_bytes(kept, n / p, in.value_bytes)) +
+         t_allgatherv(in, sizeof(Report) + 8 + kept * entry) +
          kept * p * c.merge + (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out +
          l.average;
 }
@@ -449,8 +453,8 @@ double predict_sparse_reduce_scatter(const ModelInput& in) {
 double bytes_sparse_reduce_scatter(const ModelInput& in) {
   const double n = in.n, p = in.ranks;
   const double kept = std::min(kAim * in.sent, n) / p;
-  return bytes_region_exchange(in) +
-         (p - 1) * (sizeof(Report) + 16 + kept * stream_entry_bytes(kept, n / p, in.value_bytes));
+  const double entry = stream_entry_bytes(kept, n / p, in.value_bytes);
+  return bytes_region_exchange(in) + (p - 1) * (sizeof(Report) + 16 + kept * entry);
 }
 
 // Auto weighs it only with error feedback: its result is the global top-k, not the sum over the

@@ -1,8 +1,8 @@
 // sparse_reduce_scatter's memory between calls (sparse_reduce_scatter.cpp): per tensor, the
 // region boundaries balanced by where the ranks' selections fell last time, and the global
-// threshold estimate (with the level it came from). Every rank derives it from the same gathered data, so every rank holds the
-// same; the agreement compares its hash (Agreement::regions) and every rank forgets it when they
-// differ.
+// threshold estimate (with the level it came from). Every rank derives it from the same gathered
+// data, so every rank holds the same; the agreement compares its hash (Agreement::regions) and
+// every rank forgets it when they differ.
 #pragma once
 
 #include <cstdint>

@@ -121,7 +121,9 @@ void validate(const Config& c) {
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("momentum must be in [0, 1)");
   if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) bad("weight decay must be >= 0");
   if (c.warmup_epochs < 0) bad("warm-up epochs must be >= 0");
-  if (c.ef_scaled_by_lr && !c.ef_on_velocity) bad("error feedback on the update is on the velocity");
+  if (c.ef_scaled_by_lr && !c.ef_on_velocity) {
+    bad("error feedback on the update is on the velocity");
+  }
 }
 
 History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,
