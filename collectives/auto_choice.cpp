@@ -24,14 +24,18 @@ using detail::model_input;
 ComputeModel Timing::codec_speeds(const Codec& codec, std::size_t n) {
   return measure_compute(codec, n);
 }
+ComputeModel Timing::device_codec_speeds(const Codec& codec, std::size_t n,
+                                         TensorView<const float> input) {
+  return measure_compute(codec, n, input);
+}
 ComputeModel Timing::shared_speeds() { return measure_reduce_and_merge(); }
 double Timing::call_seconds(const Codec&, std::size_t, Choice, double wall) { return wall; }
 
 namespace detail {
 
-std::uint64_t calibration_key(const Codec& codec, std::size_t n) {
+std::uint64_t calibration_key(const Codec& codec, std::size_t n, bool device) {
   const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 24));
-  return Fnv{}.add(codec.spec()).add(static_cast<std::uint64_t>(log2n)).h;
+  return Fnv{}.add(codec.spec()).add(static_cast<std::uint64_t>(log2n) * 2 + (device ? 1 : 0)).h;
 }
 
 ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, std::uint64_t bytes,

@@ -11,8 +11,8 @@
 namespace gcomp::detail {
 
 // Tensors within a factor of two share a measurement of the codec's speeds; at most 16M
-// elements are measured.
-std::uint64_t calibration_key(const Codec& codec, std::size_t n);
+// elements are measured. Device tensors' speeds (the GPU's codec) are kept apart from the host's.
+std::uint64_t calibration_key(const Codec& codec, std::size_t n, bool device = false);
 
 // The cost model's input for a call of this codec on n elements whose largest payload holds
 // `sent` entries (sparse codecs) in `bytes` bytes.

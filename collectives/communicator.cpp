@@ -185,6 +185,7 @@ struct Communicator::Impl {
     ErrorFeedback* ef;
     const AllreduceOptions& opt;
     std::uint64_t extra_signature;
+    const DeviceCall* device = nullptr;  // set for a call on device tensors
     double start = MPI_Wtime();
     detail::Job job;
     Agreement mine{};
@@ -203,6 +204,7 @@ struct Communicator::Impl {
                   const Error* abandoned, std::uint64_t extra_signature,
                   const DeviceCall* device = nullptr) {
     Call c{self, codec, ef, opt, extra_signature};
+    c.device = device;
     // 1. Local work that may fail: a failure is this rank's part of the agreement.
     std::exception_ptr local;
     try {
@@ -361,7 +363,7 @@ struct Communicator::Impl {
     // candidate is dense), and an explicit algorithm needs no speeds.
     c.choosing = c.requested == Algorithm::automatic && codec->kind() != CodecKind::none;
     if (c.choosing) {
-      c.calibration = calibration_key(*codec, in.size());
+      c.calibration = calibration_key(*codec, in.size(), device != nullptr);
       c.group = detail::AutoLearner::group_of(codec->spec(), in.size());
       if (const auto it = self.calibrated_.find(c.calibration); it != self.calibrated_.end()) {
         c.compute = self.with_shared_speeds(it->second);
@@ -452,13 +454,19 @@ struct Communicator::Impl {
     const std::size_t n = c.job.in.size();
     ComputeModel& compute = c.compute;
     if (all.encode == dbits(kInfinity)) {
-      // Some rank has not seen this (spec, size class): all ranks measure the codec now, at
+      // Some rank has not seen this (spec, size class, host or device): all ranks measure the
+      // codec now (where each one's tensor is: a device tensor times the GPU's kernels), at
       // once (the agreement has just lined them up), so that ranks sharing a node compete as
       // they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
       // before the allreduce: the other ranks are waiting in it.
       double speeds[2] = {0, 0};
       try {
-        const ComputeModel m = self.timing_->codec_speeds(codec, n);
+        const ComputeModel m =
+            c.device ? self.timing_->device_codec_speeds(
+                           codec, n,
+                           TensorView<const float>::device(c.device->in, n, c.device->stream,
+                                                           c.device->dev))
+                     : self.timing_->codec_speeds(codec, n);
         speeds[0] = m.encode;
         speeds[1] = m.decode;
       } catch (...) {  // out of memory: the other ranks' numbers stand

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "algorithm_table.hpp"
+#include "device_backend.hpp"
 #include "index_pack.hpp"
 #include "model_terms.hpp"
 #include "stream.hpp"
@@ -165,10 +166,10 @@ ComputeModel measure_reduce_and_merge() {
   return c;
 }
 
-ComputeModel measure_compute(const Codec& codec, std::size_t n) {
-  const std::size_t kN = std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 24);
-  // Roughly normal values, cheaply: a sum of four uniforms from a splitmix64 stream.
-  std::vector<float> x(kN);
+namespace {
+// n roughly normal values, cheaply: a sum of four uniforms from a splitmix64 stream.
+std::vector<float> calibration_input(std::size_t n) {
+  std::vector<float> x(n);
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
   for (float& f : x) {
     std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -179,30 +180,90 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
                       static_cast<float>((z >> 32) & 0xffff) + static_cast<float>(z >> 48);
     f = (sum / 65536.0f - 2.0f) * 1.7320508f;
   }
+  return x;
+}
+
+std::size_t calibration_size(std::size_t n) {
+  return std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 24);
+}
+
+// The speeds from one encode and one decode_add (each returning when its work is done) on kN
+// elements: per element, and decode per entry for sparse codecs.
+template <class Encode, class Decode>
+ComputeModel time_codec(const Codec& codec, std::size_t kN, Encode encode, Decode decode) {
   ComputeModel c;
-  std::vector<std::byte> out(codec.max_bytes(kN));
-  std::vector<float> acc(kN, 0.0f);
   std::size_t bytes = 0;
   const double enc = mean_seconds(
       [&] {
         const auto start = std::chrono::steady_clock::now();
-        bytes = codec.encode(x, 1, out);
+        bytes = encode();
         return seconds_since(start);
       },
       0.02, 2);
   const double dec = mean_seconds(
       [&] {
         const auto start = std::chrono::steady_clock::now();
-        decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
+        decode(bytes);
         return seconds_since(start);
       },
       0.01, 2);
-  c.encode = enc / kN;
+  c.encode = enc / static_cast<double>(kN);
   const double units = codec.properties().sparse
                            ? std::max<double>(1.0, static_cast<double>(codec.selected(kN)))
                            : static_cast<double>(kN);
   c.decode = dec / units;
   return c;
+}
+
+// Device memory from `dev`, freed on every way out.
+struct DeviceMemory {
+  const detail::DeviceBackend* dev;
+  void* p;
+  DeviceMemory(const detail::DeviceBackend* d, std::size_t bytes) : dev(d), p(d->alloc(bytes)) {}
+  ~DeviceMemory() { dev->free(p); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+};
+}  // namespace
+
+ComputeModel measure_compute(const Codec& codec, std::size_t n) {
+  const std::size_t kN = calibration_size(n);
+  const std::vector<float> x = calibration_input(kN);
+  std::vector<std::byte> out(codec.max_bytes(kN));
+  std::vector<float> acc(kN, 0.0f);
+  return time_codec(
+      codec, kN, [&] { return codec.encode(x, 1, out); },
+      [&](std::size_t bytes) {
+        decode_add(std::span<const std::byte>(out.data(), bytes), acc, 1.0f);
+      });
+}
+
+ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const float> like) {
+  if (!like.on_device()) return measure_compute(codec, n);
+  const detail::DeviceBackend* dev = like.backend();
+  void* stream = like.stream();
+  const std::size_t kN = calibration_size(n);
+  const std::size_t cap = codec.max_bytes(kN);
+  DeviceMemory x(dev, 4 * kN), out(dev, cap), acc(dev, 4 * kN);
+  {
+    const std::vector<float> host = calibration_input(kN);
+    dev->copy(x.p, host.data(), 4 * kN, stream);
+  }
+  dev->zero(static_cast<float*>(acc.p), kN, stream);
+  const auto dx = TensorView<const float>::device(static_cast<const float*>(x.p), kN, stream, dev);
+  const auto dout = TensorView<std::byte>::device(static_cast<std::byte*>(out.p), cap, stream, dev);
+  const auto dacc = TensorView<float>::device(static_cast<float*>(acc.p), kN, stream, dev);
+  return time_codec(
+      codec, kN,
+      [&] {
+        const std::size_t bytes = codec.encode(dx, 1, dout);
+        dev->sync(stream);
+        return bytes;
+      },
+      [&](std::size_t bytes) {
+        decode_add(TensorView<const std::byte>(dout.subview(0, bytes)), dacc);
+        dev->sync(stream);
+      });
 }
 
 NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {

@@ -156,6 +156,11 @@ class Timing {
   // The codec's encode and decode speeds on about n elements (ComputeModel's encode, decode);
   // asked the first time a (spec, size class) meets auto, by all ranks at once.
   virtual ComputeModel codec_speeds(const Codec& codec, std::size_t n);
+  // The same for a call on device tensors: `input` is the call's input, whose device and stream
+  // the default times the codec's device kernels on (measure_compute(codec, n, input)), since a
+  // GPU's codec is not the CPU's. Kept apart from codec_speeds' numbers, per (spec, size class).
+  virtual ComputeModel device_codec_speeds(const Codec& codec, std::size_t n,
+                                           TensorView<const float> input);
   // The codec-independent speeds (ComputeModel's reduce, merge); asked once, at creation.
   virtual ComputeModel shared_speeds();
   // The seconds auto learns for the call that just ran `ran` on n elements with this codec;

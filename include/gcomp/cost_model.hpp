@@ -54,6 +54,11 @@ Choice choose_auto(const ModelInput& in);
 // ranks sharing a node measure at the same time. Each speed is the mean over the runs of a
 // 10-20 ms window, so that where ranks outnumber the cores it includes their sharing.
 ComputeModel measure_compute(const Codec& codec, std::size_t n = std::size_t{1} << 18);
+// The same where `like` lives: for a device view (gcomp::cuda::view), the codec's device kernels
+// timed on its device and stream, on device memory of its own (like's data are not read, and
+// its size may differ from n); for a host view, the CPU codec as above. Throws Error(cuda) when
+// the device memory cannot be had.
+ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const float> like);
 // Only the codec-independent parts (reduce, merge), measured the same way.
 ComputeModel measure_reduce_and_merge();
 

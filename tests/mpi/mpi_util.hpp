@@ -42,6 +42,10 @@ inline NetworkModel test_network() {
 class FixedTiming : public Timing {
  public:
   ComputeModel codec_speeds(const Codec&, std::size_t) override { return {2e-9, 1e-9, 0, 0}; }
+  ComputeModel device_codec_speeds(const Codec& codec, std::size_t n,
+                                   TensorView<const float>) override {
+    return codec_speeds(codec, n);
+  }
   ComputeModel shared_speeds() override { return {0, 0, 0.5e-9, 5e-9}; }
   double call_seconds(const Codec& codec, std::size_t n, Choice ran, double) override {
     return predicted(codec, n, ran);
