@@ -530,9 +530,12 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     packed = static_cast<std::size_t>(last[0] + last[1]);
   }
   const std::size_t vb = cp.fp16_values ? 2 : 4;
-  const std::size_t need =
-      gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2}) + packed + nnz * vb;
-  gcomp::detail::require_capacity(need, c.cap);
+  const std::size_t head_bytes = gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2});
+  const std::size_t need = head_bytes + packed + nnz * vb;
+  // The CPU's check: room for the indices' worst packing (for top-k and random-k, max_bytes
+  // above), so that a buffer serves on both or on neither.
+  gcomp::detail::require_capacity(
+      head_bytes + gcomp::detail::packed_indices_bound(nnz, n) + nnz * vb, c.cap);
   std::byte params[16] = {};
   params[0] = std::byte{static_cast<unsigned char>(cp.fp16_values ? 1 : 0)};
   params[1] = std::byte{0};  // packed gaps
@@ -564,6 +567,9 @@ std::size_t encode_sparse(const EncodeCall& c) {
 }
 
 void decode_sparse(const DecodeCall& d) {
+  // As on the CPU (validate_decode_add_sparse): past the layout, a wrong accumulator size is
+  // reported before anything in the sections.
+  if (!d.apply) check_size(d);
   const std::uint64_t n = d.p.n;
   const bool fp16 = static_cast<std::uint8_t>(d.p.params[0]) == 1;
   const std::size_t nnz = gcomp::detail::load_le<std::uint64_t>(d.p.params + 8);
