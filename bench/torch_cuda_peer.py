@@ -12,8 +12,9 @@ instead of gcomp's CUDA codecs, timed with CUDA events (median of --reps after a
                            torch.rand_like, int8 codes)
   decode_add/<spec>        acc += decode(payload) for fp16, bf16, sign, qsgd:bits=4, terngrad
 
-The input is torch.randn(n) from a fixed seed; --save FILE writes it as raw float32 so that
-gcomp's benchmark (--input FILE) runs on the same tensor. Writes JSON: device, n, seconds per op.
+With --only-topk, the copy and the top-k rows alone (a second size's run). The input is
+torch.randn(n) from a fixed seed; --save FILE writes it as raw float32 so that gcomp's benchmark
+(--input FILE) runs on the same tensor. Writes JSON: device, n, seconds per op.
 """
 
 import argparse
@@ -76,6 +77,8 @@ def main():
   ap.add_argument("--seed", type=int, default=20240611)
   ap.add_argument("--save", help="write the input as raw float32 to this file")
   ap.add_argument("--out", required=True, help="JSON file for the results")
+  ap.add_argument("--only-topk", action="store_true",
+                  help="time the copy and the top-k rows alone (a second size's run)")
   a = ap.parse_args()
   if a.n % BUCKET != 0:
     sys.exit("torch_cuda_peer.py: --n must be a multiple of %d" % BUCKET)
@@ -94,6 +97,9 @@ def main():
   for ratio in ("0.01", "0.001"):
     k = max(1, round(float(ratio) * a.n))
     res["encode/topk:ratio=" + ratio] = timed(lambda: torch.topk(x.abs(), k, sorted=False), a.reps)
+  if a.only_topk:
+    report(a, res)
+    return
   res["encode/fp16"] = timed(lambda: x.half(), a.reps)
   res["encode/bf16"] = timed(lambda: x.bfloat16(), a.reps)
   res["encode/sign"] = timed(lambda: (x.abs().mean(), x < 0), a.reps)
@@ -111,6 +117,10 @@ def main():
   res["decode_add/qsgd:bits=4"] = timed(lambda: qsgd_decode_add(acc, codes, norm, 4), a.reps)
   tcodes, scaler = terngrad_encode(x)
   res["decode_add/terngrad"] = timed(lambda: acc.add_(tcodes.to(torch.float32) * scaler), a.reps)
+  report(a, res)
+
+
+def report(a, res):
   out = {
       "device": torch.cuda.get_device_name(0),
       "torch": torch.__version__,
