@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The testbed of scripts/cluster, end to end: 2 hosts at 100 Mbit. An MPI_Allreduce and a gcomp
+# allreduce give the exact sums, MPI sees two hosts, the link that gcomp's network measurement
+# sees (every rank sending at once, full duplex) is within 25% of the rate, a run that is
+# interrupted ends what it started, and nothing is left behind: no namespace, link, qdisc,
+# process or state. Bad input is refused with status 2. Skips (77) where namespaces can't be made.
+#   cluster_test.sh SOURCE_DIR PROBE
+set -uo pipefail
+src=$1 probe=$2
+cluster=$src/scripts/cluster
+fail() { echo "FAIL: $*"; "$cluster" down >/dev/null 2>&1; exit 1; }
+skip() { echo "SKIPPED: $*"; exit 77; }
+
+[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces and tc need root"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2 (ip, tc) is not installed"
+command -v mpiexec.mpich >/dev/null || skip "mpiexec.mpich is not installed"
+probe_ns=gcomp-test-probe-$$
+if ! err=$(ip netns add "$probe_ns" 2>&1); then skip "cannot make a network namespace: $err"; fi
+ip netns del "$probe_ns"
+[ -e /run/gcomp-cluster ] && skip "a testbed is up already (another run's): not touching it"
+
+# What the machine's own namespace has now, to compare with at the end.
+links_before=$(ip -o link show | awk -F': ' '{print $2}' | sort)
+qdiscs_before=$(tc qdisc show | sort)
+netns_before=$(ip netns list | sort)
+
+left_behind() {
+  local what=$1
+  [ -z "$(ip netns list | grep -E '^gcomp-(sw|h[0-9]+)( |$)')" ] || fail "$what: namespaces left: $(ip netns list | tr '\n' ' ')"
+  [ ! -e /run/gcomp-cluster ] || fail "$what: /run/gcomp-cluster left"
+  [ "$(ip -o link show | awk -F': ' '{print $2}' | sort)" = "$links_before" ] || fail "$what: the machine's links changed"
+  [ "$(tc qdisc show | sort)" = "$qdiscs_before" ] || fail "$what: the machine's qdiscs changed"
+  [ "$(ip netns list | sort)" = "$netns_before" ] || fail "$what: the list of namespaces changed"
+  ! pgrep -f "^$probe" >/dev/null || fail "$what: a probe process is left: $(pgrep -af "^$probe")"
+}
+
+# Bad input: status 2 and one line naming the value; nothing made.
+for bad in "up --hosts 0 --rate 1gbit" "up --hosts 2 --rate fast" "up --hosts 2" \
+           "up --hosts 2 --rate 1gbit --ranks-per-host x" "run -- true" "frobnicate"; do
+  # shellcheck disable=SC2086
+  msg=$("$cluster" $bad 2>&1); rc=$?
+  [ "$rc" = 2 ] || fail "'cluster $bad' exited $rc, not 2: $msg"
+  echo "refused: cluster $bad: $msg"
+done
+left_behind "after bad input"
+
+# One run that brings the testbed up and takes it down. Results are printed before
+# MPI_Finalize, which can hang over UCX's TCP after large transfers: the timeout bounds it.
+out=$("$cluster" run --hosts 2 --rate 100mbit --timeout 120 -- "$probe" 2097152 2>&1); rc=$?
+echo "$out"
+line=$(grep '^ranks=' <<<"$out" | tail -1)
+[ -n "$line" ] || fail "the probe printed no result (exit status $rc)"
+[ "$rc" = 0 ] || echo "note: the run exited $rc after printing its result"
+get() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$line"; }
+[ "$(get ranks)" = 2 ] || fail "ranks=$(get ranks), not 2"
+[ "$(get hosts)" = 2 ] || fail "MPI sees $(get hosts) hosts, not 2"
+[ "$(get exact)" = 1 ] || fail "an allreduce gave a wrong sum"
+link=$(get link_mbit)
+# TCP's goodput on a 100 Mbit link of 1500-byte frames is 94.9 Mbit/s (1448 of 1526 bytes on the
+# wire); a shared link would give each of the two senders about half.
+awk -v l="$link" 'BEGIN { exit !(l >= 75 && l <= 125) }' \
+  || fail "gcomp measured the link at $link Mbit/s, not within 25% of 100"
+echo "link as measured: $link Mbit/s (100 Mbit/s shaped)"
+left_behind "after run"
+
+# up, two runs on it (the testbed stays), status, down twice (idempotent).
+"$cluster" up --hosts 2 --rate 100mbit || fail "up failed"
+st=$("$cluster" status); grep -q "up: 2 hosts" <<<"$st" || fail "status does not say up: $st"
+msg=$("$cluster" up --hosts 2 --rate 100mbit 2>&1) && fail "a second up succeeded"
+for i in 1 2; do
+  r=$("$cluster" run --timeout 60 -- sh -c 'echo "$PMI_RANK $MASTER_ADDR $GLOO_SOCKET_IFNAME"' | sort)
+  [ "$r" = "$(printf '0 10.213.0.1 eth0\n1 10.213.0.1 eth0')" ] || fail "run $i printed: $r"
+  [ -e /run/gcomp-cluster ] || fail "run $i took down a testbed it did not bring up"
+done
+"$cluster" down || fail "down failed"
+"$cluster" down || fail "a second down failed"
+left_behind "after up, run, down"
+
+# An interrupted run ends its processes and the testbed it brought up.
+set -m  # job control: the background run gets its own process group and takes SIGINT
+"$cluster" run --hosts 2 --rate 100mbit -- "$probe" --sleep 300 &
+pid=$!
+set +m
+for i in $(seq 100); do
+  [ -n "$(ip netns pids gcomp-h1 2>/dev/null)" ] && break
+  sleep 0.1
+done
+[ -n "$(ip netns pids gcomp-h1 2>/dev/null)" ] || fail "the run's ranks did not start"
+sleep 1
+kill -INT "$pid"
+wait "$pid"; rc=$?
+[ "$rc" = 130 ] || fail "the interrupted run exited $rc, not 130"
+left_behind "after an interrupt"
+echo "cluster test passed"
