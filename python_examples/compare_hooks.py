@@ -17,6 +17,11 @@ tensor uncompressed), and gcomp_topk1_mc, gcomp_topk01_mc (top-k with DGC's mome
 correction: the hook keeps the momentum, 0.9, and the optimizer is SGD without it). --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
+--cluster runs every row on the testbed of scripts/cluster instead (root): --ranks hosts, one
+rank each, each host's own link shaped to --network in both directions, MPI and gloo over it;
+the testbed is brought up once for all rows and taken down after. Row nocomm is the compute
+limit: a hook that returns the bucket as it is, without any communication (the ranks' models
+drift apart, so its accuracy means nothing; its step time is what no communication costs).
 
 Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
 evaluates the test accuracy every --eval-every steps (on rank 0, not counted in the wall time). Written to
@@ -36,7 +41,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROWS = ["ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
+ROWS = ["nocomm", "ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
         "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync"]
 # The codec rows apply their codec on every call (allow_uncompressed=False): auto would send a
 # tensor uncompressed where that is faster (on unshaped loopback, often), and the row would then
@@ -92,7 +97,13 @@ def worker(a):
     else:
         model = DDP(mlp(a.model == "wide", seed=a.seed))
     state = None
-    if a.worker == "torch_fp16":
+    if a.worker == "nocomm":
+        def no_communication(_, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        model.register_comm_hook(None, no_communication)
+    elif a.worker == "torch_fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif a.worker.startswith("powersgd"):
         state = powerSGD_hook.PowerSGDState(process_group=None,
@@ -146,7 +157,9 @@ def worker(a):
         extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"]}
     else:
         ring = 2 * (size - 1) / size
-        if a.worker == "ddp":
+        if a.worker == "nocomm":
+            per_step = 0
+        elif a.worker == "ddp":
             per_step = 4 * n
         elif a.worker == "torch_fp16":
             per_step = 2 * n
@@ -169,7 +182,8 @@ def worker(a):
 def config(a):
     """The settings that make two rows' results comparable."""
     return {k: getattr(a, k) for k in ("model", "network", "epochs", "eval_every", "max_steps",
-                                       "batch", "lr", "seed", "ranks", "powersgd_start")}
+                                       "batch", "lr", "seed", "ranks", "powersgd_start",
+                                       "cluster")}
 
 
 def shaped(rate):
@@ -180,18 +194,27 @@ def shaped(rate):
     return True
 
 
+CLUSTER = os.path.join(HERE, "..", "scripts", "cluster")
+
+
 def run_row(a, row, result):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port),
-               GLOO_SOCKET_IFNAME="lo", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
-    if a.network == "none":
-        for k in ("UCX_TLS", "UCX_NET_DEVICES"):
-            env.pop(k)
-    cmd = ["timeout", "-k", "10", str(a.timeout), "mpiexec.mpich", "-n", str(a.ranks),
+    if a.cluster:
+        # scripts/cluster run sets MPI's, gloo's and the rendezvous' addresses for each host.
+        env = dict(os.environ, MASTER_PORT=str(a.port))
+        launch = [CLUSTER, "run", "--timeout", str(a.timeout), "--"]
+    else:
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port),
+                   GLOO_SOCKET_IFNAME="lo", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
+        if a.network == "none":
+            for k in ("UCX_TLS", "UCX_NET_DEVICES"):
+                env.pop(k)
+        launch = ["timeout", "-k", "10", str(a.timeout), "mpiexec.mpich", "-n", str(a.ranks)]
+    cmd = launch + [
            sys.executable, os.path.abspath(__file__), "--worker", row, "--result", result,
            "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
            "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
-           "--powersgd-start", str(a.powersgd_start)]
+           "--powersgd-start", str(a.powersgd_start)] + (["--cluster"] if a.cluster else [])
     if os.path.exists(result):
         os.remove(result)
     log = result[:-len(".json")] + ".log"
@@ -217,6 +240,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=["wide", "mlp"], default="wide")
     ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
+    ap.add_argument("--cluster", action="store_true",
+                    help="run on scripts/cluster's testbed: --ranks hosts, each link --network")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
@@ -239,9 +264,14 @@ def main():
         return worker(a)
 
     os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"compare_{a.model}_{a.network}")
+    where = f"cluster{a.ranks}_{a.network}" if a.cluster else a.network
+    base = os.path.join(a.out, f"compare_{a.model}_{where}")
     results = []
-    was_shaped = not a.report and shaped(a.network)
+    if a.cluster and not a.report:
+        subprocess.run([CLUSTER, "up", "--hosts", str(a.ranks), "--rate", a.network], check=True)
+        was_shaped = False
+    else:
+        was_shaped = not a.report and shaped(a.network)
     try:
         for row in [] if a.report else a.rows.split(","):
             if row not in KNOWN:
@@ -251,6 +281,8 @@ def main():
     finally:
         if was_shaped:
             subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"])
+        if a.cluster and not a.report:
+            subprocess.run([CLUSTER, "down"])
     # This invocation's rows, and those of earlier ones with the same settings.
     ran = {r["row"]: r for r in results}
     for row in KNOWN:
@@ -264,7 +296,9 @@ def main():
 
 def write(a, base, results):
     import csv
-    lines = [f"{a.ranks} ranks, {a.model} MLP, network {a.network}, {a.epochs} epochs, "
+    where = (f"testbed: {a.ranks} hosts, each link {a.network}" if a.cluster
+             else f"network {a.network}")
+    lines = [f"{a.ranks} ranks, {a.model} MLP, {where}, {a.epochs} epochs, "
              f"global batch {a.ranks * a.batch}", "",
              f"| row | test accuracy | bytes sent per rank | step time (median) | "
              f"time to {a.target:.0%} |", "|---|---:|---:|---:|---:|"]
@@ -297,7 +331,7 @@ def write(a, base, results):
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("tab20").colors
     for i, r in enumerate(results):
-        if "failed" not in r:  # torch's rows solid, gcomp's dashed
+        if "failed" not in r and r["row"] != "nocomm":  # torch's rows solid, gcomp's dashed
             ax.plot([t for _, t, _ in r["evals"]], [acc for _, _, acc in r["evals"]],
                     label=r["row"], color=colors[i % len(colors)],
                     linestyle="--" if r["row"].startswith("gcomp") else "-")
