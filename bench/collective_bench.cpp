@@ -12,8 +12,10 @@
 //   encode_s, comm_s, decode_s   rank 0's split of its last call (CallStats)
 //   ranks
 // Flags besides Google Benchmark's: --sizes=N,N,... (default 1048576,16777216),
-// --set=full|targets|paired (targets: only what the network targets need; paired: auto and
-// MPI_Allreduce alternating, reporting median times and their ratio), --model-table (print the
+// --set=full|targets|paired|cluster (targets: only what the network targets need; paired: auto
+// and MPI_Allreduce alternating, reporting median times and their ratio; cluster: codecs none,
+// fp16, QSGD 4-bit and top-k 1% with error feedback, each with auto and every algorithm that
+// applies to it, the set scripts/bench-network --cluster runs), --model-table (print the
 // cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit), --scale-table (print
 // each sparse algorithm's predicted time and bytes per rank at 8..1024 ranks, then exit).
 #include <benchmark/benchmark.h>
@@ -219,6 +221,25 @@ const Entry kEntries[] = {
     {"randomk:ratio=0.01", gcomp::Algorithm::sparse_split, false},
 };
 
+// The cluster set at n: for each codec, auto and every algorithm the cost model can predict
+// for it (an algorithm that does not apply to the codec is predicted kNotApplicable).
+void register_cluster_set(std::size_t n) {
+  const std::pair<const char*, bool> codecs[] = {
+      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
+  for (const auto& [spec, ef] : codecs) {
+    const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
+    for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+      const auto alg = static_cast<gcomp::Algorithm>(a);
+      if (alg != gcomp::Algorithm::automatic && !(pred[a] < gcomp::kNotApplicable)) continue;
+      const std::string name = std::string(gcomp::algorithm_name(alg)) + "/" + spec +
+                               (ef ? "+ef/" : "/") + std::to_string(n);
+      benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(spec), alg, n, ef)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
 void model_table() {
   const std::vector<std::pair<const char*, double>> rates = {
       {"1 Gbit", 1e9}, {"10 Gbit", 1e10}, {"100 Gbit", 1e11}};
@@ -315,6 +336,7 @@ int main(int argc, char** argv) {
   bool table = false;
   bool scale = false;
   bool paired = false;
+  bool cluster = false;
   std::vector<char*> rest = {argv[0]};
   bool min_time_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -334,6 +356,8 @@ int main(int argc, char** argv) {
       targets_only = false;
     } else if (a == "--set=paired") {
       paired = true;
+    } else if (a == "--set=cluster") {
+      cluster = true;
     } else if (a == "--model-table") {
       table = true;
     } else if (a == "--scale-table") {
@@ -383,6 +407,10 @@ int main(int argc, char** argv) {
                                    bm_mpi_allreduce, n)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
+      if (cluster) {
+        register_cluster_set(n);
+        continue;
+      }
       for (const Entry& e : kEntries) {
         if (targets_only && !e.target) continue;
         const std::string name = std::string(gcomp::algorithm_name(e.alg)) + "/" + e.spec +

@@ -88,6 +88,7 @@ Communicator::~Communicator() {
 
 void Communicator::init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing) {
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
+  detail::apply_wait_policy();  // a bad GCOMP_WAIT throws here, before anything is made
   timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
   learner_ = std::make_unique<detail::AutoLearner>();
   GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
@@ -95,7 +96,7 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given, std::shared_pt
   GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   GCOMP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
   // More ranks on this node than cores: waits must yield, or a spinning rank steals the
-  // timeslice of the rank it waits for.
+  // timeslice of the rank it waits for (the automatic wait policy; GCOMP_WAIT overrides it).
   {
     MPI_Comm node;
     GCOMP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
@@ -105,7 +106,8 @@ void Communicator::init(MPI_Comm comm, const NetworkModel* given, std::shared_pt
     cpu_set_t set;
     CPU_ZERO(&set);
     const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    if (local > cores) detail::set_yielding(true);
+    if (local > cores) detail::note_oversubscribed();
+    detail::apply_wait_policy();
   }
   network_ = given ? *given : measure_network(comm_);
   const ComputeModel rm = timing_->shared_speeds();

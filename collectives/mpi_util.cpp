@@ -3,6 +3,9 @@
 #include "mpi_util.hpp"
 
 #include <sched.h>
+#include <time.h>
+
+#include <algorithm>
 
 #include <atomic>
 
@@ -26,23 +29,39 @@ void throw_mpi(int rc, const char* call, const char* file, int line) {
 }
 
 namespace {
-std::atomic<bool> yield_flag{false};
+std::atomic<int> mode_flag{static_cast<int>(WaitPolicy::spin)};
 }
 
-void set_yielding(bool yield) noexcept { yield_flag.store(yield); }
-bool yielding() noexcept { return yield_flag.load(std::memory_order_relaxed); }
+void set_wait_mode(WaitPolicy mode) noexcept {
+  mode_flag.store(static_cast<int>(mode == WaitPolicy::automatic ? WaitPolicy::spin : mode));
+}
+WaitPolicy wait_mode() noexcept {
+  return static_cast<WaitPolicy>(mode_flag.load(std::memory_order_relaxed));
+}
+
+void pause_between_polls(int& naps, double start) noexcept {
+  if (wait_mode() != WaitPolicy::sleep) {
+    sched_yield();
+    return;
+  }
+  // Small messages arrive within tens of microseconds: poll that long, then sleep between polls,
+  // 10 us doubling to 100 us (a link's socket buffers keep it busy far longer than that).
+  if (now() - start < 20e-6) return;
+  const timespec nap{0, std::min(100000L, 10000L << naps)};
+  naps = std::min(naps + 1, 4);
+  nanosleep(&nap, nullptr);
+}
 
 void wait(MPI_Request& request) {
   if (!yielding()) {
     GCOMP_CHECK_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
     return;
   }
-  int done = 0;
-  while (true) {
+  poll_until([&] {
+    int done = 0;
     GCOMP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    sched_yield();
-  }
+    return done != 0;
+  });
 }
 
 void barrier(MPI_Comm comm) {
@@ -68,13 +87,12 @@ void wait_all(std::span<MPI_Request> requests) {
                                 MPI_STATUSES_IGNORE));
     return;
   }
-  int done = 0;
-  while (true) {
+  poll_until([&] {
+    int done = 0;
     GCOMP_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                                 MPI_STATUSES_IGNORE));
-    if (done) return;
-    sched_yield();
-  }
+    return done != 0;
+  });
 }
 
 void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out,
@@ -171,12 +189,11 @@ void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& 
   if (!yielding()) {
     GCOMP_CHECK_MPI(MPI_Mprobe(from, kTagPoint, comm, &msg, &status));
   } else {
-    int found = 0;
-    while (true) {
+    poll_until([&] {
+      int found = 0;
       GCOMP_CHECK_MPI(MPI_Improbe(from, kTagPoint, comm, &found, &msg, &status));
-      if (found) break;
-      sched_yield();
-    }
+      return found != 0;
+    });
   }
   MPI_Count count = 0;
   GCOMP_CHECK_MPI(MPI_Get_count_c(&status, MPI_BYTE, &count));

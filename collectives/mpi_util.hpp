@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "gcomp/communicator.hpp"
+
 namespace gcomp::detail {
 
 [[noreturn]] void throw_mpi(int rc, const char* call, const char* file, int line);
@@ -30,11 +32,23 @@ struct Traffic {
   double seconds = 0;
 };
 
-// Completes requests. When ranks outnumber this node's cores (set_yielding(true), decided by
-// the Communicator), polls with MPI_Test and yields the CPU between polls; otherwise blocks in
-// MPI_Wait, which spins on its own core without the cost of a system call.
-void set_yielding(bool yield) noexcept;
-bool yielding() noexcept;
+// Completes requests as the wait policy says (gcomp::WaitPolicy; the Communicator resolves
+// automatic): spin blocks in MPI_Wait, which spins on its own core without the cost of a system
+// call; yield polls MPI_Test and yields the CPU between polls (where ranks outnumber the cores);
+// sleep polls for 20 us, then sleeps between polls (beside compute on the same cores).
+// set_wait_mode takes spin, yield or sleep.
+void set_wait_mode(WaitPolicy mode) noexcept;
+// A Communicator found more ranks on its node than cores (the automatic policy then yields).
+void note_oversubscribed() noexcept;
+// Sets the wait mode from the policy (automatic: GCOMP_WAIT, else yield where oversubscribed,
+// else spin). Throws Error(invalid_argument) for an unknown GCOMP_WAIT.
+void apply_wait_policy();
+WaitPolicy wait_mode() noexcept;
+// Whether waits poll (yield or sleep) instead of blocking in MPI.
+inline bool yielding() noexcept { return wait_mode() != WaitPolicy::spin; }
+// Calls done() until it returns true, between calls yielding or sleeping as the mode says.
+template <class Done>
+void poll_until(Done&& done);
 void wait(MPI_Request& request);
 void wait_all(std::span<MPI_Request> requests);
 // MPI_Ibarrier, then wait() (so a barrier yields like every other wait).
@@ -70,5 +84,16 @@ void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& 
 
 // Seconds since an arbitrary start (MPI_Wtime).
 inline double now() { return MPI_Wtime(); }
+
+// One pause of poll_until: sched_yield, or (sleep) nothing for the first 20 us since start,
+// then a nap of 10 us << naps, at most 100 us (naps counts them).
+void pause_between_polls(int& naps, double start) noexcept;
+
+template <class Done>
+void poll_until(Done&& done) {
+  int naps = 0;
+  const double start = now();
+  while (!done()) pause_between_polls(naps, start);
+}
 
 }  // namespace gcomp::detail

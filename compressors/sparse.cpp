@@ -249,7 +249,11 @@ class SparseCodec final : public CodecImpl {
     const float mul = (mode == Mode::randomk && scale && nnz > 0)
                           ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
                           : 1.0f;
+    // The selected values lie about n / nnz apart, beyond the prefetchers' reach: ask for them
+    // a few entries ahead (v was just written, so they are in the caches or near).
+    constexpr std::size_t kAhead = 16;
     for (std::size_t j = 0; j < nnz; ++j) {
+      if (j + kAhead < nnz) __builtin_prefetch(v + idx[j + kAhead], 1);
       const std::uint64_t i = idx[j];
       float val = v[i];
       if (mul != 1.0f) {

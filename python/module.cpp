@@ -682,6 +682,19 @@ PYBIND11_MODULE(_gcomp, m) {
         "set_num_threads(threads)\n\nThreads the library may use inside one call (>= 1; default "
         "GCOMP_NUM_THREADS, else 1).");
   m.def("num_threads", &gcomp::num_threads, "num_threads() -> int\n\nSee set_num_threads.");
+  m.def("set_wait_policy",
+        [](std::string_view name) { gcomp::set_wait_policy(gcomp::parse_wait_policy(name)); },
+        py::arg("policy"),
+        "set_wait_policy(policy)\n\n"
+        "How every wait for MPI in this process completes: \"spin\" (MPI_Wait, a core busy while\n"
+        "waiting), \"yield\" (poll, yielding the CPU), \"sleep\" (poll 20 us, then sleep up to\n"
+        "100 us between polls: for communication beside compute on the same cores), or \"auto\"\n"
+        "(GCOMP_WAIT when set, else spin, or yield where ranks outnumber a node's cores). A bad\n"
+        "name raises gcomp.Error (invalid_argument).");
+  m.def("wait_policy",
+        [] { return std::string(gcomp::wait_policy_name(gcomp::effective_wait_policy())); },
+        "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
+        "set_wait_policy).");
 
   py::class_<gcomp::Codec>(m, "Codec",
                            "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"

@@ -9,7 +9,9 @@
 
 #include "bytes.hpp"
 #include "index_pack.hpp"
+#include "kernels.hpp"
 #include "select.hpp"
+#include "simd.hpp"
 #include "test_util.hpp"
 
 namespace gcomp {
@@ -153,6 +155,43 @@ TEST(Threshold, SelectsEveryMagnitudeAtOrAboveTau) {
   EXPECT_EQ(s.idx[1], 6u);
   EXPECT_EQ(read_sparse(Codec("threshold:tau=0").encode(x, 0)).idx.size(), x.size());
   EXPECT_TRUE(read_sparse(Codec("threshold:tau=100").encode(x, 0)).idx.empty());
+}
+
+// The candidate filter of the selection, at every SIMD level this CPU runs: the positions of the
+// keys >= t, in order, compared unsigned (random-k's keys use the top bit), for every length
+// around the vector widths and thresholds that pass none, some, or all.
+TEST(PositionsAtLeast, EveryLevelFindsWhatTheLoopFinds) {
+  using detail::SimdLevel;
+  detail::set_simd_level(SimdLevel::avx512);
+  const SimdLevel best = detail::simd_level();
+  std::vector<std::uint32_t> keys(detail::kKeyBlock);
+  std::uint64_t s = 12345;
+  for (auto& k : keys) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    k = static_cast<std::uint32_t>(s >> 32);
+  }
+  keys[5] = 0x80000000u;  // exactly t below, and a high-bit key
+  for (const std::uint32_t t : {0u, 1u, 0x40000000u, 0x80000000u, 0xF0000000u, 0xFFFFFFF0u,
+                                0xFFFFFFFFu}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                          std::size_t{9}, std::size_t{31}, std::size_t{33}, std::size_t{100},
+                          detail::kKeyBlock}) {
+      std::vector<std::uint32_t> want;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (keys[i] >= t) want.push_back(static_cast<std::uint32_t>(i));
+      }
+      for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+        if (level > best) continue;
+        detail::set_simd_level(level);
+        std::vector<std::uint32_t> pos(detail::kKeyBlock + 16, 0xDEADBEEFu);
+        const std::size_t m = detail::positions_at_least(keys.data(), n, t, pos.data());
+        pos.resize(m);
+        EXPECT_EQ(pos, want) << "t=" << t << " n=" << n << " level "
+                             << detail::simd_level_name(level);
+      }
+    }
+  }
+  detail::set_simd_level(SimdLevel::avx512);
 }
 
 }  // namespace

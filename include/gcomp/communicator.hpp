@@ -58,6 +58,24 @@ enum class Algorithm : int {
 };
 inline constexpr int kAlgorithmCount = 8;
 
+// How every wait for MPI in this process completes (docs/algorithms.md, "Waiting"):
+//   automatic  GCOMP_WAIT (auto, spin, yield or sleep) when set, else spin, or yield where a
+//              Communicator found more ranks on its node than cores; decided when each
+//              Communicator is made (an unknown GCOMP_WAIT makes that throw Error(invalid_argument))
+//   spin       MPI_Wait: MPI's own busy loop, the lowest latency, a core busy while waiting
+//   yield      MPI_Test, and sched_yield between polls
+//   sleep      MPI_Test, polling for the first 20 us, then sleeping between polls (10 us, doubling
+//              to 100 us): for waits beside compute on the same cores (a training step's
+//              communication thread), which a spinning wait slows; up to ~100 us later a wait
+// Applies from the next wait on, to every Communicator; thread-safe.
+enum class WaitPolicy : int { automatic = 0, spin, yield, sleep };
+void set_wait_policy(WaitPolicy policy) noexcept;
+WaitPolicy wait_policy() noexcept;          // as set (automatic unless set)
+WaitPolicy effective_wait_policy() noexcept;  // what waits do now: spin, yield or sleep
+const char* wait_policy_name(WaitPolicy policy) noexcept;  // "auto", "spin", "yield", "sleep"
+// Throws Error(invalid_argument) naming the text and the known names.
+WaitPolicy parse_wait_policy(std::string_view name);
+
 // "auto", "dense", "sparse_allgather", ...
 const char* algorithm_name(Algorithm a) noexcept;
 // Throws Error(invalid_argument) naming the text and the known names.

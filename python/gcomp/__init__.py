@@ -35,7 +35,9 @@ from ._gcomp import (
     inspect,
     num_threads,
     set_num_threads,
+    set_wait_policy,
     simd_level,
+    wait_policy,
 )
 
 Error.__module__ = "gcomp"
@@ -53,5 +55,7 @@ __all__ = [
     "inspect",
     "num_threads",
     "set_num_threads",
+    "set_wait_policy",
     "simd_level",
+    "wait_policy",
 ]

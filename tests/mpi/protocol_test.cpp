@@ -484,3 +484,62 @@ TEST(CApi, AllreduceAndStats) {
 
 }  // namespace
 }  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// Every wait policy gives the same sums (the waits only change how the CPU spends the wait),
+// the names parse and print, automatic follows GCOMP_WAIT, and a bad GCOMP_WAIT makes the
+// Communicator throw naming it, on every rank alike.
+TEST(WaitPolicy, EveryPolicyGivesTheSameSums) {
+  const Codec codec("topk:ratio=0.1");
+  const auto x = test::integers(5000, 7);
+  const auto want = test::mpi_sum(test::contribution(codec, x, 0));
+  AllreduceOptions applied;
+  applied.allow_uncompressed = false;
+  for (const WaitPolicy p : {WaitPolicy::spin, WaitPolicy::yield, WaitPolicy::sleep}) {
+    set_wait_policy(p);
+    EXPECT_EQ(wait_policy(), p);
+    EXPECT_EQ(effective_wait_policy(), p);
+    EXPECT_EQ(parse_wait_policy(wait_policy_name(p)), p);
+    for (const Algorithm a : {Algorithm::sparse_allgather, Algorithm::sparse_recursive_doubling,
+                              Algorithm::sparse_split, Algorithm::dense}) {
+      applied.algorithm = a;
+      std::vector<float> out(x.size());
+      world().allreduce(x, out, codec, nullptr, applied);
+      EXPECT_EQ(out, want) << wait_policy_name(p) << " " << algorithm_name(a);
+    }
+  }
+  set_wait_policy(WaitPolicy::automatic);
+  EXPECT_EQ(wait_policy(), WaitPolicy::automatic);
+  EXPECT_NE(effective_wait_policy(), WaitPolicy::automatic);
+  EXPECT_EQ(status_of([] { parse_wait_policy("busy"); }), Status::invalid_argument);
+}
+
+TEST(WaitPolicy, EnvironmentDecidesAutomatic) {
+  set_wait_policy(WaitPolicy::automatic);
+  ASSERT_EQ(setenv("GCOMP_WAIT", "sleep", 1), 0);
+  {
+    Communicator c(MPI_COMM_WORLD);
+    EXPECT_EQ(effective_wait_policy(), WaitPolicy::sleep);
+    std::vector<float> x(100, 1.0f);
+    c.allreduce(x, Codec("none"));
+    EXPECT_EQ(x[0], static_cast<float>(size()));
+  }
+  ASSERT_EQ(setenv("GCOMP_WAIT", "busy", 1), 0);
+  std::string msg;
+  EXPECT_EQ(status_of([] { Communicator c(MPI_COMM_WORLD); }, &msg), Status::invalid_argument);
+  EXPECT_NE(msg.find("GCOMP_WAIT"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("busy"), std::string::npos) << msg;
+  // An explicit policy is not overridden by the environment.
+  set_wait_policy(WaitPolicy::yield);
+  {
+    Communicator c(MPI_COMM_WORLD);
+    EXPECT_EQ(effective_wait_policy(), WaitPolicy::yield);
+  }
+  unsetenv("GCOMP_WAIT");
+  set_wait_policy(WaitPolicy::automatic);
+}
+
+}  // namespace
+}  // namespace gcomp

@@ -1,0 +1,71 @@
+// The wait policy (gcomp::WaitPolicy in communicator.hpp): what the user set, and its resolution
+// into the mode every wait of collectives/mpi_util.cpp follows.
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "gcomp/communicator.hpp"
+#include "gcomp/error.hpp"
+#include "mpi_util.hpp"
+
+namespace gcomp {
+
+namespace {
+std::atomic<int> chosen{static_cast<int>(WaitPolicy::automatic)};
+std::atomic<bool> oversubscribed{false};
+constexpr const char* kNames[] = {"auto", "spin", "yield", "sleep"};
+}  // namespace
+
+const char* wait_policy_name(WaitPolicy policy) noexcept {
+  const int i = static_cast<int>(policy);
+  return i >= 0 && i < 4 ? kNames[i] : "unknown";
+}
+
+WaitPolicy parse_wait_policy(std::string_view name) {
+  for (int i = 0; i < 4; ++i) {
+    if (name == kNames[i]) return static_cast<WaitPolicy>(i);
+  }
+  throw Error(Status::invalid_argument,
+              "unknown wait policy '" + std::string(name) + "' (known: auto, spin, yield, sleep)");
+}
+
+WaitPolicy wait_policy() noexcept { return static_cast<WaitPolicy>(chosen.load()); }
+
+WaitPolicy effective_wait_policy() noexcept { return detail::wait_mode(); }
+
+void set_wait_policy(WaitPolicy policy) noexcept {
+  chosen.store(static_cast<int>(policy));
+  if (policy != WaitPolicy::automatic) {
+    detail::set_wait_mode(policy);
+    return;
+  }
+  // automatic: as the last Communicator found (a bad GCOMP_WAIT is reported when one is made).
+  try {
+    detail::apply_wait_policy();
+  } catch (const Error&) {
+    detail::set_wait_mode(oversubscribed.load() ? WaitPolicy::yield : WaitPolicy::spin);
+  }
+}
+
+namespace detail {
+
+void note_oversubscribed() noexcept { oversubscribed.store(true); }
+
+void apply_wait_policy() {
+  WaitPolicy p = wait_policy();
+  if (p == WaitPolicy::automatic) {
+    if (const char* env = std::getenv("GCOMP_WAIT"); env && *env) {
+      try {
+        p = parse_wait_policy(env);
+      } catch (const Error& e) {
+        throw Error(Status::invalid_argument, std::string("GCOMP_WAIT: ") + e.what());
+      }
+    }
+  }
+  if (p == WaitPolicy::automatic) p = oversubscribed.load() ? WaitPolicy::yield : WaitPolicy::spin;
+  set_wait_mode(p);
+}
+
+}  // namespace detail
+
+}  // namespace gcomp
