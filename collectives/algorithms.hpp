@@ -88,6 +88,8 @@ void encode_whole(Job& job);
 
 // out *= 1 / size when averaging.
 void finish_average(Job& job);
+// What write_out scales by to average in the same pass: 1 / size when averaging, else 1.
+float average_scale(const Job& job);
 
 // Device tensors: the whole-tensor payload encoded on the device into job.payload (host), and
 // the algorithms' device forms (device.cpp).

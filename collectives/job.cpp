@@ -73,6 +73,10 @@ void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& m
   job.decode_seconds += now() - start;
 }
 
+float average_scale(const Job& job) {
+  return job.average && job.size > 1 ? 1.0f / static_cast<float>(job.size) : 1.0f;
+}
+
 void finish_average(Job& job) {
   if (!job.average || job.size == 1) return;
   const float inv = 1.0f / static_cast<float>(job.size);

@@ -79,9 +79,8 @@ void run_sparse_recursive_doubling(Job& job) {
     }
   }
   const double start = now();
-  write_out(s, job.out);
+  write_out(s, job.out, average_scale(job));  // averaged in the same pass
   job.decode_seconds += now() - start;
-  finish_average(job);
 }
 
 
@@ -111,7 +110,8 @@ double predict_sparse_recursive_doubling(const ModelInput& in) {
   // Folding and unfolding move P - p2 messages at once, the rounds p2.
   const double fold_beta = beta_for(in, in.ranks - p2);
   const double round_beta = beta_for(in, p2);
-  double total = l.encode + in.sent * c.decode + l.write_out + l.average;
+  // The average is taken in write_out's pass (no term of its own).
+  double total = l.encode + in.sent * c.decode + l.write_out;
   double s = in.sent;
   if (fold) {
     total += in.network.alpha + stream_bytes(s, n, in.value_bytes) * fold_beta + merge_cost(s, s);

@@ -159,13 +159,17 @@ void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
   }
 }
 
-void write_out(const Stream& s, std::span<float> out) {
+void write_out(const Stream& s, std::span<float> out, float scale) {
   if (s.dense) {
-    std::copy(s.val.begin(), s.val.end(), out.begin());
+    if (scale == 1.0f) {
+      std::copy(s.val.begin(), s.val.end(), out.begin());
+    } else {
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = s.val[i] * scale;
+    }
     return;
   }
   std::fill(out.begin(), out.end(), 0.0f);
-  for (std::size_t j = 0; j < s.idx.size(); ++j) out[s.idx[j]] = s.val[j];
+  for (std::size_t j = 0; j < s.idx.size(); ++j) out[s.idx[j]] = s.val[j] * scale;
 }
 
 void slice(const Stream& s, std::uint64_t lo, std::uint64_t hi, Stream& out) {

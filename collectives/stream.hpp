@@ -49,8 +49,9 @@ bool round_to_half(Stream& s);
 // Checks sizes and index order; throws Error(bad_payload).
 void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out);
 
-// out[0..n) = the stream's values (zeros where a sparse stream has no entry).
-void write_out(const Stream& s, std::span<float> out);
+// out[0..n) = the stream's values times scale (zeros where a sparse stream has no entry): the
+// same bits as writing them and multiplying after, in one pass (averaging: scale = 1 / P).
+void write_out(const Stream& s, std::span<float> out, float scale = 1.0f);
 
 // The part [lo, hi) of a stream (sparse: indices rebased to lo; dense: the values).
 void slice(const Stream& s, std::uint64_t lo, std::uint64_t hi, Stream& out);
