@@ -73,6 +73,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     sum.encode_seconds += s.encode_seconds;
     sum.comm_seconds += s.comm_seconds;
     sum.decode_seconds += s.decode_seconds;
+    sum.agree_seconds += s.agree_seconds;
     sum.algorithm = s.algorithm;
     sum.compressed = sum.compressed && s.compressed;
     sum.calls += s.calls;

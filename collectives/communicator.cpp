@@ -518,6 +518,7 @@ struct Communicator::Impl {
     s.encode_seconds = job.encode_seconds;
     s.comm_seconds = job.traffic.seconds + c.agree_seconds;
     s.decode_seconds = job.decode_seconds;
+    s.agree_seconds = c.agree_seconds;
     s.algorithm = alg;
     s.compressed = !job.skip_codec;
     s.calls = 1;
@@ -531,6 +532,7 @@ struct Communicator::Impl {
     t.encode_seconds += s.encode_seconds;
     t.comm_seconds += s.comm_seconds;
     t.decode_seconds += s.decode_seconds;
+    t.agree_seconds += s.agree_seconds;
     ++t.by_algorithm[static_cast<int>(alg)];
     if (s.compressed) ++t.compressed;
   }

@@ -612,6 +612,7 @@ py::dict stats_dict(const Stats& s) {
   d["encode_seconds"] = s.encode_seconds;
   d["comm_seconds"] = s.comm_seconds;
   d["decode_seconds"] = s.decode_seconds;
+  d["agree_seconds"] = s.agree_seconds;
   return d;
 }
 
@@ -831,12 +832,13 @@ PYBIND11_MODULE(_gcomp, m) {
            "agree on the codec's speed): every rank calls it with the same arguments.")
       .def_property_readonly("last_stats", &last_stats,
                              "What the last call did: calls (collectives made), bytes_sent,\n"
-                             "bytes_received, encode_seconds, comm_seconds, decode_seconds,\n"
+                             "bytes_received, encode_seconds, comm_seconds (agree_seconds: its\n"
+                             "agreement), decode_seconds,\n"
                              "algorithm (of its last collective), compressed (whether the\n"
                              "codec was applied), algorithms (calls per algorithm) and\n"
                              "compressed_calls (the calls that applied the codec).")
       .def_property_readonly("total_stats", &total_stats,
                              "Totals over this Communicator's collectives: calls, bytes_sent,\n"
-                             "bytes_received, the three seconds, algorithm (calls per algorithm)\n"
+                             "bytes_received, the four seconds, algorithm (calls per algorithm)\n"
                              "and compressed (calls that applied the codec).");
 }

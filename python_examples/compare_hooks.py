@@ -118,6 +118,7 @@ def worker(a):
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.0 if in_hook else 0.9)
 
     wall, steps, step_times, evals = 0.0, 0, [], []
+    phases = []  # (forward, backward, optimizer) seconds of each step
 
     def evaluate():
         # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
@@ -130,15 +131,19 @@ def worker(a):
             t0 = time.perf_counter()
             opt.zero_grad()
             try:
-                torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
+                loss = torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx])
+                t1 = time.perf_counter()
+                loss.backward()
             except RuntimeError as e:
                 # A diverged run: gcomp's hook raises on every rank on a non-finite gradient.
                 if rank == 0:
                     json.dump({"row": a.worker, "config": config(a), "evals": evals,
                                "failed": f"stopped at step {steps + 1}: {e}"}, open(a.result, "w"))
                 raise
+            t2 = time.perf_counter()
             opt.step()
             dt = time.perf_counter() - t0
+            phases.append((t1 - t0, t2 - t1, t0 + dt - t2))
             wall += dt
             step_times.append(dt)
             steps += 1
@@ -154,7 +159,10 @@ def worker(a):
     if a.worker in GCOMP_ROWS:
         st = state.stats()
         sent, how = st["bytes_sent"], "measured"
-        extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"]}
+        extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"],
+                 # Means per step of where the communication's time went (state.stats()).
+                 "split": {k[:-len("_seconds")]: st[k] / max(1, st["steps"]) for k in st
+                           if k.endswith("_seconds")}}
     else:
         ring = 2 * (size - 1) / size
         if a.worker == "nocomm":
@@ -172,6 +180,7 @@ def worker(a):
         json.dump({"row": a.worker, "config": config(a), "steps": steps, "evals": evals,
                    "bytes_sent": sent,
                    "bytes_how": how, "step_median": statistics.median(step_times),
+                   "phase_medians": [statistics.median(p[i] for p in phases) for i in range(3)],
                    "final_accuracy": evals[-1][2], "parameters": n, "ranks": size, **extra},
                   open(a.result, "w"))
     dist.barrier()
@@ -294,6 +303,33 @@ def main():
     write(a, base, [ran[r] for r in KNOWN if r in ran])
 
 
+def split_table(results):
+    """Where a step's time goes: the training thread's forward, backward (which ends by waiting
+    for the hooks' futures) and optimizer step (medians), and for gcomp's rows the means per
+    step of the communication thread's work (state.stats())."""
+    rows = [r for r in results if "failed" not in r and "phase_medians" in r]
+    if not rows:
+        return []
+    out = ["", "Where a step's time goes (ms; forward, backward, optimizer: medians; the rest: "
+           "gcomp's means per step, state.stats()):", "",
+           "| row | step | forward | backward | optimizer | hook | hand-off | encode | comm "
+           "(agreement) | decode | python | tail |", "|---|" + "---:|" * 11]
+    for r in rows:
+        f, b, o = (1e3 * v for v in r["phase_medians"])
+        cells = [f"{1e3 * r['step_median']:.1f}", f"{f:.1f}", f"{b:.1f}", f"{o:.1f}"]
+        sp = r.get("split")
+        if sp:
+            cells += [f"{1e3 * sp['hook']:.2f}", f"{1e3 * sp['handoff']:.2f}",
+                      f"{1e3 * sp['encode']:.2f}",
+                      f"{1e3 * sp['comm']:.2f} ({1e3 * sp['agree']:.2f})",
+                      f"{1e3 * sp['decode']:.2f}", f"{1e3 * sp['python']:.2f}",
+                      f"{1e3 * sp['tail']:.2f}"]
+        else:
+            cells += [""] * 7
+        out.append(f"| {r['row']} | " + " | ".join(cells) + " |")
+    return out
+
+
 def write(a, base, results):
     import csv
     where = (f"testbed: {a.ranks} hosts, each link {a.network}" if a.cluster
@@ -320,6 +356,7 @@ def write(a, base, results):
                          f"{'not reached' if reach is None else f'{reach:.1f} s'} |")
             w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"], r["bytes_how"],
                         r["step_median"], reach if reach is not None else "", ""])
+    lines += split_table(results)
     open(base + ".md", "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:

@@ -137,6 +137,7 @@ struct CallStats {
   double encode_seconds = 0;
   double comm_seconds = 0;  // in MPI calls, including the agreement between ranks
   double decode_seconds = 0;
+  double agree_seconds = 0;  // of comm_seconds, the agreement's (one small allreduce a call)
   Algorithm algorithm = Algorithm::dense;  // allreduce_buckets: the last bucket's
   bool compressed = true;  // false when auto skipped the codec (see allow_uncompressed)
   std::uint64_t calls = 0;  // collectives made: 1, or allreduce_buckets' buckets
@@ -151,6 +152,7 @@ struct TotalStats {
   double encode_seconds = 0;
   double comm_seconds = 0;
   double decode_seconds = 0;
+  double agree_seconds = 0;
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // calls per algorithm
   std::uint64_t compressed = 0;  // calls that applied the codec (see CallStats::compressed)
 };

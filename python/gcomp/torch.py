@@ -29,6 +29,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 
 import numpy as np
 import torch
@@ -203,8 +204,28 @@ class _Stats:
         self.lock = threading.Lock()
         self.calls = self.dense_calls = self.compressed = 0
         self.bytes_sent = self.bytes_received = 0
-        self.encode_seconds = self.comm_seconds = self.decode_seconds = 0.0
+        self.encode_seconds = self.comm_seconds = self.decode_seconds = self.agree_seconds = 0.0
         self.algorithm = {}
+        # Where a step's communication time goes (docs/python.md, "Where the time goes"):
+        # the hook on the training thread; the hand-off (submitted -> started on the
+        # communication thread); the job there, of which encode/comm/decode are the library's
+        # and the rest Python's; and the tail: from the step's last submission to its
+        # completion, what backward's end waits for.
+        self.hook_seconds = self.handoff_seconds = self.job_seconds = self.tail_seconds = 0.0
+        self.jobs = 0
+
+    def add_timing(self, hook, handoff, job, tail=None):
+        with self.lock:
+            self.hook_seconds += hook
+            self.handoff_seconds += handoff
+            self.job_seconds += job
+            self.jobs += 1
+            if tail is not None:
+                self.tail_seconds += tail
+
+    def add_tail(self, seconds):
+        with self.lock:
+            self.tail_seconds += seconds
 
     def add(self, comm, dense):
         """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets)."""
@@ -218,6 +239,7 @@ class _Stats:
             self.encode_seconds += s["encode_seconds"]
             self.comm_seconds += s["comm_seconds"]
             self.decode_seconds += s["decode_seconds"]
+            self.agree_seconds += s["agree_seconds"]
             for name, count in s["algorithms"].items():
                 self.algorithm[name] = self.algorithm.get(name, 0) + count
 
@@ -225,6 +247,8 @@ class _Stats:
         with self.lock:
             d = {k: v for k, v in vars(self).items() if k != "lock"}
             d["algorithm"] = dict(self.algorithm)
+        d["python_seconds"] = max(0.0, d["job_seconds"] - d["encode_seconds"] - d["comm_seconds"]
+                                  - d["decode_seconds"])
         d.update(extra)
         return d
 
@@ -341,7 +365,12 @@ class CompressionState(_PerParameterFeedback):
     def stats(self):
         """stats() -> dict: calls, dense_calls (warm-up; small whole buckets), compressed,
         bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
-        algorithm) and steps, summed over this rank's hook calls so far."""
+        algorithm) and steps, summed over this rank's hook calls so far; and where the time
+        goes: hook_seconds (in the hook, on the training thread), handoff_seconds (submitted
+        to started on the communication thread), job_seconds (the jobs there: encode, comm,
+        decode and python_seconds, the rest; agree_seconds is comm's agreement), tail_seconds
+        (from each step's last bucket handed over to its result: what the end of backward
+        waits for), jobs."""
         return self._stats.snapshot(steps=self.step)
 
     def _feedback_for(self, bucket):
@@ -388,8 +417,10 @@ def compression_hook(state, bucket):
     through gcomp with state's codec, on the communication thread, and returns a future of the
     averaged bucket, as DDP's default hook does.
     """
+    entered = time.perf_counter()
     tensor = bucket.buffer()
     step, index = state.step, bucket.index()
+    last = bucket.is_last()
     per_parameter = state._split
     dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
     seed = _mix(state.seed, step, index)
@@ -408,6 +439,7 @@ def compression_hook(state, bucket):
             params, views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
 
     def job(comm):
+        started = time.perf_counter()
         try:
             if dense:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
@@ -425,10 +457,14 @@ def compression_hook(state, bucket):
         state._stats.add(comm, dense)
         if velocities and not dense:
             state._mask_momentum(velocities)
+        done = time.perf_counter()
+        state._stats.add_timing(submitted - entered, started - submitted, done - started,
+                                done - submitted if last else None)
         return tensor
 
-    if bucket.is_last():
+    if last:
         state.step += 1
+    submitted = time.perf_counter()
     fut = _engine().submit(job)
     if state.synchronous:
         try:
@@ -505,7 +541,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         return getattr(self.__dict__["optimizer"], name)
 
     def stats(self):
-        """stats() -> dict, as CompressionState.stats(), with steps."""
+        """stats() -> dict, as CompressionState.stats(), with steps (tail_seconds: what
+        step() waited for, from handing over the last bucket to every result)."""
         return self._stats.snapshot(steps=self.steps)
 
     def _ready_hook(self, p):
@@ -517,6 +554,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         return hook
 
     def _submit(self):
+        entered = time.perf_counter()
         params, self._ready, self._ready_bytes = self._ready, [], 0
         if not params:
             return
@@ -542,13 +580,17 @@ class DistributedOptimizer(_PerParameterFeedback):
         bucket_bytes = 1 if self._split and not dense else self.bucket_bytes
 
         def job(comm):
+            started = time.perf_counter()
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
                                    algorithm=algorithm, allow_uncompressed=allow)
             stats.add(comm, dense)
             if velocities and not dense:
                 self._mask_momentum(velocities)
+            done = time.perf_counter()
+            stats.add_timing(submitted - entered, started - submitted, done - started)
 
+        submitted = time.perf_counter()
         fut = _engine().submit(job)
         self._pending.append(fut)
         if self.synchronous:
@@ -568,9 +610,13 @@ class DistributedOptimizer(_PerParameterFeedback):
     def synchronize(self):
         """Sends the gradients still waiting and waits until every allreduce of this step is
         done: the parameters' .grad then hold the averages."""
+        entered = time.perf_counter()
         self._submit()
         self._buckets = 0
-        self._wait()
+        try:
+            self._wait()
+        finally:
+            self._stats.add_tail(time.perf_counter() - entered)
 
     def step(self, closure=None):
         """Averages the gradients (synchronize()) and steps the wrapped optimizer."""

@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# python_examples/compare_hooks.py end to end, briefly: three rows (DDP's allreduce, PowerSGD,
-# gcomp's top-k) of the small MLP for 20 steps on 4 ranks; every row must have run and the CSV,
-# table and plot must be written.
+# python_examples/compare_hooks.py end to end, briefly: four rows (no communication, DDP's
+# allreduce, PowerSGD, gcomp's top-k) of the small MLP for 20 steps on 4 ranks; every row must
+# have run and the CSV, tables (the accuracy and bytes, and where the step's time goes) and plot
+# must be written.
 #   compare_hooks_test.sh PYTHON OUT_DIR PORT
 set -euo pipefail
 python=$1 out=$2 port=$3
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"
 timeout -k 10 600 "$python" "$here/../../python_examples/compare_hooks.py" --model mlp \
-  --network none --rows ddp,powersgd1,gcomp_topk1 --epochs 1 --max-steps 20 --eval-every 10 \
+  --network none --rows nocomm,ddp,powersgd1,gcomp_topk1 --epochs 1 --max-steps 20 --eval-every 10 \
   --powersgd-start 5 --timeout 300 --port "$port" --out "$out"
 csv=$out/compare_mlp_none.csv
 test -s "$out/compare_mlp_none.md" && test -s "$out/compare_mlp_none.png"
 "$python" - "$csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-assert [r["row"] for r in rows] == ["ddp", "powersgd1", "gcomp_topk1"], rows
+assert [r["row"] for r in rows] == ["nocomm", "ddp", "powersgd1", "gcomp_topk1"], rows
 for r in rows:
     assert not r["failed"], r
-    assert 0.1 < float(r["accuracy"]) <= 1 and int(r["bytes_sent"]) > 0, r
+    assert 0.1 < float(r["accuracy"]) <= 1, r
+    assert (int(r["bytes_sent"]) == 0) == (r["row"] == "nocomm"), r
 PY
-echo "compare_hooks.py: 3 rows written to $out"
+# The split: a line per row; gcomp's with its communication thread's 7 figures, all numbers.
+"$python" - "$out/compare_mlp_none.md" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+assert "Where a step's time goes" in text, text
+lines = {l.split("|")[1].strip(): l for l in text.splitlines() if l.startswith("| ")}
+for row in ("nocomm", "ddp", "powersgd1", "gcomp_topk1"):
+    cells = [c.strip() for c in lines[row].split("|")[2:-1]] if row in lines else []
+    assert cells, (row, text)
+g = [c.strip() for c in [l for l in text.splitlines() if l.startswith("| gcomp_topk1 |")][-1].split("|")[2:-1]]
+assert len(g) == 11 and all(c for c in g), g
+float(g[0]); float(g[4]); float(g[6])
+PY
+echo "compare_hooks.py: 4 rows written to $out"

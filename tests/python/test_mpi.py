@@ -137,6 +137,8 @@ def test_stats_count_the_bytes(comm):
     after = comm.total_stats
     p = comm.size
     assert s["encode_seconds"] > 0 and s["comm_seconds"] >= 0 and s["decode_seconds"] >= 0
+    assert 0 <= s["agree_seconds"] <= s["comm_seconds"]
+    assert after["agree_seconds"] == before["agree_seconds"] + s["agree_seconds"]
     assert s["compressed"] is True and s["calls"] == 1
     assert after["calls"] == before["calls"] + 1
     assert after["compressed"] == before["compressed"] + 1

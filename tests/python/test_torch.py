@@ -94,6 +94,18 @@ def test_the_none_hook_averages_as_ddps_own_allreduce():
     assert any(torch.any(q.grad != 0) for q in plain.parameters())
 
 
+def check_time_split(st):
+    """The stats' time split adds up: every job's library seconds lie within its job's time,
+    the agreement within comm, and the tails (one a step) within the hand-offs and jobs."""
+    assert st["jobs"] >= st["steps"] > 0
+    assert st["hook_seconds"] > 0 and st["handoff_seconds"] >= 0 and st["tail_seconds"] > 0
+    library = st["encode_seconds"] + st["comm_seconds"] + st["decode_seconds"]
+    assert library <= st["job_seconds"]
+    assert abs(st["python_seconds"] - (st["job_seconds"] - library)) < 1e-9
+    assert 0 < st["agree_seconds"] <= st["comm_seconds"]
+    assert st["tail_seconds"] <= st["handoff_seconds"] + st["job_seconds"] + 1e-9
+
+
 def test_a_compressed_run_leaves_every_rank_with_the_same_parameters():
     m = DDP(model(), bucket_cap_mb=0.005)  # several buckets, rebuilt after the first step
     # Pinned: auto may find the uncompressed allreduce faster here, and send everything.
@@ -105,6 +117,7 @@ def test_a_compressed_run_leaves_every_rank_with_the_same_parameters():
     st = state.stats()
     assert st["steps"] == 5 and st["calls"] >= 5 and st["compressed"] > 0
     assert st["bytes_sent"] > 0 and sum(st["algorithm"].values()) == st["calls"]
+    check_time_split(st)
     # Error feedback held back most of each large weight (top-k sends 10% of a bucket).
     for p in m.parameters():
         if p.numel() >= 1024:
@@ -285,6 +298,9 @@ def test_the_optimizer_compresses_and_keeps_ranks_identical():
     same_on_every_rank(list(m.parameters()))
     st = opt.stats()
     assert st["dense_calls"] > 0 and st["compressed"] > 0 and st["bytes_sent"] > 0
+    assert st["jobs"] > 0 and 0 < st["agree_seconds"] <= st["comm_seconds"]
+    assert st["encode_seconds"] + st["comm_seconds"] + st["decode_seconds"] <= st["job_seconds"]
+    assert st["tail_seconds"] > 0  # what step() waited for
     assert opt.param_groups[0]["lr"] == 0.1  # the wrapped optimizer's attributes
 
 
