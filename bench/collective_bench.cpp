@@ -15,7 +15,9 @@
 // --set=full|targets|paired|cluster (targets: only what the network targets need; paired: auto
 // and MPI_Allreduce alternating, reporting median times and their ratio; cluster: codecs none,
 // fp16, QSGD 4-bit and top-k 1% with error feedback, each with auto and every algorithm that
-// applies to it, the set scripts/bench-network --cluster runs), --model-table (print the
+// applies to it, the set scripts/bench-network --cluster runs; versus: auto against each of
+// those algorithms, interleaved call by call, reporting medians and auto / the fastest),
+// --model-table (print the
 // cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit), --scale-table (print
 // each sparse algorithm's predicted time and bytes per rank at 8..1024 ranks, then exit).
 #include <benchmark/benchmark.h>
@@ -25,6 +27,7 @@
 #include <csignal>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -175,6 +178,76 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
   st.counters["ratio"] = median(mpi) > 0 ? median(ours) / median(mpi) : 0;
   st.counters["chosen"] = static_cast<double>(static_cast<int>(comm->last_stats().algorithm));
   st.counters["compressed"] = comm->last_stats().compressed ? 1 : 0;
+  st.counters["ranks"] = world_size;
+}
+
+// auto against every algorithm that applies to the codec, interleaved: each iteration runs auto
+// once and then each algorithm once, so that the machine's drift hits them alike (on a shared
+// VM two runs of the same algorithm minutes apart differ by 20%). Each option has its own
+// error-feedback memory and a new input every call (as bm_gcomp). Counters: each option's median
+// seconds (auto_s, and <algorithm>_s), best_s (the fastest algorithm's), ratio (auto / best),
+// chosen (what auto ran last).
+void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
+  const gcomp::Codec codec(spec);
+  std::vector<gcomp::Algorithm> options = {gcomp::Algorithm::automatic};
+  const auto pred = comm->predict(codec, n, 0, ef);
+  for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
+    if (pred[a] < gcomp::kNotApplicable) options.push_back(static_cast<gcomp::Algorithm>(a));
+  }
+  const std::vector<float> base = input(n);
+  std::vector<float> in(base), out(n);
+  std::vector<gcomp::ErrorFeedback> memory;
+  for (std::size_t o = 0; o < options.size(); ++o) memory.emplace_back(ef ? n : 0);
+  std::mt19937_64 offsets(99);
+  const auto call = [&](std::size_t o, std::uint64_t seed) {
+    if (ef) {
+      const auto at = static_cast<std::ptrdiff_t>(offsets() % n);
+      std::rotate_copy(base.begin(), base.begin() + at, base.end(), in.begin());
+    }
+    gcomp::AllreduceOptions opt;
+    opt.algorithm = options[o];
+    opt.seed = seed;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    comm->allreduce(in, out, codec, ef ? &memory[o] : nullptr, opt);
+    return slowest(MPI_Wtime() - start);
+  };
+  const int warm = std::max(kAutoWarmup, ef ? kFeedbackWarmup : 1);
+  for (int i = 0; i < warm; ++i) {
+    for (std::size_t o = 0; o < options.size(); ++o) call(o, 1);
+  }
+  std::vector<std::vector<double>> times(options.size());
+  std::array<int, gcomp::kAlgorithmCount> ran{};  // what auto's timed calls ran
+  std::uint64_t seed = 2;
+  for (auto _ : st) {
+    double total = 0;
+    for (std::size_t o = 0; o < options.size(); ++o) {
+      const double t = call(o, seed);
+      if (o == 0) ++ran[static_cast<int>(comm->last_stats().algorithm)];
+      times[o].push_back(t);
+      total += t;
+    }
+    ++seed;
+    st.SetIterationTime(total);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  double best = 1e30;
+  for (std::size_t o = 0; o < options.size(); ++o) {
+    const double m = median(times[o]);
+    st.counters[std::string(gcomp::algorithm_name(options[o])) + "_s"] = m;
+    if (o > 0) best = std::min(best, m);
+  }
+  // What auto ran most often, and on how many of its timed calls something else.
+  const auto most = std::max_element(ran.begin(), ran.end());
+  st.counters["chosen"] = static_cast<double>(most - ran.begin());
+  int total_runs = 0;
+  for (int r : ran) total_runs += r;
+  st.counters["auto_other_calls"] = total_runs - *most;
+  st.counters["best_s"] = best;
+  st.counters["ratio"] = best > 0 ? median(times[0]) / best : 0;
   st.counters["ranks"] = world_size;
 }
 
@@ -337,6 +410,7 @@ int main(int argc, char** argv) {
   bool scale = false;
   bool paired = false;
   bool cluster = false;
+  bool versus = false;
   std::vector<char*> rest = {argv[0]};
   bool min_time_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -358,6 +432,8 @@ int main(int argc, char** argv) {
       paired = true;
     } else if (a == "--set=cluster") {
       cluster = true;
+    } else if (a == "--set=versus") {
+      versus = true;
     } else if (a == "--model-table") {
       table = true;
     } else if (a == "--scale-table") {
@@ -409,6 +485,19 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMillisecond);
       if (cluster) {
         register_cluster_set(n);
+        continue;
+      }
+      if (versus) {
+        for (const auto& [spec, ef] : std::vector<std::pair<const char*, bool>>{
+                 {"none", false}, {"fp16", false}, {"qsgd:bits=4", false},
+                 {"topk:ratio=0.01", true}}) {
+          benchmark::RegisterBenchmark(
+              (std::string("versus/") + spec + (ef ? "+ef/" : "/") + std::to_string(n)).c_str(),
+              bm_versus, std::string(spec), n, ef)
+              ->UseManualTime()
+              ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
+              ->Unit(benchmark::kMillisecond);
+        }
         continue;
       }
       for (const Entry& e : kEntries) {

@@ -9,7 +9,7 @@ Rows (--rows, comma-separated; default all): ddp (DDP's default allreduce, gloo)
 (fp16_compress_hook), powersgd1 and powersgd4 (powerSGD_hook, rank 1 and 4), gcomp_none,
 gcomp_fp16, gcomp_topk1 (top-k 1% + error feedback), gcomp_topk01 (top-k 0.1% + error feedback),
 gcomp_qsgd4, gcomp_sign (sign + error feedback), and gcomp_topk1_sync (top-k 1% with the
-allreduce forced synchronous: what overlap buys); also gcomp_topk1_layers,
+allreduce forced synchronous: what overlap buys); also gcomp_qsgd4_sync, gcomp_topk1_layers,
 gcomp_topk1_layers_sync, gcomp_topk01_layers and gcomp_qsgd4_layers (per parameter instead of
 per DDP bucket),
 gcomp_sign_bucket (one sign scale per bucket), gcomp_topk1_auto (top-k 1% where auto may send a
@@ -22,6 +22,11 @@ rank each, each host's own link shaped to --network in both directions, MPI and 
 the testbed is brought up once for all rows and taken down after. Row nocomm is the compute
 limit: a hook that returns the bucket as it is, without any communication (the ranks' models
 drift apart, so its accuracy means nothing; its step time is what no communication costs).
+--interleave runs the rows in one job instead of one job each, a step of each row in turn (each
+row keeps its own model, optimizer, hook state and wall time), so that step times are compared
+side by side: on a shared machine the drift between separate runs exceeds the differences.
+Row nocomm_sync is nocomm plus a barrier at the end of backward: what a synchronous step costs
+without any data, since every step then waits for the slowest rank's compute.
 
 Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
 evaluates the test accuracy every --eval-every steps (on rank 0, not counted in the wall time). Written to
@@ -41,7 +46,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROWS = ["nocomm", "ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
+ROWS = ["nocomm", "nocomm_sync", "ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
         "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync"]
 # The codec rows apply their codec on every call (allow_uncompressed=False): auto would send a
 # tensor uncompressed where that is faster (on unshaped loopback, often), and the row would then
@@ -56,6 +61,7 @@ GCOMP_ROWS = {
     "gcomp_qsgd4": dict(codec="qsgd:bits=4", **APPLIED),
     "gcomp_sign": dict(codec="sign", **APPLIED),
     "gcomp_topk1_sync": dict(codec="topk:ratio=0.01", synchronous=True, **APPLIED),
+    "gcomp_qsgd4_sync": dict(codec="qsgd:bits=4", synchronous=True, **APPLIED),
     # Not in the default rows: the other choice of per_parameter, and auto unpinned.
     "gcomp_topk1_layers": dict(codec="topk:ratio=0.01", per_parameter=True, **APPLIED),
     "gcomp_topk1_layers_sync": dict(codec="topk:ratio=0.01", per_parameter=True,
@@ -73,6 +79,52 @@ KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
 
 # ---- one run (every rank) ----
 
+class Row:
+    """One row's model, optimizer, hook state and measurements, in one worker process."""
+
+    def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, mlp):
+        self.name = name
+        if name.startswith("powersgd"):
+            # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
+            # callbacks (gloo's thread) while backward issues the next bucket's from its own:
+            # the ranks' orders can differ, and gloo then pairs different allreduces (an abort
+            # on "op.preamble.length <= op.nbytes", or wrong sums when the sizes match). One
+            # bucket (the first one included, whose 1 MiB default is this documented knob) has
+            # no race.
+            first = dist._DEFAULT_FIRST_BUCKET_BYTES
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+            self.model = DDP(mlp(a.model == "wide", seed=a.seed), bucket_cap_mb=1024)
+            dist._DEFAULT_FIRST_BUCKET_BYTES = first
+        else:
+            self.model = DDP(mlp(a.model == "wide", seed=a.seed))
+        self.state = None
+        if name in ("nocomm", "nocomm_sync"):
+            def no_communication(_, bucket):
+                if name == "nocomm_sync" and bucket.is_last():
+                    dist.barrier()  # the step waits for the slowest rank, and sends nothing
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+                return fut
+            self.model.register_comm_hook(None, no_communication)
+        elif name == "torch_fp16":
+            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name.startswith("powersgd"):
+            self.state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                     matrix_approximation_rank=int(name[8:]),
+                                                     start_powerSGD_iter=a.powersgd_start)
+            self.model.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
+        elif name in GCOMP_ROWS:
+            self.state = gt.CompressionState(**GCOMP_ROWS[name], seed=a.seed)
+            self.model.register_comm_hook(self.state, gt.compression_hook)
+        # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows.
+        in_hook = name in GCOMP_ROWS and GCOMP_ROWS[name].get("momentum", 0) > 0
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr,
+                                   momentum=0.0 if in_hook else 0.9)
+        self.wall, self.steps, self.step_times, self.evals = 0.0, 0, [], []
+        self.phases = []  # (forward, backward, optimizer) seconds of each step
+        self.failed = None
+
+
 def worker(a):
     import torch
     import torch.distributed as dist
@@ -86,78 +138,69 @@ def worker(a):
     rank, size = gt.init_process_group()
     torch.set_num_threads(1)
     train_x, train_y, test_x, test_y = load()
-    if a.worker.startswith("powersgd"):
-        # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
-        # callbacks (gloo's thread) while backward issues the next bucket's from its own: the
-        # ranks' orders can differ, and gloo then pairs different allreduces (an abort on
-        # "op.preamble.length <= op.nbytes", or wrong sums when the sizes match). One bucket
-        # (the first one included, whose 1 MiB default is this documented knob) has no race.
-        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
-        model = DDP(mlp(a.model == "wide", seed=a.seed), bucket_cap_mb=1024)
-    else:
-        model = DDP(mlp(a.model == "wide", seed=a.seed))
-    state = None
-    if a.worker == "nocomm":
-        def no_communication(_, bucket):
-            fut = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-        model.register_comm_hook(None, no_communication)
-    elif a.worker == "torch_fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif a.worker.startswith("powersgd"):
-        state = powerSGD_hook.PowerSGDState(process_group=None,
-                                            matrix_approximation_rank=int(a.worker[8:]),
-                                            start_powerSGD_iter=a.powersgd_start)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif a.worker in GCOMP_ROWS:
-        state = gt.CompressionState(**GCOMP_ROWS[a.worker], seed=a.seed)
-        model.register_comm_hook(state, gt.compression_hook)
-    # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows.
-    in_hook = a.worker in GCOMP_ROWS and GCOMP_ROWS[a.worker].get("momentum", 0) > 0
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.0 if in_hook else 0.9)
+    # One row, or (--interleave) several, each step of each row in turn: the machine's drift
+    # then falls on every row alike.
+    rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, mlp)
+            for name in a.worker.split(",")]
+    results = a.result.split(",")
 
-    wall, steps, step_times, evals = 0.0, 0, [], []
-    phases = []  # (forward, backward, optimizer) seconds of each step
-
-    def evaluate():
+    def evaluate(r):
         # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
         if rank == 0:
-            evals.append((steps, wall, accuracy(model.module, test_x, test_y)))
+            r.evals.append((r.steps, r.wall, accuracy(r.model.module, test_x, test_y)))
         dist.barrier()
 
+    def one_step(r, idx):
+        t0 = time.perf_counter()
+        r.opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(r.model(train_x[idx]), train_y[idx])
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        r.opt.step()
+        dt = time.perf_counter() - t0
+        r.phases.append((t1 - t0, t2 - t1, t0 + dt - t2))
+        r.wall += dt
+        r.step_times.append(dt)
+        r.steps += 1
+        if r.steps % a.eval_every == 0:
+            evaluate(r)
+
+    done, taken = False, 0
     for epoch in range(a.epochs):
         for idx in shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed):
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            try:
-                loss = torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx])
-                t1 = time.perf_counter()
-                loss.backward()
-            except RuntimeError as e:
-                # A diverged run: gcomp's hook raises on every rank on a non-finite gradient.
-                if rank == 0:
-                    json.dump({"row": a.worker, "config": config(a), "evals": evals,
-                               "failed": f"stopped at step {steps + 1}: {e}"}, open(a.result, "w"))
-                raise
-            t2 = time.perf_counter()
-            opt.step()
-            dt = time.perf_counter() - t0
-            phases.append((t1 - t0, t2 - t1, t0 + dt - t2))
-            wall += dt
-            step_times.append(dt)
-            steps += 1
-            if steps % a.eval_every == 0:
-                evaluate()
-            if steps == a.max_steps:
+            taken += 1
+            for r in rows:
+                if r.failed:
+                    continue
+                try:
+                    one_step(r, idx)
+                except RuntimeError as e:
+                    # A diverged run: gcomp's hook raises on every rank on a non-finite
+                    # gradient. The row stops; the others go on.
+                    r.failed = f"stopped at step {r.steps + 1}: {e}"
+            if taken == a.max_steps or all(r.failed for r in rows):
+                done = True
                 break
-        if steps == a.max_steps:
+        if done:
             break
-    if steps % a.eval_every != 0:  # the same test on every rank: each joins the barrier
-        evaluate()
-    n = sum(p.numel() for p in model.parameters())
-    if a.worker in GCOMP_ROWS:
-        st = state.stats()
+    for r, result in zip(rows, results):
+        if r.failed:
+            if rank == 0:
+                json.dump({"row": r.name, "config": config(a), "evals": r.evals,
+                           "failed": r.failed}, open(result, "w"))
+            continue
+        if r.steps % a.eval_every != 0:  # the same test on every rank: each joins the barrier
+            evaluate(r)
+        record(a, r, result, rank, size)
+    dist.barrier()
+
+
+def record(a, r, result, rank, size):
+    """Writes row r's result (rank 0)."""
+    n = sum(p.numel() for p in r.model.parameters())
+    if r.name in GCOMP_ROWS:
+        st = r.state.stats()
         sent, how = st["bytes_sent"], "measured"
         extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"],
                  # Means per step of where the communication's time went (state.stats()).
@@ -165,25 +208,25 @@ def worker(a):
                            if k.endswith("_seconds")}}
     else:
         ring = 2 * (size - 1) / size
-        if a.worker == "nocomm":
+        if r.name in ("nocomm", "nocomm_sync"):
             per_step = 0
-        elif a.worker == "ddp":
+        elif r.name == "ddp":
             per_step = 4 * n
-        elif a.worker == "torch_fp16":
+        elif r.name == "torch_fp16":
             per_step = 2 * n
         else:
-            r = int(a.worker[8:])
-            per_step = sum(4 * (p.shape[0] + p[0].numel()) * r if p.dim() > 1 else 4 * p.numel()
-                           for p in model.parameters())
-        sent, how, extra = int(ring * per_step * steps), "model", {}
+            k = int(r.name[8:])
+            per_step = sum(4 * (p.shape[0] + p[0].numel()) * k if p.dim() > 1 else 4 * p.numel()
+                           for p in r.model.parameters())
+        sent, how, extra = int(ring * per_step * r.steps), "model", {}
     if rank == 0:
-        json.dump({"row": a.worker, "config": config(a), "steps": steps, "evals": evals,
+        json.dump({"row": r.name, "config": config(a), "steps": r.steps, "evals": r.evals,
                    "bytes_sent": sent,
-                   "bytes_how": how, "step_median": statistics.median(step_times),
-                   "phase_medians": [statistics.median(p[i] for p in phases) for i in range(3)],
-                   "final_accuracy": evals[-1][2], "parameters": n, "ranks": size, **extra},
-                  open(a.result, "w"))
-    dist.barrier()
+                   "bytes_how": how, "step_median": statistics.median(r.step_times),
+                   "phase_medians": [statistics.median(p[i] for p in r.phases) for i in range(3)],
+                   "final_accuracy": r.evals[-1][2], "parameters": n, "ranks": size,
+                   "interleaved": a.worker if "," in a.worker else None, **extra},
+                  open(result, "w"))
 
 
 # ---- the driver ----
@@ -192,7 +235,7 @@ def config(a):
     """The settings that make two rows' results comparable."""
     return {k: getattr(a, k) for k in ("model", "network", "epochs", "eval_every", "max_steps",
                                        "batch", "lr", "seed", "ranks", "powersgd_start",
-                                       "cluster")}
+                                       "cluster", "interleave")}
 
 
 def shaped(rate):
@@ -207,6 +250,8 @@ CLUSTER = os.path.join(HERE, "..", "scripts", "cluster")
 
 
 def run_row(a, row, result):
+    """Runs one row, or (row and result comma-separated lists) rows interleaved in one job;
+    returns the results, one per row."""
     if a.cluster:
         # scripts/cluster run sets MPI's, gloo's and the rendezvous' addresses for each host.
         env = dict(os.environ, MASTER_PORT=str(a.port))
@@ -223,26 +268,33 @@ def run_row(a, row, result):
            "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
            "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
-           "--powersgd-start", str(a.powersgd_start)] + (["--cluster"] if a.cluster else [])
-    if os.path.exists(result):
-        os.remove(result)
-    log = result[:-len(".json")] + ".log"
+           "--powersgd-start", str(a.powersgd_start)] + (["--cluster"] if a.cluster else []) + (
+           ["--interleave"] if a.interleave else [])
+    paths = result.split(",")
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)
+    log = paths[0][:-len(".json")] + ".log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         # MPICH over UCX/TCP can hang in MPI_Finalize after large allreduces: once rank 0 has
-        # written the result, the run gets a minute to exit before it is stopped.
+        # written the results, the run gets a minute to exit before it is stopped.
         written = None
         while proc.poll() is None:
             time.sleep(1)
-            if os.path.exists(result) and written is None:
+            if all(os.path.exists(path) for path in paths) and written is None:
                 written = time.monotonic()
             if written is not None and time.monotonic() - written > 60:
                 proc.terminate()
                 proc.wait()
-    if not os.path.exists(result):
-        tail = open(log).read().strip().splitlines()[-3:]
-        return {"row": row, "failed": f"exit {proc.returncode}: " + " | ".join(tail)}
-    return json.load(open(result))
+    got = []
+    for name, path in zip(row.split(","), paths):
+        if os.path.exists(path):
+            got.append(json.load(open(path)))
+        else:
+            tail = open(log).read().strip().splitlines()[-3:]
+            got.append({"row": name, "failed": f"exit {proc.returncode}: " + " | ".join(tail)})
+    return got
 
 
 def main():
@@ -252,6 +304,9 @@ def main():
     ap.add_argument("--cluster", action="store_true",
                     help="run on scripts/cluster's testbed: --ranks hosts, each link --network")
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--interleave", action="store_true",
+                    help="run the rows in one job, a step of each in turn (step times side by "
+                         "side: the machine's drift falls on every row alike)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: no limit)")
@@ -282,11 +337,13 @@ def main():
     else:
         was_shaped = not a.report and shaped(a.network)
     try:
-        for row in [] if a.report else a.rows.split(","):
+        todo = [] if a.report else a.rows.split(",")
+        for row in todo:
             if row not in KNOWN:
                 raise SystemExit(f"unknown row {row} (known: {', '.join(KNOWN)})")
-            print(f"{row} ...", file=sys.stderr, flush=True)
-            results.append(run_row(a, row, f"{base}.{row}.json"))
+        for group in ([todo] if a.interleave and todo else [[row] for row in todo]):
+            print(f"{','.join(group)} ...", file=sys.stderr, flush=True)
+            results += run_row(a, ",".join(group), ",".join(f"{base}.{r}.json" for r in group))
     finally:
         if was_shaped:
             subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"])
@@ -368,7 +425,7 @@ def write(a, base, results):
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("tab20").colors
     for i, r in enumerate(results):
-        if "failed" not in r and r["row"] != "nocomm":  # torch's rows solid, gcomp's dashed
+        if "failed" not in r and not r["row"].startswith("nocomm"):  # torch's solid, gcomp's dashed
             ax.plot([t for _, t, _ in r["evals"]], [acc for _, _, acc in r["evals"]],
                     label=r["row"], color=colors[i % len(colors)],
                     linestyle="--" if r["row"].startswith("gcomp") else "-")
