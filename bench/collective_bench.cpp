@@ -181,11 +181,12 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
   st.counters["ranks"] = world_size;
 }
 
-// auto against every algorithm that applies to the codec, interleaved: each iteration runs auto
-// once and then each algorithm once, so that the machine's drift hits them alike (on a shared
+// auto against every algorithm that applies to the codec and MPI_Allreduce, interleaved: each
+// iteration runs auto once, then each algorithm once, then MPI_Allreduce of the same input, so that the machine's drift hits them alike (on a shared
 // VM two runs of the same algorithm minutes apart differ by 20%). Each option has its own
 // error-feedback memory and a new input every call (as bm_gcomp). Counters: each option's median
-// seconds (auto_s, and <algorithm>_s), best_s (the fastest algorithm's), ratio (auto / best),
+// seconds (auto_s, <algorithm>_s, mpi_allreduce_s), best_s (the fastest of the others), ratio
+// (auto / best),
 // chosen (what auto ran last).
 void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   const gcomp::Codec codec(spec);
@@ -199,7 +200,16 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   std::vector<gcomp::ErrorFeedback> memory;
   for (std::size_t o = 0; o < options.size(); ++o) memory.emplace_back(ef ? n : 0);
   std::mt19937_64 offsets(99);
+  // The last option: MPI_Allreduce of the same input (what a user would run instead).
+  const std::size_t mpi = options.size();
   const auto call = [&](std::size_t o, std::uint64_t seed) {
+    if (o == mpi) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double start = MPI_Wtime();
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+      return slowest(MPI_Wtime() - start);
+    }
     if (ef) {
       const auto at = static_cast<std::ptrdiff_t>(offsets() % n);
       std::rotate_copy(base.begin(), base.begin() + at, base.end(), in.begin());
@@ -214,14 +224,14 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   };
   const int warm = std::max(kAutoWarmup, ef ? kFeedbackWarmup : 1);
   for (int i = 0; i < warm; ++i) {
-    for (std::size_t o = 0; o < options.size(); ++o) call(o, 1);
+    for (std::size_t o = 0; o <= mpi; ++o) call(o, 1);
   }
-  std::vector<std::vector<double>> times(options.size());
+  std::vector<std::vector<double>> times(mpi + 1);
   std::array<int, gcomp::kAlgorithmCount> ran{};  // what auto's timed calls ran
   std::uint64_t seed = 2;
   for (auto _ : st) {
     double total = 0;
-    for (std::size_t o = 0; o < options.size(); ++o) {
+    for (std::size_t o = 0; o <= mpi; ++o) {
       const double t = call(o, seed);
       if (o == 0) ++ran[static_cast<int>(comm->last_stats().algorithm)];
       times[o].push_back(t);
@@ -235,9 +245,10 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
   double best = 1e30;
-  for (std::size_t o = 0; o < options.size(); ++o) {
+  for (std::size_t o = 0; o <= mpi; ++o) {
     const double m = median(times[o]);
-    st.counters[std::string(gcomp::algorithm_name(options[o])) + "_s"] = m;
+    st.counters[o == mpi ? std::string("mpi_allreduce_s")
+                         : std::string(gcomp::algorithm_name(options[o])) + "_s"] = m;
     if (o > 0) best = std::min(best, m);
   }
   // What auto ran most often, and on how many of its timed calls something else.
