@@ -26,6 +26,7 @@
 #include <string>
 
 #include "agreement.hpp"
+#include "env_setting.hpp"
 #include "auto_choice.hpp"
 #include "algorithm_table.hpp"
 #include "codec_impl.hpp"
@@ -276,13 +277,7 @@ struct Communicator::Impl {
     job.majority_vote = opt.majority_vote;
     Algorithm requested = opt.algorithm;
     if (requested == Algorithm::automatic) {
-      if (const char* env = std::getenv("GCOMP_ALGORITHM"); env && *env) {
-        try {
-          requested = parse_algorithm(env);
-        } catch (const Error& e) {
-          throw Error(Status::invalid_argument, std::string("GCOMP_ALGORITHM: ") + e.what());
-        }
-      }
+      requested = detail::env_setting("GCOMP_ALGORITHM", parse_algorithm).value_or(requested);
     }
     if (!suits(requested, *codec)) {
       throw Error(Status::invalid_argument, std::string("algorithm ") +

@@ -78,8 +78,8 @@ float average_scale(const Job& job) {
 }
 
 void finish_average(Job& job) {
-  if (!job.average || job.size == 1) return;
-  const float inv = 1.0f / static_cast<float>(job.size);
+  const float inv = average_scale(job);
+  if (inv == 1.0f) return;
   for (float& v : job.out) v *= inv;
 }
 

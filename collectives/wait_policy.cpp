@@ -1,11 +1,11 @@
 // The wait policy (gcomp::WaitPolicy in communicator.hpp): what the user set, and its resolution
 // into the mode every wait of collectives/mpi_util.cpp follows.
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "gcomp/communicator.hpp"
 #include "gcomp/error.hpp"
+#include "env_setting.hpp"
 #include "mpi_util.hpp"
 
 namespace gcomp {
@@ -53,15 +53,7 @@ void note_oversubscribed() noexcept { oversubscribed.store(true); }
 
 void apply_wait_policy() {
   WaitPolicy p = wait_policy();
-  if (p == WaitPolicy::automatic) {
-    if (const char* env = std::getenv("GCOMP_WAIT"); env && *env) {
-      try {
-        p = parse_wait_policy(env);
-      } catch (const Error& e) {
-        throw Error(Status::invalid_argument, std::string("GCOMP_WAIT: ") + e.what());
-      }
-    }
-  }
+  if (p == WaitPolicy::automatic) p = env_setting("GCOMP_WAIT", parse_wait_policy).value_or(p);
   if (p == WaitPolicy::automatic) p = oversubscribed.load() ? WaitPolicy::yield : WaitPolicy::spin;
   set_wait_mode(p);
 }

@@ -206,7 +206,7 @@ class _Stats:
         self.bytes_sent = self.bytes_received = 0
         self.encode_seconds = self.comm_seconds = self.decode_seconds = self.agree_seconds = 0.0
         self.algorithm = {}
-        # Where a step's communication time goes (docs/python.md, "Where the time goes"):
+        # Where a step's communication time goes (docs/python.md, `state.stats()`):
         # the hook on the training thread; the hand-off (submitted -> started on the
         # communication thread); the job there, of which encode/comm/decode are the library's
         # and the rest Python's; and the tail: from the step's last submission to its
