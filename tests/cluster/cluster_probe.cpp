@@ -4,7 +4,8 @@
 // and MPI_Allreduce's time. Rank 0 prints one line of key=value pairs before MPI_Finalize (which
 // can hang over UCX's TCP after large transfers; the caller bounds the run with a timeout).
 //   gcomp_cluster_probe [floats]     (default 4M)
-//   gcomp_cluster_probe --sleep S    (MPI_Init, then S seconds asleep: a run to interrupt)
+//   gcomp_cluster_probe --sleep S    (MPI_Init, a barrier, 'asleep rank=R', then S seconds
+//                                    asleep: a run to interrupt)
 #include <mpi.h>
 
 #include <algorithm>
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc > 2 && std::string(argv[1]) == "--sleep") {
+    // Every rank is past MPI_Init when the line is out: what a test waits for before it interrupts.
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::printf("asleep rank=%d\n", rank);
+    std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::seconds(std::atoi(argv[2])));
     MPI_Finalize();
     return 0;

@@ -8,7 +8,13 @@
 set -uo pipefail
 src=$1 probe=$2
 cluster=$src/scripts/cluster
-fail() { echo "FAIL: $*"; "$cluster" down >/dev/null 2>&1; exit 1; }
+bg=""  # the background run of the interrupt check, ended first on a failure
+fail() {
+  echo "FAIL: $*"
+  if [ -n "$bg" ]; then kill -INT "$bg" 2>/dev/null; wait "$bg" 2>/dev/null; fi
+  "$cluster" down >/dev/null 2>&1
+  exit 1
+}
 skip() { echo "SKIPPED: $*"; exit 77; }
 
 [ "$(id -u)" -eq 0 ] || skip "not root: network namespaces and tc need root"
@@ -76,19 +82,30 @@ done
 "$cluster" down || fail "a second down failed"
 left_behind "after up, run, down"
 
-# An interrupted run ends its processes and the testbed it brought up.
+# An interrupted run ends its processes and the testbed it brought up. The run is interrupted
+# once both ranks say they are asleep (past MPI_Init): on a loaded machine that can take a while,
+# so the wait is long, and it ends early when the run does.
+bg_out=$(mktemp)
 set -m  # job control: the background run gets its own process group and takes SIGINT
-"$cluster" run --hosts 2 --rate 100mbit -- "$probe" --sleep 300 &
-pid=$!
+"$cluster" run --hosts 2 --rate 100mbit -- "$probe" --sleep 300 >"$bg_out" 2>&1 &
+bg=$!
 set +m
-for i in $(seq 100); do
-  [ -n "$(ip netns pids gcomp-h1 2>/dev/null)" ] && break
+for i in $(seq 1200); do
+  [ "$(grep -c '^asleep rank=' "$bg_out")" = 2 ] && break
+  kill -0 "$bg" 2>/dev/null || break
   sleep 0.1
 done
-[ -n "$(ip netns pids gcomp-h1 2>/dev/null)" ] || fail "the run's ranks did not start"
+if [ "$(grep -c '^asleep rank=' "$bg_out")" != 2 ]; then
+  cat "$bg_out"
+  kill -0 "$bg" 2>/dev/null || { wait "$bg"; bg=""; rm -f "$bg_out"; fail "the run ended before its ranks were asleep"; }
+  rm -f "$bg_out"; fail "the run's ranks were not asleep within 120 s"
+fi
+pid=$bg
 sleep 1
 kill -INT "$pid"
 wait "$pid"; rc=$?
+bg=""
+cat "$bg_out"; rm -f "$bg_out"
 [ "$rc" = 130 ] || fail "the interrupted run exited $rc, not 130"
 left_behind "after an interrupt"
 echo "cluster test passed"
