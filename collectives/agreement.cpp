@@ -1,6 +1,8 @@
 // The agreement (agreement.hpp).
 #include "agreement.hpp"
 
+#include <limits>
+
 #include "mpi_util.hpp"
 
 namespace gcomp::detail {
@@ -31,6 +33,12 @@ bool Agreement::same_regions() const { return regions == (k63 & ~not_regions); }
 Status Agreement::failed_status() const { return static_cast<Status>((k63 & ~not_fail) >> 32); }
 
 int Agreement::failed_rank() const { return static_cast<int>((k63 & ~not_fail) & 0xffffffffu); }
+
+bool sum_cannot_overflow(int ranks, std::uint64_t magnitude) {
+  if (magnitude >= kNotMeasured || ranks < 1) return false;
+  const double m = std::bit_cast<float>(static_cast<std::uint32_t>(magnitude));
+  return m * ranks <= std::numeric_limits<float>::max() / 2.0;
+}
 
 Agreement agree(MPI_Comm comm, const Agreement& mine) {
   Agreement all{};

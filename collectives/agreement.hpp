@@ -9,7 +9,9 @@
 // iff all ranks hold the same hash), the complement of the first failure (status << 32 | rank,
 // so the MAX of the complement is the MIN of the failure; zero when the rank is fine), and the
 // maxima of the payload sizes and of the codec speeds (non-negative doubles order like their
-// bits, whose top bit is zero).
+// bits, whose top bit is zero), and the largest magnitude any rank sends when the call is not
+// compressed (float bits, ordered like |value|), which tells every rank alike that the sum
+// cannot overflow and needs no check after the collective.
 #pragma once
 
 #include <mpi.h>
@@ -34,6 +36,7 @@ struct Agreement {
   std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
   std::uint64_t regions;          // a hash of sparse_reduce_scatter's memory of the tensor
   std::uint64_t not_regions;
+  std::uint64_t magnitude;        // max |value| sent uncompressed (float bits); kNotMeasured
 
   // This rank's hash of what must agree.
   void seal(std::uint64_t signature);
@@ -49,6 +52,15 @@ struct Agreement {
   int failed_rank() const;
 };
 static_assert(sizeof(Agreement) % 8 == 0);
+
+// Agreement::magnitude of a rank that did not measure it (the bits of +Inf: the largest).
+inline constexpr std::uint64_t kNotMeasured = 0x7f800000u;
+
+// Whether a float32 sum over `ranks` contributions, each at most the agreed `magnitude` in
+// absolute value, is finite in any order of addition: ranks * magnitude <= FLT_MAX / 2. (The
+// exact sum is at most ranks * magnitude; the roundings of ranks - 1 additions grow it by at most
+// (1 + 2^-24)^(ranks - 1), under 1.07 for a million ranks, well inside the factor 2.)
+bool sum_cannot_overflow(int ranks, std::uint64_t magnitude);
 
 // Non-negative doubles as fields (their bits order as they do), and back.
 inline std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(v > 0 ? v : 0.0); }

@@ -200,6 +200,7 @@ struct Communicator::Impl {
     std::uint64_t group = 0;
     ComputeModel compute;
     double agree_seconds = 0;
+    bool sum_bounded = false;  // the sum cannot overflow (Agreement::magnitude): not checked
   };
 
   static void run(Communicator& self, std::span<const float> in, std::span<float> out,
@@ -239,6 +240,10 @@ struct Communicator::Impl {
     }
     // 3. The algorithm, from the agreed numbers; then the statistics.
     const Algorithm alg = decide(c, all);
+    // Uncompressed, every rank sends values of at most the agreed magnitude: when their sum
+    // cannot overflow, the check after the collective (a pass over out) is not needed.
+    c.sum_bounded = (codec->kind() == CodecKind::none || c.job.skip_codec) &&
+                    detail::sum_cannot_overflow(self.size_, all.magnitude);
     dispatch(c, alg);
     record(c, alg);
   }
@@ -355,6 +360,7 @@ struct Communicator::Impl {
     detail::Job& job = c.job;
     const std::span<const float> in = job.in;
     Agreement& mine = c.mine;
+    mine.magnitude = detail::kNotMeasured;
     // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
     // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
     // candidate is dense), and an explicit algorithm needs no speeds.
@@ -399,17 +405,21 @@ struct Communicator::Impl {
       // agreement if the agreed choice compresses after all): check for NaN/Inf now. With
       // error feedback and the uncompressed path likely (by this rank's numbers), x + e is
       // formed in the same pass, into the scratch that path sends from. Nothing is written to
-      // out before the agreement: a call that fails there leaves it as it was.
+      // out before the agreement: a call that fails there leaves it as it was. The same pass
+      // finds the largest |x + e|, what this rank sends if the call is not compressed: agreed,
+      // it spares that path the check of the sum after the collective (dispatch).
       const std::span<const float> e =
           ef ? std::span<const float>(ef->residual()) : std::span<const float>();
+      float magnitude = 0;
       if (ef && (codec->kind() == CodecKind::none || likely_uncompressed)) {
         std::vector<float>& sum = detail::scratch_vector<float, 101>();
         sum.resize(in.size());
-        copy_checked(in, e, sum);
+        magnitude = detail::copy_checked_magnitude(in, e, sum);
         job.sum_ready = true;
       } else {
-        check_finite(in, e);
+        magnitude = detail::checked_magnitude(in, e);
       }
+      mine.magnitude = std::bit_cast<std::uint32_t>(magnitude);
       if (codec->properties().sparse) {  // threshold's count is unknown: its bound
         mine.sent = default_sent(*codec, in.size());
         mine.bytes = default_bytes(*codec, in.size(), mine.sent);
@@ -493,7 +503,7 @@ struct Communicator::Impl {
     } else {
       detail::algorithm_row(alg).run(c.job);
     }
-    check_sum_finite(c.job, alg);
+    if (!c.sum_bounded) check_sum_finite(c.job, alg);
     if (c.ef) c.ef->commit();
   }
 

@@ -43,6 +43,29 @@ GCOMP_ALWAYS_INLINE bool any_nonfinite_sum_body(const float* x, const float* e,
   return m == 0;
 }
 
+GCOMP_ALWAYS_INLINE std::uint32_t max_abs_bits_body(const float* x, std::size_t n) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, abs_bits(x[i]));
+  return m;
+}
+
+GCOMP_ALWAYS_INLINE std::uint32_t max_abs_bits_sum_body(const float* x, const float* e,
+                                                        std::size_t n) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, abs_bits(x[i] + e[i]));
+  return m;
+}
+
+GCOMP_ALWAYS_INLINE std::uint32_t add_max_abs_bits_body(const float* x, const float* e,
+                                                        std::size_t n, float* v) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = x[i] + e[i];
+    m = std::max(m, abs_bits(v[i]));
+  }
+  return m;
+}
+
 GCOMP_ALWAYS_INLINE bool abs_keys_body(const float* v, std::size_t n,
                                        std::uint32_t* keys) noexcept {
   std::uint32_t mx = 0;
@@ -361,6 +384,12 @@ GCOMP_MULTIVERSION(void, add, (const float* x, const float* e, std::size_t n, fl
 GCOMP_MULTIVERSION(bool, any_nonfinite, (const float* x, std::size_t n) noexcept, (x, n))
 GCOMP_MULTIVERSION(bool, any_nonfinite_sum,
                    (const float* x, const float* e, std::size_t n) noexcept, (x, e, n))
+GCOMP_MULTIVERSION(std::uint32_t, max_abs_bits, (const float* x, std::size_t n) noexcept, (x, n))
+GCOMP_MULTIVERSION(std::uint32_t, max_abs_bits_sum,
+                   (const float* x, const float* e, std::size_t n) noexcept, (x, e, n))
+GCOMP_MULTIVERSION(std::uint32_t, add_max_abs_bits,
+                   (const float* x, const float* e, std::size_t n, float* v) noexcept,
+                   (x, e, n, v))
 GCOMP_MULTIVERSION(bool, abs_keys, (const float* v, std::size_t n, std::uint32_t* keys) noexcept,
                    (v, n, keys))
 GCOMP_MULTIVERSION(void, subtract_signs, (float* e, std::size_t n, float scale) noexcept,

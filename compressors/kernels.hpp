@@ -16,6 +16,12 @@ void add(const float* x, const float* e, std::size_t n, float* v) noexcept;
 // Whether x[0..n) holds a NaN or Inf; whether x + e does.
 bool any_nonfinite(const float* x, std::size_t n) noexcept;
 bool any_nonfinite_sum(const float* x, const float* e, std::size_t n) noexcept;
+// The largest |x| (of x + e; of v = x + e, written) as its bits, abs_bits: monotone in |x| for
+// finite values and >= kInfBits exactly when a NaN or Inf is among them. One pass, the check and
+// the magnitude together.
+std::uint32_t max_abs_bits(const float* x, std::size_t n) noexcept;
+std::uint32_t max_abs_bits_sum(const float* x, const float* e, std::size_t n) noexcept;
+std::uint32_t add_max_abs_bits(const float* x, const float* e, std::size_t n, float* v) noexcept;
 // keys = abs_bits(v) (monotone in |v|), checked.
 bool abs_keys(const float* v, std::size_t n, std::uint32_t* keys) noexcept;
 // The positions i (ascending) of the keys[i] >= t, into pos; returns their count. pos must have

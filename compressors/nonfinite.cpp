@@ -56,45 +56,82 @@ void throw_nonfinite_sum(const float* x, const float* e, std::size_t n) {
   throw Error(Status::internal, "non-finite sum reported but none found");
 }
 
+namespace {
+
+void check_sizes(std::span<const float> x, std::span<const float> residual) {
+  if (!residual.empty() && residual.size() != x.size()) {
+    throw Error(Status::invalid_argument, "residual of " + std::to_string(residual.size()) +
+                                              " elements for an input of " +
+                                              std::to_string(x.size()));
+  }
+}
+
+// The largest of pass(b, e) over the chunks of [0, n), the chunks spread over the threads.
+template <class Pass>
+std::uint32_t max_over_chunks(std::size_t n, Pass pass) {
+  std::atomic<std::uint32_t> all{0};
+  for_chunks(n, std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
+    const std::uint32_t m = pass(b, e);
+    std::uint32_t seen = all.load(std::memory_order_relaxed);
+    while (m > seen && !all.compare_exchange_weak(seen, m, std::memory_order_relaxed)) {
+    }
+  });
+  return all.load();
+}
+
+// The magnitude's bits become the float; at or above kInfBits the first bad element is named.
+float finite_or_throw(std::uint32_t bits, std::span<const float> x,
+                      std::span<const float> residual) {
+  if (bits < kInfBits) return bits_float(bits);
+  if (residual.empty()) throw_nonfinite(x.data(), x.size());
+  throw_nonfinite_sum(x.data(), residual.data(), x.size());
+}
+
+}  // namespace
+
+float checked_magnitude(std::span<const float> x, std::span<const float> residual) {
+  check_sizes(x, residual);
+  const std::uint32_t bits = max_over_chunks(x.size(), [&](std::size_t b, std::size_t e) {
+    return residual.empty() ? max_abs_bits(x.data() + b, e - b)
+                            : max_abs_bits_sum(x.data() + b, residual.data() + b, e - b);
+  });
+  return finite_or_throw(bits, x, residual);
+}
+
+float copy_checked_magnitude(std::span<const float> x, std::span<const float> residual,
+                             std::span<float> out) {
+  if (residual.size() != x.size() || out.size() != x.size()) {
+    throw Error(Status::invalid_argument, "copy_checked: sizes differ");
+  }
+  const std::uint32_t bits = max_over_chunks(x.size(), [&](std::size_t b, std::size_t e) {
+    return add_max_abs_bits(x.data() + b, residual.data() + b, e - b, out.data() + b);
+  });
+  return finite_or_throw(bits, x, residual);
+}
+
 }  // namespace gcomp::detail
 
 namespace gcomp {
 
 // The public checks (gcomp/codec.hpp): chunked over the threads, the first bad element named.
 void check_finite(std::span<const float> x, std::span<const float> residual) {
-  if (!residual.empty() && residual.size() != x.size()) {
-    throw Error(Status::invalid_argument, "residual of " + std::to_string(residual.size()) +
-                                              " elements for an input of " +
-                                              std::to_string(x.size()));
-  }
-  std::atomic<bool> bad{false};
-  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    const bool hit = residual.empty()
-                         ? detail::any_nonfinite(x.data() + b, e - b)
-                         : detail::any_nonfinite_sum(x.data() + b, residual.data() + b, e - b);
-    if (hit) bad.store(true, std::memory_order_relaxed);
-  });
-  if (!bad.load()) return;
-  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
-  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+  detail::checked_magnitude(x, residual);
 }
 
 void copy_checked(std::span<const float> x, std::span<const float> residual, std::span<float> out) {
-  if ((!residual.empty() && residual.size() != x.size()) || out.size() != x.size()) {
-    throw Error(Status::invalid_argument, "copy_checked: sizes differ");
+  if (!residual.empty()) {
+    detail::copy_checked_magnitude(x, residual, out);
+    return;
   }
+  if (out.size() != x.size()) throw Error(Status::invalid_argument, "copy_checked: sizes differ");
   std::atomic<bool> bad{false};
   detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    const bool hit =
-        residual.empty()
-            ? detail::encode_f32(x.data() + b, nullptr, e - b,
-                                 reinterpret_cast<std::byte*>(out.data() + b), nullptr)
-            : detail::add_checked(x.data() + b, residual.data() + b, e - b, out.data() + b);
-    if (hit) bad.store(true, std::memory_order_relaxed);
+    if (detail::encode_f32(x.data() + b, nullptr, e - b,
+                           reinterpret_cast<std::byte*>(out.data() + b), nullptr)) {
+      bad.store(true, std::memory_order_relaxed);
+    }
   });
-  if (!bad.load()) return;
-  if (residual.empty()) detail::throw_nonfinite(x.data(), x.size());
-  detail::throw_nonfinite_sum(x.data(), residual.data(), x.size());
+  if (bad.load()) detail::throw_nonfinite(x.data(), x.size());
 }
 
 }  // namespace gcomp

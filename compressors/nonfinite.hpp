@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 namespace gcomp::detail {
 
@@ -19,5 +20,12 @@ std::size_t first_nonfinite(const float* x, std::size_t n) noexcept;
 
 // For error feedback: x and e are finite but x + e is not (or x is not); names the element.
 [[noreturn]] void throw_nonfinite_sum(const float* x, const float* e, std::size_t n);
+
+// gcomp::check_finite and gcomp::copy_checked (the same errors) that also return the largest
+// |x + e| (|x| when e is empty): what a rank sends when the call is not compressed, from which
+// the agreement bounds the sum (communicator.cpp). copy_checked_magnitude needs a residual.
+float checked_magnitude(std::span<const float> x, std::span<const float> residual);
+float copy_checked_magnitude(std::span<const float> x, std::span<const float> residual,
+                             std::span<float> out);
 
 }  // namespace gcomp::detail

@@ -10,6 +10,7 @@
 #include "bytes.hpp"
 #include "index_pack.hpp"
 #include "kernels.hpp"
+#include "nonfinite.hpp"
 #include "select.hpp"
 #include "simd.hpp"
 #include "test_util.hpp"
@@ -189,6 +190,76 @@ TEST(PositionsAtLeast, EveryLevelFindsWhatTheLoopFinds) {
         EXPECT_EQ(pos, want) << "t=" << t << " n=" << n << " level "
                              << detail::simd_level_name(level);
       }
+    }
+  }
+  detail::set_simd_level(SimdLevel::avx512);
+}
+
+// The finite check that also finds the largest |x + e| (what the uncompressed path sends, whose
+// agreed maximum spares the check of the sum): at every SIMD level, over several chunks, the
+// largest magnitude wherever it is and whatever its sign, the copy x + e exact, and NaN/Inf (in x
+// or in x + e only) rejected with the first bad element named.
+TEST(Magnitude, EveryLevelFindsTheLargestAndTheFirstBad) {
+  using detail::SimdLevel;
+  const auto status_of = [](auto f) {
+    try {
+      f();
+    } catch (const Error& err) {
+      return err.code();
+    }
+    return Status::ok;
+  };
+  detail::set_simd_level(SimdLevel::avx512);
+  const SimdLevel best = detail::simd_level();
+  for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+    if (level > best) continue;
+    detail::set_simd_level(level);
+    const std::string at(detail::simd_level_name(level));
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{33},
+                          std::size_t{200003}}) {
+      std::vector<float> x = test::normal(n, 7);
+      const std::vector<float> e = test::normal(n, 8, 0.25f);
+      float want_x = 0, want_sum = 0;
+      if (n > 0) {
+        x[n - 1 - n / 3] = -1e30f;  // the largest |x| is a negative value in a middle chunk
+        for (std::size_t i = 0; i < n; ++i) {
+          want_x = std::max(want_x, std::fabs(x[i]));
+          want_sum = std::max(want_sum, std::fabs(x[i] + e[i]));
+        }
+      }
+      EXPECT_EQ(detail::checked_magnitude(x, {}), want_x) << at << " n=" << n;
+      EXPECT_EQ(detail::checked_magnitude(x, e), want_sum) << at << " n=" << n;
+      std::vector<float> out(n, -1.0f);
+      EXPECT_EQ(detail::copy_checked_magnitude(x, e, out), want_sum) << at << " n=" << n;
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], x[i] + e[i]) << at << " " << i;
+      if (n < 33) continue;
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                        -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> y = x;
+        y[n - 2] = bad;
+        y[n / 2 + 1] = bad;  // the first of the two is named
+        const std::string named = "element " + std::to_string(n / 2 + 1) + " ";
+        for (int form = 0; form < 3; ++form) {
+          try {
+            if (form == 0) detail::checked_magnitude(y, {});
+            if (form == 1) detail::checked_magnitude(y, e);
+            if (form == 2) detail::copy_checked_magnitude(y, e, out);
+            ADD_FAILURE() << at << " form " << form << " accepted " << bad;
+          } catch (const Error& err) {
+            EXPECT_EQ(err.code(), Status::nonfinite);
+            EXPECT_NE(std::string(err.what()).find(named), std::string::npos) << err.what();
+          }
+        }
+      }
+      // Finite x and e whose sum overflows: only the forms with the residual see it.
+      std::vector<float> big = x, push(n, 0.0f);
+      big[3] = 3e38f;
+      push[3] = 3e38f;
+      EXPECT_EQ(detail::checked_magnitude(big, {}), 3e38f) << at;
+      EXPECT_EQ(status_of([&] { detail::checked_magnitude(big, push); }), Status::nonfinite) << at;
+      EXPECT_EQ(status_of([&] { detail::copy_checked_magnitude(big, push, out); }),
+                Status::nonfinite)
+          << at;
     }
   }
   detail::set_simd_level(SimdLevel::avx512);

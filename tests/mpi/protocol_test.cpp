@@ -2,12 +2,14 @@
 // (never hang: the watchdog in mpi_main.cpp and CTest's timeout would fail the run), and the
 // communicator works again afterwards. Also buckets, stats and the C API.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include "gcomp/gcomp_mpi.h"
+#include "agreement.hpp"
 #include "mpi_util.hpp"
 
 namespace gcomp {
@@ -184,6 +186,53 @@ TEST(Failure, ASumThatOverflowsFailsEveryAlgorithmAlike) {
   still_works();
 }
 
+// The bound that lets an uncompressed call skip the check of its sum: P * M <= FLT_MAX / 2, and
+// nothing from a rank that did not measure.
+TEST(Agreement, TheMagnitudeBoundsTheSum) {
+  using detail::sum_cannot_overflow;
+  const auto bits = [](float f) { return std::uint64_t{std::bit_cast<std::uint32_t>(f)}; };
+  const float inf = std::numeric_limits<float>::infinity();
+  const float max = std::numeric_limits<float>::max();
+  EXPECT_TRUE(sum_cannot_overflow(1, bits(max / 2)));
+  EXPECT_FALSE(sum_cannot_overflow(1, bits(std::nextafter(max / 2, inf))));
+  EXPECT_TRUE(sum_cannot_overflow(4, bits(max / 8)));
+  EXPECT_FALSE(sum_cannot_overflow(4, bits(std::nextafter(max / 8, inf))));
+  EXPECT_FALSE(sum_cannot_overflow(3, bits(max / 4)));
+  EXPECT_TRUE(sum_cannot_overflow(1 << 20, bits(1e30f)));
+  EXPECT_TRUE(sum_cannot_overflow(2, 0));
+  EXPECT_FALSE(sum_cannot_overflow(2, detail::kNotMeasured));
+  EXPECT_FALSE(sum_cannot_overflow(0, 0));
+}
+
+// Inputs at the bound (every rank FLT_MAX / (2P), the check after the collective skipped): the
+// sum is finite and right, for every uncompressed path, summed or averaged.
+TEST(Failure, ASumAtTheBoundIsFinite) {
+  const int p = size();
+  const float m = std::numeric_limits<float>::max() / 2 / static_cast<float>(p);
+  const Case cases[] = {{"none", Algorithm::dense},
+                        {"none", Algorithm::allgather},
+                        {"none", Algorithm::automatic}};
+  for (const Case& c : cases) {
+    for (bool average : {false, true}) {
+      const Codec codec(c.spec);
+      std::vector<float> x(4001, m);
+      x[7] = -m;
+      ErrorFeedback ef(x.size());
+      std::vector<float> out(x.size());
+      AllreduceOptions opt;
+      opt.algorithm = c.algorithm;
+      opt.average = average;
+      ASSERT_EQ(status_of([&] { world().allreduce(x, out, codec, &ef, opt); }), Status::ok)
+          << c.spec << " " << algorithm_name(c.algorithm);
+      const double want = static_cast<double>(m) * (average ? 1 : p);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        ASSERT_NEAR(out[i], i == 7 ? -want : want, want * 1e-6) << algorithm_name(c.algorithm);
+      }
+    }
+  }
+  still_works();
+}
+
 TEST(Mismatch, AlgorithmThatDoesNotSuitTheCodec) {
   const Codec codec("qsgd");
   const auto x = test::input(100, 5);
@@ -251,8 +300,8 @@ TEST(Stats, BytesAreWhatMpiWasHanded) {
   MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   const std::uint64_t p = static_cast<std::uint64_t>(size());
   // The agreement (eleven int64 each way), the sizes (8 bytes to each peer), the payload to each.
-  EXPECT_EQ(s.bytes_sent, 2 * 88 + (p - 1) * (8 + mine));
-  EXPECT_EQ(s.bytes_received, 2 * 88 + (p - 1) * 8 + (all - mine));
+  EXPECT_EQ(s.bytes_sent, 2 * 96 + (p - 1) * (8 + mine));
+  EXPECT_EQ(s.bytes_received, 2 * 96 + (p - 1) * 8 + (all - mine));
   EXPECT_GE(s.comm_seconds, 0.0);
   EXPECT_GT(s.encode_seconds, 0.0);
   EXPECT_EQ(s.calls, 1u);

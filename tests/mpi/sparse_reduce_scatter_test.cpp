@@ -294,7 +294,7 @@ TEST(SparseReduceScatter, BytesDoNotGrowWithRanks) {
   world().allreduce(x, out, codec, nullptr, opt);
   const double p = size();
   const double k = static_cast<double>(codec.selected(n));
-  const double bound = 2.2 * k * (p - 1) / p * 8 + 112 * (p - 1) + 2 * 88;
+  const double bound = 2.2 * k * (p - 1) / p * 8 + 112 * (p - 1) + 2 * 96;
   std::uint64_t sent = world().last_stats().bytes_sent, most = 0;
   MPI_Allreduce(&sent, &most, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
   EXPECT_LE(static_cast<double>(most), bound) << "k=" << k << " P=" << p;

@@ -43,15 +43,15 @@ std::vector<float> flat(Model& m) {
 }
 
 // Bytes one rank hands to MPI per step for the MLP: the weights' bucket (fc1, fc2, fc3) and the
-// biases' bucket, each with its agreement, an allreduce of 88 bytes counted as 2 * 88. A dense
+// biases' bucket, each with its agreement, an allreduce of 96 bytes counted as 2 * 96. A dense
 // bucket of n floats counts the volume of a bandwidth-optimal allreduce, 2 (P-1)/P * 4n rounded
 // down; a sparse_allgather one sends its payload to each peer after its 8-byte size.
 constexpr std::uint64_t kWeights = 784 * 512 + 512 * 256 + 256 * 10, kBiases = 512 + 256 + 10;
 std::uint64_t dense_bucket(std::uint64_t n, std::uint64_t p) {
-  return 2 * 88 + 2 * (p - 1) * 4 * n / p;
+  return 2 * 96 + 2 * (p - 1) * 4 * n / p;
 }
 std::uint64_t gathered_bucket(std::uint64_t payload, std::uint64_t p) {
-  return 2 * 88 + (p - 1) * (8 + payload);
+  return 2 * 96 + (p - 1) * (8 + payload);
 }
 
 // A top-k payload of the weights: its indices packed, between a width byte per 128 indices

@@ -147,8 +147,8 @@ def test_stats_count_the_bytes(comm):
     sizes = np.array([mine], np.float32)  # every rank's payload size, summed (exact in float32)
     comm.allreduce(sizes, "none", algorithm="dense")
     # The agreement (eleven int64 each way), the sizes (8 bytes to each peer), the payload to each.
-    assert s["bytes_sent"] == 2 * 88 + (p - 1) * (8 + mine)
-    assert s["bytes_received"] == 2 * 88 + (p - 1) * 8 + int(sizes[0]) - mine
+    assert s["bytes_sent"] == 2 * 96 + (p - 1) * (8 + mine)
+    assert s["bytes_received"] == 2 * 96 + (p - 1) * 8 + int(sizes[0]) - mine
     comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20,
                            algorithm="sparse_allgather")
     s = comm.last_stats
