@@ -41,6 +41,10 @@ void AutoLearner::record(std::uint64_t key, double seconds) {
   ++group_runs_[key >> 4];
 }
 
+std::uint64_t AutoLearner::backoff(std::uint64_t runs) {
+  return std::min(kMaxBackoff, std::bit_floor(std::max<std::uint64_t>(1, runs / kBackoffRuns)));
+}
+
 std::uint32_t AutoLearner::runs(std::uint64_t key) const {
   const auto it = learned_.find(key);
   return it == learned_.end() ? 0 : it->second.runs;
@@ -104,11 +108,13 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
     return pick;
   };
   const Candidate* pick = nullptr;
-  if (runs % kRecheck == kRecheck - 1) {
+  const std::uint64_t every = kRecheck * backoff(runs);
+  const std::uint64_t every_close = kRecheckClose * backoff(runs);
+  if (runs % every == every - 1) {
     pick = recheck([&](const Candidate& x) {
       return x.predicted <= limit || x.estimate <= kExploreFactor * all[0].estimate;
     });
-  } else if (runs % kRecheckClose == kRecheckClose - 1) {
+  } else if (runs % every_close == every_close - 1) {
     pick = recheck(
         [&](const Candidate& x) { return x.runs > 0 && x.estimate <= kClose * all[0].estimate; });
   }

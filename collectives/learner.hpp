@@ -36,7 +36,9 @@ class AutoLearner {
   // within kClose of the best's. A near tie is where runs early in a job decide wrongly most
   // easily (with error feedback the residuals grow over the first tens of calls, and what some
   // algorithms send grows with them) and where a recheck costs least: at most (kClose - 1) /
-  // kRecheckClose, about 1%.
+  // kRecheckClose, about 1%. Rechecks thin out as a group's runs grow, so that exploration does
+  // not go on at the same rate for a whole job: the intervals double at 512, 1024 and 2048 runs
+  // (kBackoffRuns x 2, 4, 8), to every 256th and every 64th run from there on.
   static constexpr std::size_t kWindow = 8;
   static constexpr std::uint32_t kTries = 3;
   static constexpr double kExploreFactor = 2.0;
@@ -44,6 +46,10 @@ class AutoLearner {
   static constexpr std::uint64_t kRecheck = 32;
   static constexpr std::uint64_t kRecheckClose = 8;
   static constexpr double kClose = 1.1;
+  static constexpr std::uint64_t kBackoffRuns = 256;
+  static constexpr std::uint64_t kMaxBackoff = 8;
+  // The factor the recheck intervals have grown by after a group's `runs`: 1, 2, 4 or 8.
+  static std::uint64_t backoff(std::uint64_t runs);
 
   // Calls whose sizes lie within a quarter octave (about 19%) of each other share a group: (spec,
   // bit width of n, the two bits after the leading one), hashed to 59 bits, never 0.

@@ -145,6 +145,33 @@ TEST(Learner, NearTiesAreRecheckedSooner) {
   for (Choice c : later) EXPECT_TRUE(same(c, kGather));
 }
 
+// Over a long job the rechecks thin out: every kRecheck-th run for the first 512 runs of a
+// group, every 8 kRecheck-th from 2048 on (near ties likewise, every kRecheckClose-th and every 8
+// kRecheckClose-th), and they keep coming.
+TEST(Learner, RechecksThinOutInALongJob) {
+  EXPECT_EQ(AutoLearner::backoff(0), 1u);
+  EXPECT_EQ(AutoLearner::backoff(511), 1u);
+  EXPECT_EQ(AutoLearner::backoff(512), 2u);
+  EXPECT_EQ(AutoLearner::backoff(1024), 4u);
+  EXPECT_EQ(AutoLearner::backoff(2048), 8u);
+  EXPECT_EQ(AutoLearner::backoff(std::uint64_t{1} << 40), 8u);
+  const std::vector<Option> options = {{kGather, 0.0010}, {kCrs, 0.0011}};
+  for (double other : {0.0015, 0.00105}) {  // within 2x; a near tie
+    AutoLearner l;
+    const std::uint64_t g = AutoLearner::group_of("qsgd", 1 << 22);
+    const auto ran = run(l, g, options, {{id(kGather), 0.0010}, {id(kCrs), other}}, 4096);
+    const auto others = [&](int from, int to) {
+      int k = 0;
+      for (int i = from; i < to; ++i) k += same(ran[static_cast<std::size_t>(i)], kGather) ? 0 : 1;
+      return k;
+    };
+    const int every = static_cast<int>(other < 0.0011 ? AutoLearner::kRecheckClose
+                                                       : AutoLearner::kRecheck);
+    EXPECT_EQ(others(64, 512), (512 - 64) / every) << other;
+    EXPECT_EQ(others(2048, 4096), 2048 / (8 * every)) << other;
+  }
+}
+
 // choose(pending) is choose() after record(pending): a rank's guess before the agreement.
 TEST(Learner, PendingCountsAsRecorded) {
   const std::uint64_t g = AutoLearner::group_of("terngrad", 5000);
