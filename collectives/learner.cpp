@@ -4,14 +4,18 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <string>
 
 #include "fnv.hpp"
+#include "gcomp/error.hpp"
 
 namespace gcomp::detail {
 
 namespace {
 
-constexpr std::uint64_t k59 = (std::uint64_t{1} << 59) - 1;
+constexpr std::uint64_t kGroupMask = (std::uint64_t{1} << AutoLearner::kGroupBits) - 1;
+static_assert(kAlgorithmCount <= AutoLearner::kMaxAlgorithms,
+              "the learner's keys hold algorithm numbers below kMaxAlgorithms");
 
 struct Candidate {
   Choice choice;
@@ -27,18 +31,23 @@ bool same(Choice a, Choice b) { return a.algorithm == b.algorithm && a.compresse
 std::uint64_t AutoLearner::group_of(std::string_view spec, std::size_t n) {
   const int w = std::bit_width(n);
   const std::uint64_t quarter = w >= 3 ? (n >> (w - 3)) & 3 : n;
-  return (Fnv{}.add(spec).add(static_cast<std::uint64_t>(w) * 4 + quarter).h & k59) | 1;
+  return (Fnv{}.add(spec).add(static_cast<std::uint64_t>(w) * 4 + quarter).h & kGroupMask) | 1;
 }
 
 std::uint64_t AutoLearner::key_of(std::uint64_t group, Choice c) {
-  return group << 4 | (static_cast<std::uint64_t>(c.algorithm) * 2 + (c.compressed ? 1 : 0));
+  const int a = static_cast<int>(c.algorithm);
+  if (a < 0 || a >= kMaxAlgorithms) {
+    throw Error(Status::internal, "the learner has no key for algorithm " + std::to_string(a));
+  }
+  return group << kChoiceBits |
+         (static_cast<std::uint64_t>(a) * 2 + (c.compressed ? 1 : 0));
 }
 
 void AutoLearner::record(std::uint64_t key, double seconds) {
   Learned& l = learned_[key];
   l.seconds[l.runs % kWindow] = seconds;
   ++l.runs;
-  ++group_runs_[key >> 4];
+  ++group_runs_[group_of_key(key)];
 }
 
 std::uint64_t AutoLearner::backoff(std::uint64_t runs) {
@@ -52,10 +61,14 @@ std::uint32_t AutoLearner::runs(std::uint64_t key) const {
 
 Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
                            std::uint64_t pending_key, double pending_seconds) const {
-  std::array<Candidate, 8> c{};
+  if (options.size() > kMaxOptions) {
+    throw Error(Status::internal, "the learner was given " + std::to_string(options.size()) +
+                                      " options, more than " + std::to_string(kMaxOptions));
+  }
+  std::array<Candidate, kMaxOptions> c{};
   std::size_t m = 0;
   for (const Option& o : options) {
-    if (!std::isfinite(o.predicted) || m == c.size()) continue;
+    if (!std::isfinite(o.predicted)) continue;
     Candidate& x = c[m++];
     x = {o.choice, o.predicted, o.predicted, 0};
     const std::uint64_t key = key_of(group, o.choice);
@@ -98,7 +111,7 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
   }
   const auto g = group_runs_.find(group);
   const std::uint64_t runs = (g != group_runs_.end() ? g->second : 0) +
-                             (pending_key != 0 && pending_key >> 4 == group ? 1 : 0);
+                             (pending_key != 0 && group_of_key(pending_key) == group ? 1 : 0);
   // A recheck: in estimate order, among the least measured others that `fits`, the fastest.
   const auto recheck = [&](auto fits) -> const Candidate* {
     const Candidate* pick = nullptr;

@@ -51,18 +51,31 @@ class AutoLearner {
   // The factor the recheck intervals have grown by after a group's `runs`: 1, 2, 4 or 8.
   static std::uint64_t backoff(std::uint64_t runs);
 
+  // A key is (group, algorithm, compressed): the choice in the lower kChoiceBits (the algorithm
+  // number times 2, plus 1 if compressed), the group above. Any algorithm number below
+  // kMaxAlgorithms fits, whatever the table grows to (checked against kAlgorithmCount at compile
+  // time).
+  static constexpr int kChoiceBits = 16;
+  static constexpr int kGroupBits = 63 - kChoiceBits;
+  static constexpr int kMaxAlgorithms = 1 << (kChoiceBits - 1);
+  // The most options choose() weighs: each algorithm compressed, and the uncompressed allreduce.
+  static constexpr std::size_t kMaxOptions = static_cast<std::size_t>(kAlgorithmCount) + 1;
+
   // Calls whose sizes lie within a quarter octave (about 19%) of each other share a group: (spec,
-  // bit width of n, the two bits after the leading one), hashed to 59 bits, never 0.
+  // bit width of n, the two bits after the leading one), hashed to kGroupBits bits, never 0.
   static std::uint64_t group_of(std::string_view spec, std::size_t n);
-  // The group in the upper 59 bits, (algorithm, compressed) in the lower 4: never 0 (which means
-  // "nothing"), below 2^63 (the agreement's MPI_MAX compares signed), and key >> 4 is the group.
+  // Never 0 (which means "nothing") and below 2^63 (the agreement's MPI_MAX compares signed).
+  // Throws Error(internal) for an algorithm number outside [0, kMaxAlgorithms).
   static std::uint64_t key_of(std::uint64_t group, Choice c);
+  // The group a key belongs to.
+  static std::uint64_t group_of_key(std::uint64_t key) { return key >> kChoiceBits; }
 
   // One run's seconds (the slowest rank's, agreed).
   void record(std::uint64_t key, double seconds);
 
-  // The next choice among `options` (at most 8, in the order ties should go), for `group`; with
-  // pending_key != 0 as if record(pending_key, pending_seconds) had happened first.
+  // The next choice among `options` (at most kMaxOptions, in the order ties should go; more
+  // throw Error(internal) rather than drop one), for `group`; with pending_key != 0 as if
+  // record(pending_key, pending_seconds) had happened first.
   Choice choose(std::uint64_t group, std::span<const Option> options,
                 std::uint64_t pending_key = 0, double pending_seconds = 0) const;
 

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include "gcomp/error.hpp"
+
 #include <map>
+#include <set>
 #include <vector>
 
 namespace gcomp::detail {
@@ -37,7 +40,7 @@ TEST(Learner, KeysKeepTheirGroupAndStayBelow2To63) {
   EXPECT_NE(g, 0u);
   for (Choice c : {kDense, kGather, kCrs, kPlain}) {
     const std::uint64_t k = AutoLearner::key_of(g, c);
-    EXPECT_EQ(k >> 4, g);
+    EXPECT_EQ(AutoLearner::group_of_key(k), g);
     EXPECT_LT(k, std::uint64_t{1} << 63);
   }
   // Sizes within a quarter octave share a group; others and other specs do not.
@@ -199,6 +202,66 @@ TEST(Learner, GroupsAreIndependent) {
   run(l, g1, options, {{id(kGather), 0.004}, {id(kPlain), 0.001}}, 6);
   EXPECT_TRUE(same(l.choose(g1, options), kPlain));
   EXPECT_TRUE(same(l.choose(g2, options), kGather));  // nothing measured: the model's first
+}
+
+// Algorithm numbers beyond today's table (9, 15, the largest a key holds) keep their group and
+// their own key: no two (group, algorithm, compressed) share one, and a run recorded under one
+// group counts in no other. Packing the choice into 4 bits fails all three.
+TEST(Learner, KeysHoldAnyAlgorithmNumber) {
+  const std::uint64_t g1 = AutoLearner::group_of("topk:ratio=0.01", 1 << 20);
+  const std::uint64_t g2 = AutoLearner::group_of("topk:ratio=0.01", 1 << 22);
+  std::set<std::uint64_t> keys;
+  for (std::uint64_t g : {g1, g2}) {
+    for (int a : {0, 1, 7, 8, 9, 15, 16, AutoLearner::kMaxAlgorithms - 1}) {
+      for (bool compressed : {false, true}) {
+        const std::uint64_t k = AutoLearner::key_of(g, {static_cast<Algorithm>(a), compressed});
+        EXPECT_EQ(AutoLearner::group_of_key(k), g) << a;
+        EXPECT_LT(k, std::uint64_t{1} << 63);
+        EXPECT_NE(k, 0u);
+        EXPECT_TRUE(keys.insert(k).second) << "key of algorithm " << a << " taken";
+      }
+    }
+  }
+  EXPECT_THROW(AutoLearner::key_of(g1, {static_cast<Algorithm>(AutoLearner::kMaxAlgorithms), true}),
+               Error);
+  EXPECT_THROW(AutoLearner::key_of(g1, {static_cast<Algorithm>(-1), true}), Error);
+
+  // A group's runs are its own: 300 runs of algorithm 15 in g1 bring g1 to its thinned-out
+  // rechecks, while g2 (nothing recorded) still explores from its first call.
+  AutoLearner l;
+  const Choice nine{static_cast<Algorithm>(9), true};
+  const Choice fifteen{static_cast<Algorithm>(15), true};
+  for (int i = 0; i < 300; ++i) l.record(AutoLearner::key_of(g1, fifteen), 0.001);
+  EXPECT_EQ(l.runs(AutoLearner::key_of(g1, fifteen)), 300u);
+  EXPECT_EQ(l.runs(AutoLearner::key_of(g2, fifteen)), 0u);
+  EXPECT_EQ(l.runs(AutoLearner::key_of(g1, nine)), 0u);
+  const std::vector<Option> options = {{nine, 0.001}, {fifteen, 0.002}};
+  EXPECT_TRUE(same(l.choose(g2, options), nine));  // g2: the model's first, unmeasured
+}
+
+// The uncompressed allreduce comes last among auto's options; with as many options as the table
+// allows it is the ninth, and it must still be weighed (a learner keeping 8 dropped it).
+TEST(Learner, TheLastOptionIsNeverDropped) {
+  static_assert(AutoLearner::kMaxOptions >= 9);
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("fp16", 1 << 16);
+  std::vector<Option> options;
+  std::map<int, double> truth;
+  for (int a = 1; a <= 8; ++a) {
+    const Choice c{static_cast<Algorithm>(a), true};
+    options.push_back({c, 0.010});
+    truth[id(c)] = 0.010;
+  }
+  options.push_back({kPlain, 0.009});
+  truth[id(kPlain)] = 0.004;
+  ASSERT_EQ(options.size(), 9u);
+  const auto ran = run(l, g, options, truth, 40);
+  EXPECT_TRUE(same(ran[0], kPlain));  // the cheapest prediction is explored first
+  EXPECT_TRUE(same(l.choose(g, options), kPlain));  // and, measured fastest, kept
+
+  // More options than the table can produce are a bug in the caller: an error, not a drop.
+  options.resize(AutoLearner::kMaxOptions + 1, Option{kGather, 0.02});
+  EXPECT_THROW(l.choose(g, options), Error);
 }
 
 }  // namespace
