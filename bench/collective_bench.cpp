@@ -463,6 +463,14 @@ int main(int argc, char** argv) {
   static char min_time[] = "--benchmark_min_time=0.3";
   if (!min_time_given) rest.push_back(min_time);
   int rest_argc = static_cast<int>(rest.size());
+  // The algorithms' names in enum order ("chosen" counters are their numbers), for the scripts
+  // that read the JSON (scripts/bench-network).
+  std::string names;
+  for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+    if (a > 0) names += ',';
+    names += gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
+  }
+  benchmark::AddCustomContext("gcomp_algorithms", names);
   benchmark::Initialize(&rest_argc, rest.data());
   {
     gcomp::Communicator c(MPI_COMM_WORLD);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <string>
+#include <string_view>
 
 #include "gcomp/error.hpp"
 
@@ -11,23 +12,70 @@ namespace gcomp {
 
 namespace detail {
 
+// The rows, each defined in its algorithm's file (as `extern const`), listed in enum order.
+extern const AlgorithmRow kDenseRow;
+extern const AlgorithmRow kSparseAllgatherRow;
+extern const AlgorithmRow kSparseRecursiveDoublingRow;
+extern const AlgorithmRow kSparseSplitRow;
+extern const AlgorithmRow kAllgatherRow;
+extern const AlgorithmRow kCompressedReduceScatterRow;
+extern const AlgorithmRow kSparseReduceScatterRow;
+
 namespace {
 
 constexpr std::array<const AlgorithmRow*, kAlgorithmCount - 1> kRows = {
-    &kDenseRow,         &kSparseAllgatherRow, &kSparseRecursiveDoublingRow,
-    &kSparseSplitRow,   &kAllgatherRow,       &kCompressedReduceScatterRow,
-    &kSparseReduceScatterRow};
+    &kDenseRow,
+    &kSparseAllgatherRow,
+    &kSparseRecursiveDoublingRow,
+    &kSparseSplitRow,
+    &kAllgatherRow,
+    &kCompressedReduceScatterRow,
+    &kSparseReduceScatterRow,
+};
 
 }  // namespace
 
-std::span<const AlgorithmRow* const> algorithm_rows() { return kRows; }
+void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
+  const auto fail = [](const std::string& what) {
+    throw Error(Status::internal, "the algorithm table is wrong: " + what);
+  };
+  if (rows.size() != static_cast<std::size_t>(kAlgorithmCount - 1)) {
+    fail(std::to_string(rows.size()) + " rows for " + std::to_string(kAlgorithmCount - 1) +
+         " algorithms");
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const AlgorithmRow* row = rows[i];
+    const std::string at = "row " + std::to_string(i);
+    if (row == nullptr) fail(at + " is missing");
+    if (static_cast<std::size_t>(row->id) != i + 1) {
+      fail(at + " has algorithm " + std::to_string(static_cast<int>(row->id)) + ", not " +
+           std::to_string(i + 1));
+    }
+    if (row->name == nullptr || *row->name == '\0' || std::string_view(row->name) == "auto") {
+      fail(at + " has no name of its own");
+    }
+    if (row->description == nullptr || *row->description == '\0') fail(at + " has no description");
+    if (!row->candidate || !row->predict || !row->bytes || !row->run) {
+      fail(at + " (" + row->name + ") lacks a function");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (std::string_view(rows[j]->name) == row->name) fail(at + " repeats " + row->name);
+    }
+  }
+}
+
+std::span<const AlgorithmRow* const> algorithm_rows() {
+  static const bool checked = (check_algorithm_table(kRows), true);
+  (void)checked;
+  return kRows;
+}
 
 const AlgorithmRow& algorithm_row(Algorithm a) {
   const int i = static_cast<int>(a) - 1;
-  if (i < 0 || i >= static_cast<int>(kRows.size())) {
+  if (i < 0 || i >= kAlgorithmCount - 1) {
     throw Error(Status::internal, "no algorithm row for " + std::to_string(static_cast<int>(a)));
   }
-  return *kRows[static_cast<std::size_t>(i)];
+  return *algorithm_rows()[static_cast<std::size_t>(i)];
 }
 
 }  // namespace detail

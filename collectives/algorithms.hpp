@@ -120,13 +120,9 @@ void run_dense_device(Job& job);
 void run_allgather_device(Job& job);
 void run_crs_device(Job& job);
 
+// The host form of dense, which the device form runs on its staging. The other algorithms' run
+// functions are their files' own, reached through their rows (algorithm_table.hpp).
 void run_dense(Job& job);
-void run_sparse_allgather(Job& job);
-void run_sparse_recursive_doubling(Job& job);
-void run_sparse_split(Job& job);
-void run_allgather(Job& job);
-void run_compressed_reduce_scatter(Job& job);
-void run_sparse_reduce_scatter(Job& job);
 
 // The sparse stream of this rank's payload (sparse codecs).
 struct Stream;

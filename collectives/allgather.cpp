@@ -53,7 +53,7 @@ void allgather_payloads(Job& job) {
   finish_average(job);
 }
 
-void run_allgather(Job& job) { allgather_payloads(job); }
+static void run_allgather(Job& job) { allgather_payloads(job); }
 
 // Every payload to every rank, all decoded.
 double predict_payload_allgather(const ModelInput& in) {
@@ -66,8 +66,17 @@ double bytes_payload_allgather(const ModelInput& in) {
   return (in.ranks - 1.0) * (in.payload_bytes + 8);  // each payload and its size to every rank
 }
 
-const AlgorithmRow kAllgatherRow = {Algorithm::allgather, "allgather", false, for_dense_codecs,
-                                    predict_payload_allgather, bytes_payload_allgather,
-                                    run_allgather, run_allgather_device};
+extern const AlgorithmRow kAllgatherRow = {
+    .id = Algorithm::allgather,
+    .name = "allgather",
+    .description = "allgatherv of any codec's payloads, each rank decoding all of them in rank "
+                   "order",
+    .sparse_only = false,
+    .candidate = for_dense_codecs,
+    .predict = predict_payload_allgather,
+    .bytes = bytes_payload_allgather,
+    .run = run_allgather,
+    .run_device = run_allgather_device,
+};
 
 }  // namespace gcomp::detail

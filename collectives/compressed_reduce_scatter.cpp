@@ -69,7 +69,7 @@ void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
   }
 }
 
-void run_compressed_reduce_scatter(Job& job) {
+static void run_compressed_reduce_scatter(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const std::vector<std::uint64_t> bound = even_bounds(n, static_cast<std::uint64_t>(job.size));
@@ -144,9 +144,17 @@ double bytes_compressed_reduce_scatter(const ModelInput& in) {
 
 }  // namespace
 
-const AlgorithmRow kCompressedReduceScatterRow = {
-    Algorithm::compressed_reduce_scatter, "compressed_reduce_scatter", false, for_dense_codecs,
-    predict_compressed_reduce_scatter, bytes_compressed_reduce_scatter,
-    run_compressed_reduce_scatter, run_crs_device};
+extern const AlgorithmRow kCompressedReduceScatterRow = {
+    .id = Algorithm::compressed_reduce_scatter,
+    .name = "compressed_reduce_scatter",
+    .description = "chunks encoded and exchanged all-to-all, each owner sums and re-encodes its "
+                   "chunk, the owners' payloads gathered",
+    .sparse_only = false,
+    .candidate = for_dense_codecs,
+    .predict = predict_compressed_reduce_scatter,
+    .bytes = bytes_compressed_reduce_scatter,
+    .run = run_compressed_reduce_scatter,
+    .run_device = run_crs_device,
+};
 
 }  // namespace gcomp::detail

@@ -77,7 +77,17 @@ double bytes_dense(const ModelInput& in) {
 
 }  // namespace
 
-const AlgorithmRow kDenseRow = {Algorithm::dense, "dense", false, always, predict_dense,
-                                bytes_dense, run_dense, run_dense_device};
+extern const AlgorithmRow kDenseRow = {
+    .id = Algorithm::dense,
+    .name = "dense",
+    .description = "MPI_Allreduce of float32: each rank's decoded contribution (or x + e, "
+                   "uncompressed), summed by MPI",
+    .sparse_only = false,
+    .candidate = always,
+    .predict = predict_dense,
+    .bytes = bytes_dense,
+    .run = run_dense,
+    .run_device = run_dense_device,
+};
 
 }  // namespace gcomp::detail

@@ -110,7 +110,7 @@ void average_on_device(Job& job) {
 }  // namespace
 
 void run_allgather_device(Job& job) {
-  if (job.majority_vote) return run_on_host(job, run_allgather);
+  if (job.majority_vote) return run_on_host(job, algorithm_row(Algorithm::allgather).run);
   encode_whole(job);
   thread_local Gathered all;
   allgatherv_bytes(job.comm, job.payload, all, job.traffic);

@@ -13,12 +13,20 @@ namespace gcomp::detail {
 
 void allgather_payloads(Job& job);
 
-void run_sparse_allgather(Job& job) { allgather_payloads(job); }
+static void run_sparse_allgather(Job& job) { allgather_payloads(job); }
 
 
-const AlgorithmRow kSparseAllgatherRow = {
-    Algorithm::sparse_allgather, "sparse_allgather", true, for_sparse_codecs,
-    predict_payload_allgather, bytes_payload_allgather, run_sparse_allgather,
-    run_allgather_device};
+extern const AlgorithmRow kSparseAllgatherRow = {
+    .id = Algorithm::sparse_allgather,
+    .name = "sparse_allgather",
+    .description = "allgatherv of the sparse payloads, each rank decoding all of them in rank "
+                   "order",
+    .sparse_only = true,
+    .candidate = for_sparse_codecs,
+    .predict = predict_payload_allgather,
+    .bytes = bytes_payload_allgather,
+    .run = run_sparse_allgather,
+    .run_device = run_allgather_device,
+};
 
 }  // namespace gcomp::detail

@@ -19,7 +19,7 @@
 
 namespace gcomp::detail {
 
-void run_sparse_recursive_doubling(Job& job) {
+static void run_sparse_recursive_doubling(Job& job) {
   encode_whole(job);
   thread_local Stream s;
   payload_stream(job, s);
@@ -148,9 +148,17 @@ double bytes_sparse_recursive_doubling(const ModelInput& in) {
 
 }  // namespace
 
-const AlgorithmRow kSparseRecursiveDoublingRow = {
-    Algorithm::sparse_recursive_doubling, "sparse_recursive_doubling", true, for_sparse_codecs,
-    predict_sparse_recursive_doubling, bytes_sparse_recursive_doubling,
-    run_sparse_recursive_doubling, nullptr};
+extern const AlgorithmRow kSparseRecursiveDoublingRow = {
+    .id = Algorithm::sparse_recursive_doubling,
+    .name = "sparse_recursive_doubling",
+    .description = "SparCML's SSAR_Recursive_double: log2 P rounds exchanging and merging sparse "
+                   "streams, dense once they fill",
+    .sparse_only = true,
+    .candidate = for_sparse_codecs,
+    .predict = predict_sparse_recursive_doubling,
+    .bytes = bytes_sparse_recursive_doubling,
+    .run = run_sparse_recursive_doubling,
+    .run_device = nullptr,
+};
 
 }  // namespace gcomp::detail

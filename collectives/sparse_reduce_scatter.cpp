@@ -154,7 +154,7 @@ SparseRegions& RegionMemory::of(std::uint64_t key) {
   return map_[key];
 }
 
-void run_sparse_reduce_scatter(Job& job) {
+static void run_sparse_reduce_scatter(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const auto me = static_cast<std::size_t>(job.rank);
@@ -463,9 +463,17 @@ bool with_error_feedback(const ModelInput& in) { return for_sparse_codecs(in) &&
 
 }  // namespace
 
-const AlgorithmRow kSparseReduceScatterRow = {
-    Algorithm::sparse_reduce_scatter, "sparse_reduce_scatter", true, with_error_feedback,
-    predict_sparse_reduce_scatter, bytes_sparse_reduce_scatter, run_sparse_reduce_scatter,
-    nullptr};
+extern const AlgorithmRow kSparseReduceScatterRow = {
+    .id = Algorithm::sparse_reduce_scatter,
+    .name = "sparse_reduce_scatter",
+    .description = "regions exchanged all-to-all, each owner keeps a global top-k of its region, "
+                   "the owners' selections gathered",
+    .sparse_only = true,
+    .candidate = with_error_feedback,
+    .predict = predict_sparse_reduce_scatter,
+    .bytes = bytes_sparse_reduce_scatter,
+    .run = run_sparse_reduce_scatter,
+    .run_device = nullptr,
+};
 
 }  // namespace gcomp::detail

@@ -17,7 +17,7 @@
 
 namespace gcomp::detail {
 
-void run_sparse_split(Job& job) {
+static void run_sparse_split(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const std::vector<std::uint64_t> bound = even_bounds(n, p);
@@ -61,9 +61,17 @@ double bytes_sparse_split(const ModelInput& in) {
 
 }  // namespace
 
-const AlgorithmRow kSparseSplitRow = {Algorithm::sparse_split, "sparse_split", true,
-                                      for_sparse_codecs, predict_sparse_split, bytes_sparse_split,
-                                      run_sparse_split,
-                                      nullptr};
+extern const AlgorithmRow kSparseSplitRow = {
+    .id = Algorithm::sparse_split,
+    .name = "sparse_split",
+    .description = "SparCML's SSAR/DSAR_Split_allgather: each rank sums one region of every "
+                   "stream, then the regions are gathered",
+    .sparse_only = true,
+    .candidate = for_sparse_codecs,
+    .predict = predict_sparse_split,
+    .bytes = bytes_sparse_split,
+    .run = run_sparse_split,
+    .run_device = nullptr,
+};
 
 }  // namespace gcomp::detail

@@ -55,8 +55,11 @@ enum class Algorithm : int {
   allgather,                  // allgatherv of any codec's payloads, decode_add each
   compressed_reduce_scatter,  // encode chunks, all-to-all, reduce + re-encode, allgather
   sparse_reduce_scatter,      // regions all-to-all, owners keep a global top-k, allgather
+  // A new algorithm goes here, last, and into kLastAlgorithm.
 };
-inline constexpr int kAlgorithmCount = 8;
+inline constexpr Algorithm kLastAlgorithm = Algorithm::sparse_reduce_scatter;
+// The number of Algorithm values, automatic included.
+inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 
 // How every wait for MPI in this process completes (docs/algorithms.md, "Waiting"):
 //   automatic  GCOMP_WAIT (auto, spin, yield or sleep) when set, else spin, or yield where a

@@ -65,6 +65,44 @@ TEST(CostModel, AllreduceCostPerByteGrowsBeyondTheCaches) {
 namespace gcomp {
 namespace {
 
+// The table's own check (run on its first use): the real table passes; a table with a row out
+// of place, a row missing, a name twice, a row without a function or the wrong count fails.
+TEST(AlgorithmTable, TheCheckFindsEveryKindOfMistake) {
+  const auto rows = detail::algorithm_rows();
+  EXPECT_NO_THROW(detail::check_algorithm_table(rows));
+  std::vector<const detail::AlgorithmRow*> t(rows.begin(), rows.end());
+  const auto fails = [](std::vector<const detail::AlgorithmRow*> v) {
+    EXPECT_THROW(detail::check_algorithm_table(v), Error);
+  };
+  auto swapped = t;
+  std::swap(swapped[1], swapped[2]);
+  fails(swapped);
+  auto missing = t;
+  missing.back() = nullptr;
+  fails(missing);
+  auto shorter = t;
+  shorter.pop_back();
+  fails(shorter);
+  auto longer = t;
+  longer.push_back(t.back());
+  fails(longer);
+  detail::AlgorithmRow twice = *t[1];
+  twice.name = t[0]->name;
+  auto named_twice = t;
+  named_twice[1] = &twice;
+  fails(named_twice);
+  detail::AlgorithmRow no_run = *t[2];
+  no_run.run = nullptr;
+  auto without_run = t;
+  without_run[2] = &no_run;
+  fails(without_run);
+  detail::AlgorithmRow undescribed = *t[3];
+  undescribed.description = "";
+  auto without_description = t;
+  without_description[3] = &undescribed;
+  fails(without_description);
+}
+
 // The algorithm table: one row per algorithm, in the order of gcomp::Algorithm, each name
 // parsed back to its algorithm, and auto weighing exactly the algorithms that suit the codec.
 TEST(AlgorithmTable, RowsFollowTheEnumAndAutoWeighsWhatSuits) {
