@@ -28,8 +28,6 @@ int keyval() {
   return k;
 }
 
-gcomp_status status_of(const gcomp::Error& e) { return static_cast<gcomp_status>(e.code()); }
-
 }  // namespace
 
 namespace gcomp::detail {
@@ -61,7 +59,7 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
   if (comm == MPI_COMM_NULL) {
     return set_last_error(GCOMP_ERR_INVALID_ARGUMENT, "gcomp_allreduce: comm is MPI_COMM_NULL");
   }
-  try {
+  return gcomp::detail::guarded([&]() -> gcomp_status {
     gcomp::Communicator& c = gcomp::detail::communicator_for(comm);
     // Bad arguments still take part in the call, so that the other ranks do not wait.
     std::string bad;
@@ -87,13 +85,7 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
     std::strncpy(last_stats.algorithm, gcomp::algorithm_name(s.algorithm),
                  sizeof last_stats.algorithm - 1);
     return GCOMP_OK;
-  } catch (const gcomp::Error& e) {
-    return set_last_error(status_of(e), e.what());
-  } catch (const std::bad_alloc&) {
-    return set_last_error(GCOMP_ERR_INTERNAL, "gcomp_allreduce: out of memory");
-  } catch (const std::exception& e) {
-    return set_last_error(GCOMP_ERR_INTERNAL, e.what());
-  }
+  });
 }
 
 gcomp_status gcomp_last_stats(gcomp_stats* out) {

@@ -1,6 +1,5 @@
 // The C API (include/gcomp/gcomp.h): a thin layer over the C++ API that turns exceptions into
 // status codes and keeps the message per thread for gcomp_last_error().
-#include <new>
 #include <string>
 
 #include "c_handles.hpp"
@@ -20,26 +19,9 @@ gcomp_status fail(gcomp_status s, std::string message) {
   return gcomp::detail::set_last_error(s, std::move(message));
 }
 
-// Runs f and maps what it throws onto a status; `call` (when given) names the C function in
-// front of the message.
-template <class F>
-gcomp_status guarded(F&& f, const char* call = nullptr) {
-  const std::string prefix = call ? std::string(call) + ": " : std::string();
-  try {
-    f();
-    return GCOMP_OK;
-  } catch (const gcomp::Error& e) {
-    return fail(static_cast<gcomp_status>(e.code()), prefix + e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(GCOMP_ERR_INTERNAL, prefix + "out of memory");
-  } catch (const std::exception& e) {
-    return fail(GCOMP_ERR_INTERNAL, prefix + e.what());
-  } catch (...) {
-    return fail(GCOMP_ERR_INTERNAL, prefix + "unknown error");
-  }
-}
-
 }  // namespace
+
+using gcomp::detail::guarded;
 
 extern "C" {
 
