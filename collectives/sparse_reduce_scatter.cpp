@@ -154,121 +154,167 @@ SparseRegions& RegionMemory::of(std::uint64_t key) {
   return map_[key];
 }
 
-static void run_sparse_reduce_scatter(Job& job) {
-  const std::uint64_t n = job.out.size();
-  const auto p = static_cast<std::uint64_t>(job.size);
-  const auto me = static_cast<std::size_t>(job.rank);
-  SparseRegions fresh;
-  SparseRegions& memory = job.regions ? *job.regions : fresh;
-  const std::vector<std::uint64_t> bound =
-      memory.bound.size() == p + 1 && memory.bound[p] == n ? memory.bound : even_bounds(n, p);
-  const std::uint64_t k = std::min<std::uint64_t>(job.agreed_sent, n);
-  const auto aim = static_cast<std::uint64_t>(std::ceil(kAim * static_cast<double>(k)));
+namespace {
 
-  // 2. The all-to-all of the regions' entries, and the owner's sum; what it received, for the
-  // report (the positions, unless some part came dense).
-  const std::uint64_t lo = bound[me], len = bound[me + 1] - bound[me];
-  thread_local Stream s, acc, piece;
-  Report report{};
-  thread_local std::vector<std::uint64_t> positions;
-  positions.clear();
+// The buffers a call works in, reused from call to call on this thread (fresh ones would cost a
+// page fault per 4 KiB every call).
+struct Buffers {
+  Stream mine;    // this rank's payload as a stream
+  Stream acc;     // the owner's sum over its region
+  Stream kept;    // the owner's entries to send (first, then second allgather)
+  Stream piece;   // one owner's gathered entries
+  std::vector<std::uint64_t> positions;  // the indices the owner received (its quartiles)
+  std::vector<std::uint64_t> hist, hist_sum;
+  std::vector<Ranked> above;   // the owner's entries above theta, where its cap cuts
+  std::vector<Ranked> ranked;  // every gathered entry
+  std::vector<std::byte> entries;
+  Gathered all;
+};
+
+// One call, as its phases see it.
+struct Call {
+  Job& job;
+  Buffers& buf;
+  SparseRegions& memory;
+  std::uint64_t n = 0, p = 0, k = 0, aim = 0;
+  std::size_t me = 0;
+  std::vector<std::uint64_t> bound;  // the regions: owner j holds [bound[j], bound[j + 1])
+  std::uint64_t lo = 0, len = 0;     // this rank's region
+  Report report{};                   // what this owner reports beside its entries
+  double theta = 0;                  // the owners keep |sum| >= theta
+  Ranked cut{0, 0};                  // where this owner's cap cut (report.capped)
+  std::vector<std::byte>* payload = nullptr;  // this owner's bytes for the allgather
+  std::vector<Report> reports;       // every owner's
+  bool sent_all = false;             // every nonzero sum was gathered
+  double next_theta = 0, level = 0;  // for the next call
+
+  Call(Job& j, Buffers& b, SparseRegions& m) : job(j), buf(b), memory(m) {}
+  // An entry this owner sent in the first allgather: above theta and not past its cut.
+  bool sent_first(std::uint64_t i, double m) const {
+    return m >= theta && (!report.capped || !(cut < Ranked{static_cast<float>(m), i}));
+  }
+};
+
+// 1. The regions: the remembered boundaries where they fit this tensor, else equal ones.
+void regions(Call& c) {
+  c.n = c.job.out.size();
+  c.p = static_cast<std::uint64_t>(c.job.size);
+  c.me = static_cast<std::size_t>(c.job.rank);
+  const std::vector<std::uint64_t>& old = c.memory.bound;
+  c.bound = old.size() == c.p + 1 && old[c.p] == c.n ? old : even_bounds(c.n, c.p);
+  c.k = std::min<std::uint64_t>(c.job.agreed_sent, c.n);
+  c.aim = static_cast<std::uint64_t>(std::ceil(kAim * static_cast<double>(c.k)));
+  c.lo = c.bound[c.me];
+  c.len = c.bound[c.me + 1] - c.bound[c.me];
+}
+
+// 2. The all-to-all of the regions' entries and the owner's sum; what it received, for the
+// report (the positions' quartiles, unless some part came dense).
+void reduce_scatter(Call& c) {
+  Buffers& b = c.buf;
+  b.positions.clear();
   bool any_dense = false;
-  reduce_own_region(job, bound, s, acc, [&](const Stream& got) {
-    report.received += got.entries();
+  reduce_own_region(c.job, c.bound, b.mine, b.acc, [&](const Stream& got) {
+    c.report.received += got.entries();
     if (got.dense) {
       any_dense = true;
     } else if (!any_dense) {
-      positions.insert(positions.end(), got.idx.begin(), got.idx.end());
+      b.positions.insert(b.positions.end(), got.idx.begin(), got.idx.end());
     }
   });
-  double start = now();
+  const double start = now();
   for (int q = 0; q < kQuartiles; ++q) {
-    std::uint64_t at = lo + len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
-    if (!any_dense && !positions.empty()) {
-      const auto nth = positions.begin() + static_cast<std::ptrdiff_t>(
-                                                positions.size() * static_cast<std::size_t>(q + 1) /
-                                                (kQuartiles + 1));
-      std::nth_element(positions.begin(), nth, positions.end());
-      at = lo + *nth;
+    std::uint64_t at = c.lo + c.len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
+    if (!any_dense && !b.positions.empty()) {
+      const auto nth = b.positions.begin() +
+                       static_cast<std::ptrdiff_t>(b.positions.size() *
+                                                   static_cast<std::size_t>(q + 1) /
+                                                   (kQuartiles + 1));
+      std::nth_element(b.positions.begin(), nth, b.positions.end());
+      at = c.lo + *nth;
     }
-    report.points[q] = at;
+    c.report.points[q] = at;
   }
-  job.decode_seconds += now() - start;
+  c.job.decode_seconds += now() - start;
+}
 
-  // 3. The threshold: the remembered one, or from the summed histograms.
-  double theta = memory.threshold;
-  if (!(theta > 0)) {
-    start = now();
-    thread_local std::vector<std::uint64_t> hist, sum;
-    hist.assign(kHistBins, 0);
-    for_each_entry(acc, [&](std::uint64_t, float v) {
-      if (v != 0 && std::isfinite(v)) ++hist[hist_bin(v)];
-    });
-    sum.resize(kHistBins);
-    job.decode_seconds += now() - start;
-    start = now();
-    allreduce(hist.data(), sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T, MPI_SUM,
-              job.comm);
-    const std::uint64_t volume = 2 * (p - 1) * 8 * kHistBins / p;
-    job.traffic.sent += volume;
-    job.traffic.received += volume;
-    job.traffic.seconds += now() - start;
-    theta = std::numeric_limits<float>::denorm_min();  // fewer than aim in all: keep every one
-    std::uint64_t above = 0;
-    for (std::size_t b = kHistBins; b-- > 0;) {
-      above += sum[b];
-      if (above >= aim) {
-        theta = std::max<double>(bin_edge(b), std::numeric_limits<float>::denorm_min());
-        break;
-      }
-    }
-  }
-
-  // The owner's kept entries (at most its cap of them, the largest, and any non-finite sum, on
-  // which every rank throws) and its report.
+// 3a. The threshold: the remembered one, or the edge of the summed histograms' bin where aim
+// is reached.
+void threshold(Call& c) {
+  c.theta = c.memory.threshold;
+  if (c.theta > 0) return;
+  Buffers& b = c.buf;
+  double start = now();
+  b.hist.assign(kHistBins, 0);
+  for_each_entry(b.acc, [&](std::uint64_t, float v) {
+    if (v != 0 && std::isfinite(v)) ++b.hist[hist_bin(v)];
+  });
+  b.hist_sum.resize(kHistBins);
+  c.job.decode_seconds += now() - start;
   start = now();
-  const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(aim) /
-                                              static_cast<double>(p)) +
+  allreduce(b.hist.data(), b.hist_sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T,
+            MPI_SUM, c.job.comm);
+  const std::uint64_t volume = 2 * (c.p - 1) * 8 * kHistBins / c.p;
+  c.job.traffic.sent += volume;
+  c.job.traffic.received += volume;
+  c.job.traffic.seconds += now() - start;
+  c.theta = std::numeric_limits<float>::denorm_min();  // fewer than aim in all: keep every one
+  std::uint64_t above = 0;
+  for (std::size_t bin = kHistBins; bin-- > 0;) {
+    above += b.hist_sum[bin];
+    if (above >= c.aim) {
+      c.theta = std::max<double>(bin_edge(bin), std::numeric_limits<float>::denorm_min());
+      break;
+    }
+  }
+}
+
+// 3b. The owner's kept entries (at most its cap of them, the largest, and any non-finite sum,
+// on which every rank throws), the histogram of what it held back just below theta, and its
+// bytes for the allgather: the report, then the entries.
+void reselect(Call& c) {
+  Buffers& b = c.buf;
+  const double start = now();
+  const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(c.aim) /
+                                              static_cast<double>(c.p)) +
                    kCapSlack;
-  thread_local Stream kept;
-  kept.n = len;
+  Stream& kept = b.kept;
+  kept.n = c.len;
   kept.dense = false;
   kept.idx.clear();
   kept.val.clear();
-  double edge[kBelow + 1];  // below[b] counts |sum| in [edge[b + 1], edge[b])
-  for (int b = 0; b <= kBelow; ++b) edge[b] = theta * std::exp2(-b / 2.0);
+  double edge[kBelow + 1];  // below[i] counts |sum| in [edge[i + 1], edge[i])
+  for (int i = 0; i <= kBelow; ++i) edge[i] = c.theta * std::exp2(-i / 2.0);
   std::size_t nonfinite = 0;
-  for_each_entry(acc, [&](std::uint64_t i, float v) {
+  for_each_entry(b.acc, [&](std::uint64_t i, float v) {
     if (v == 0) return;
     const double m = std::fabs(static_cast<double>(v));
-    if (m >= theta || !std::isfinite(v)) {
+    if (m >= c.theta || !std::isfinite(v)) {
       kept.idx.push_back(i);
       kept.val.push_back(v);
       nonfinite += !std::isfinite(v);
     } else if (m >= edge[kBelow]) {
-      int b = 0;
-      while (m < edge[b + 1]) ++b;
-      ++report.below[b];
+      int bin = 0;
+      while (m < edge[bin + 1]) ++bin;
+      ++c.report.below[bin];
     }
   });
   // Past the cap: only the cap largest, cut where the cap-th lies (the kept entries stay in
   // index order).
-  Ranked cut{0, 0};
   if (kept.idx.size() - nonfinite > cap) {
-    thread_local std::vector<Ranked> above;
-    above.clear();
+    b.above.clear();
     for (std::size_t e = 0; e < kept.idx.size(); ++e) {
-      if (std::isfinite(kept.val[e])) above.push_back({std::fabs(kept.val[e]), kept.idx[e]});
+      if (std::isfinite(kept.val[e])) b.above.push_back({std::fabs(kept.val[e]), kept.idx[e]});
     }
-    std::nth_element(above.begin(), above.begin() + static_cast<std::ptrdiff_t>(cap - 1),
-                     above.end());
-    cut = above[cap - 1];
-    report.cut = cut.mag;
-    report.capped = 1;
+    std::nth_element(b.above.begin(), b.above.begin() + static_cast<std::ptrdiff_t>(cap - 1),
+                     b.above.end());
+    c.cut = b.above[cap - 1];
+    c.report.cut = c.cut.mag;
+    c.report.capped = 1;
     std::size_t to = 0;
     for (std::size_t e = 0; e < kept.idx.size(); ++e) {
       const float v = kept.val[e];
-      if (!std::isfinite(v) || !(cut < Ranked{std::fabs(v), kept.idx[e]})) {
+      if (!std::isfinite(v) || !(c.cut < Ranked{std::fabs(v), kept.idx[e]})) {
         kept.idx[to] = kept.idx[e];
         kept.val[to++] = v;
       }
@@ -276,117 +322,131 @@ static void run_sparse_reduce_scatter(Job& job) {
     kept.idx.resize(to);
     kept.val.resize(to);
   }
-  // An entry the owner sent in the first allgather: above theta and not past its cut.
-  const auto sent_first = [&](std::uint64_t i, double m) {
-    return m >= theta && (!report.capped || !(cut < Ranked{static_cast<float>(m), i}));
-  };
-  std::vector<std::byte>& mine = scratch_vector<std::byte, 132>();
-  thread_local std::vector<std::byte> entries;
-  serialize(kept, entries, half_streams(job));
-  mine.resize(sizeof(Report) + entries.size());
-  std::memcpy(mine.data(), &report, sizeof(Report));
-  std::memcpy(mine.data() + sizeof(Report), entries.data(), entries.size());
-  job.decode_seconds += now() - start;
+  std::vector<std::byte>& mine = *c.payload;
+  serialize(kept, b.entries, half_streams(c.job));
+  mine.resize(sizeof(Report) + b.entries.size());
+  std::memcpy(mine.data(), &c.report, sizeof(Report));
+  std::memcpy(mine.data() + sizeof(Report), b.entries.data(), b.entries.size());
+  c.job.decode_seconds += now() - start;
+}
 
-  // 4. The allgather; every rank reads the same K entries and cuts the same k.
-  thread_local Gathered all;
-  allgatherv_bytes(job.comm, mine, all, job.traffic);
-  start = now();
-  std::vector<Report> reports(p);
-  thread_local std::vector<Ranked> ranked;
-  ranked.clear();
-  std::fill(job.out.begin(), job.out.end(), 0.0f);
-  // Owner j's kept entries into the result (entries beyond the k-th are zeroed below).
-  const auto take = [&](std::span<const std::byte> bytes, std::uint64_t j) {
-    deserialize(bytes, bound[j + 1] - bound[j], piece);
-    if (piece.dense) bad_report("dense kept entries");
-    for (std::size_t e = 0; e < piece.idx.size(); ++e) {
-      const float v = piece.val[e];
-      const std::uint64_t i = bound[j] + piece.idx[e];
-      if (!std::isfinite(v)) {  // every rank holds the same entries: every rank throws
-        throw Error(Status::nonfinite,
-                    "the sum over ranks is not finite at element " + std::to_string(i) +
-                        " (the ranks' finite contributions overflow float32; "
-                        "sparse_reduce_scatter)");
-      }
-      ranked.push_back({std::fabs(v), i});
-      job.out[i] = v;
+// Owner j's gathered entries into the result and the ranking (entries beyond the k-th are
+// zeroed at the end).
+void take(Call& c, std::span<const std::byte> bytes, std::uint64_t j) {
+  Stream& piece = c.buf.piece;
+  deserialize(bytes, c.bound[j + 1] - c.bound[j], piece);
+  if (piece.dense) bad_report("dense kept entries");
+  for (std::size_t e = 0; e < piece.idx.size(); ++e) {
+    const float v = piece.val[e];
+    const std::uint64_t i = c.bound[j] + piece.idx[e];
+    if (!std::isfinite(v)) {  // every rank holds the same entries: every rank throws
+      throw Error(Status::nonfinite,
+                  "the sum over ranks is not finite at element " + std::to_string(i) +
+                      " (the ranks' finite contributions overflow float32; "
+                      "sparse_reduce_scatter)");
     }
-  };
-  for (std::uint64_t j = 0; j < p; ++j) {
-    const auto got = all.of(static_cast<int>(j));
+    c.buf.ranked.push_back({std::fabs(v), i});
+    c.job.out[i] = v;
+  }
+}
+
+// 4a. The allgather of every owner's report and kept entries (each report checked).
+void gather_first(Call& c) {
+  allgatherv_bytes(c.job.comm, *c.payload, c.buf.all, c.job.traffic);
+  const double start = now();
+  c.reports.assign(c.p, Report{});
+  c.buf.ranked.clear();
+  std::fill(c.job.out.begin(), c.job.out.end(), 0.0f);
+  for (std::uint64_t j = 0; j < c.p; ++j) {
+    const auto got = c.buf.all.of(static_cast<int>(j));
     if (got.size() < sizeof(Report)) bad_report("shorter than its header");
-    std::memcpy(&reports[j], got.data(), sizeof(Report));
-    for (std::uint64_t point : reports[j].points) {
-      if (point < bound[j] || point > bound[j + 1]) bad_report("a point outside its region");
+    std::memcpy(&c.reports[j], got.data(), sizeof(Report));
+    const Report& r = c.reports[j];
+    for (std::uint64_t point : r.points) {
+      if (point < c.bound[j] || point > c.bound[j + 1]) bad_report("a point outside its region");
     }
-    const Report& r = reports[j];
     if (r.capped > 1 || !std::isfinite(r.cut) || r.cut < 0 || (r.capped == 0 && r.cut != 0)) {
       bad_report("a bad cut");
     }
-    take(got.subspan(sizeof(Report)), j);
+    take(c, got.subspan(sizeof(Report)), j);
   }
-  // A second allgather where the first did not settle the global top-k. Every rank sees the
-  // same reports and entries and takes the same branch.
-  // - Fewer than k came (the sums shrank since theta was set): what the owners held back, down
-  //   to where their histograms of it reach 1.1 k (or all of it, beyond their 8 octaves).
-  // - A cap cut at or above the k-th largest gathered: what the owners held back down to that
-  //   k-th largest, so that nothing left out can beat it.
-  // After it the k largest gathered are the k largest sums.
+  c.job.decode_seconds += now() - start;
+}
+
+// 4b. A second allgather where the first did not settle the global top-k. Every rank sees the
+// same reports and entries and takes the same branch.
+// - Fewer than k came (the sums shrank since theta was set): what the owners held back, down
+//   to where their histograms of it reach 1.1 k (or all of it, beyond their 8 octaves).
+// - A cap cut at or above the k-th largest gathered: what the owners held back down to that
+//   k-th largest, so that nothing left out can beat it.
+// After it the k largest gathered are the k largest sums. Returns whether the k largest
+// already come first in the ranking.
+bool gather_second(Call& c) {
+  std::vector<Ranked>& ranked = c.buf.ranked;
   bool any_capped = false;
   float max_cut = 0;
-  for (const Report& r : reports) {
+  for (const Report& r : c.reports) {
     any_capped = any_capped || r.capped != 0;
     max_cut = std::max(max_cut, r.cut);
   }
-  bool sent_all = theta <= std::numeric_limits<float>::denorm_min() && !any_capped;
-  bool second = false, too_few = false;
-  bool top_k_first = false;  // ranked's k largest already come first
+  c.sent_all = c.theta <= std::numeric_limits<float>::denorm_min() && !any_capped;
+  bool second = false, too_few = false, top_k_first = false;
   double lower = 0;
-  if (ranked.size() < k && !sent_all) {
+  double start = now();
+  if (ranked.size() < c.k && !c.sent_all) {
     second = too_few = true;
     lower = std::numeric_limits<float>::denorm_min();
     std::uint64_t count = ranked.size();
     for (int b = 0; b < kBelow; ++b) {
-      for (const Report& r : reports) count += r.below[b];
-      if (count >= aim) {
-        lower = theta * std::exp2(-(b + 1) / 2.0);
+      for (const Report& r : c.reports) count += r.below[b];
+      if (count >= c.aim) {
+        lower = c.theta * std::exp2(-(b + 1) / 2.0);
         break;
       }
     }
-    sent_all = lower <= std::numeric_limits<float>::denorm_min();
-  } else if (any_capped && k > 0 && ranked.size() >= k) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k - 1),
+    c.sent_all = lower <= std::numeric_limits<float>::denorm_min();
+  } else if (any_capped && c.k > 0 && ranked.size() >= c.k) {
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(c.k - 1),
                      ranked.end());
-    if (!(ranked[k - 1].mag > max_cut)) {
+    if (!(ranked[c.k - 1].mag > max_cut)) {
       second = true;
-      lower = ranked[k - 1].mag;
+      lower = ranked[c.k - 1].mag;
     } else {
       top_k_first = true;
     }
   }
   if (second) {
+    Stream& kept = c.buf.kept;
     kept.idx.clear();
     kept.val.clear();
-    for_each_entry(acc, [&](std::uint64_t i, float v) {
+    for_each_entry(c.buf.acc, [&](std::uint64_t i, float v) {
       const double m = std::fabs(static_cast<double>(v));
-      if (v != 0 && std::isfinite(v) && m >= lower && !sent_first(i, m)) {
+      if (v != 0 && std::isfinite(v) && m >= lower && !c.sent_first(i, m)) {
         kept.idx.push_back(i);
         kept.val.push_back(v);
       }
     });
-    serialize(kept, mine, half_streams(job));
-    job.decode_seconds += now() - start;
-    allgatherv_bytes(job.comm, mine, all, job.traffic);
+    serialize(kept, *c.payload, half_streams(c.job));
+    c.job.decode_seconds += now() - start;
+    allgatherv_bytes(c.job.comm, *c.payload, c.buf.all, c.job.traffic);
     start = now();
-    for (std::uint64_t j = 0; j < p; ++j) take(all.of(static_cast<int>(j)), j);
+    for (std::uint64_t j = 0; j < c.p; ++j) take(c, c.buf.all.of(static_cast<int>(j)), j);
     if (too_few) {
-      theta = lower;
-      for (Report& r : reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
+      c.theta = lower;
+      for (Report& r : c.reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
     }
   }
+  c.job.decode_seconds += now() - start;
+  return top_k_first;
+}
+
+// 4c. The cut to the k largest, the next call's threshold, the residual's return and the
+// memory of the regions.
+void cut_and_remember(Call& c, bool top_k_first) {
+  const double start = now();
+  std::vector<Ranked>& ranked = c.buf.ranked;
+  const std::uint64_t k = c.k, aim = c.aim;
   const std::uint64_t gathered = ranked.size();
-  // The k largest first.
   if (gathered > k && !top_k_first) {
     std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
                      ranked.end());
@@ -394,44 +454,60 @@ static void run_sparse_reduce_scatter(Job& job) {
   // The next threshold: the 1.1 k-th largest gathered (sought among those after the k-th);
   // else from the held-back histograms; else (everything was sent, fewer than 1.1 k in all)
   // keep everything next time too.
-  double next_theta = 0, level = 0;
   if (aim > 0 && gathered >= aim) {
     std::nth_element(ranked.begin() + static_cast<std::ptrdiff_t>(std::min(k, aim - 1)),
                      ranked.begin() + static_cast<std::ptrdiff_t>(aim - 1), ranked.end());
-    level = ranked[aim - 1].mag;
+    c.level = ranked[aim - 1].mag;
     // Sums that shrink from call to call (a decaying learning rate inside what is summed, a
     // converging model) would leave the next call short of k under this call's level, and a
     // short call costs a second allgather; so theta follows a shrinking level down by its last
     // ratio (at most halving it). Too low a theta costs at most the owners' caps.
-    const double ratio = memory.level > 0 ? level / memory.level : 1.0;
-    next_theta = level * std::clamp(ratio, 0.5, 1.0);
-  } else if (sent_all) {
-    next_theta = std::numeric_limits<float>::denorm_min();
+    const double ratio = c.memory.level > 0 ? c.level / c.memory.level : 1.0;
+    c.next_theta = c.level * std::clamp(ratio, 0.5, 1.0);
+  } else if (c.sent_all) {
+    c.next_theta = std::numeric_limits<float>::denorm_min();
   } else {
     std::uint64_t count = gathered;
-    for (int b = 0; b < kBelow && next_theta == 0; ++b) {
-      for (const Report& r : reports) count += r.below[b];
-      if (count >= aim) next_theta = theta * std::exp2(-(b + 1) / 2.0);
+    for (int b = 0; b < kBelow && c.next_theta == 0; ++b) {
+      for (const Report& r : c.reports) count += r.below[b];
+      if (count >= aim) c.next_theta = c.theta * std::exp2(-(b + 1) / 2.0);
     }
   }
   if (gathered > k) {
-    for (std::size_t e = k; e < ranked.size(); ++e) job.out[ranked[e].idx] = 0.0f;
+    for (std::size_t e = k; e < ranked.size(); ++e) c.job.out[ranked[e].idx] = 0.0f;
   }
   // Error feedback: this rank's own contribution returns where nothing was kept.
-  if (job.ef) {
-    for_each_entry(s, [&](std::uint64_t i, float v) {
-      if (job.out[i] == 0.0f) job.ef_next[i] += v;
+  if (c.job.ef) {
+    for_each_entry(c.buf.mine, [&](std::uint64_t i, float v) {
+      if (c.job.out[i] == 0.0f) c.job.ef_next[i] += v;
     });
   }
   // The next call's regions and threshold, the same on every rank.
-  if (job.regions) {
-    job.regions->bound = balanced_bounds(bound, reports, n);
-    job.regions->threshold = next_theta > 0 && std::isfinite(next_theta) ? next_theta : 0.0;
-    job.regions->level = level > 0 && std::isfinite(level) ? level : 0.0;
+  if (c.job.regions) {
+    c.job.regions->bound = balanced_bounds(c.bound, c.reports, c.n);
+    c.job.regions->threshold =
+        c.next_theta > 0 && std::isfinite(c.next_theta) ? c.next_theta : 0.0;
+    c.job.regions->level = c.level > 0 && std::isfinite(c.level) ? c.level : 0.0;
   }
-  job.decode_seconds += now() - start;
+  c.job.decode_seconds += now() - start;
+}
+
+void run_sparse_reduce_scatter(Job& job) {
+  thread_local Buffers buf;
+  SparseRegions fresh;
+  Call c(job, buf, job.regions ? *job.regions : fresh);
+  c.payload = &scratch_vector<std::byte, 132>();
+  regions(c);
+  reduce_scatter(c);
+  threshold(c);
+  reselect(c);
+  gather_first(c);
+  const bool top_k_first = gather_second(c);
+  cut_and_remember(c, top_k_first);
   finish_average(job);
 }
+
+}  // namespace
 
 namespace {
 
