@@ -24,57 +24,36 @@
 #include "philox.hpp"
 #include "reduce.hpp"
 #include "reduce_simd.hpp"
+#include "rounding.hpp"
 #include "simd.hpp"
 
 namespace gcomp::detail {
 
 namespace {
 
-constexpr float kNormCap = 0x1p127f;
 constexpr std::size_t kWindow = 2048;  // elements of random draws generated at once (64-aligned)
 
-struct Quant {
+// A bucket's scale (rounding.hpp) with what the kernels need beside it.
+struct Quant : QsgdScale {
   int bits;
   std::uint64_t bucket;
   float levels;  // s
-  float inv;     // s / norm, when finite
-  float norm;
-  float step;  // norm / s
-  bool use_inv;
 };
 
 inline Quant make_quant(int bits, std::uint64_t bucket, float norm) {
   Quant q{};
   q.bits = bits;
   q.bucket = bucket;
-  q.levels = static_cast<float>((1 << (bits - 1)) - 1);
-  q.norm = norm;
-  q.inv = norm > 0 ? q.levels / norm : 0.0f;
-  q.use_inv = std::isfinite(q.inv);
-  q.step = norm / q.levels;
+  q.levels = qsgd_levels(bits);
+  static_cast<QsgdScale&>(q) = qsgd_scale(q.levels, norm);
   return q;
 }
 
-inline float norm_from(double sum_squares) {
-  const double r = std::sqrt(sum_squares);
-  return r >= static_cast<double>(kNormCap) ? kNormCap : static_cast<float>(r);
-}
+inline float norm_from(double sum_squares) { return qsgd_norm(sum_squares); }
 
 // One element: the code (sign bit above the level) and the decoded value.
 inline std::uint32_t quantize_one(const Quant& q, float v, std::uint16_t draw, float* decoded) {
-  const float a = std::fabs(v);
-  std::uint32_t level = 0;
-  if (q.norm > 0) {
-    float r = q.use_inv ? a * q.inv : (a / q.norm) * q.levels;
-    r = std::min(r, q.levels);
-    const float l = std::floor(r);
-    const float u = static_cast<float>(draw) * 0x1p-16f;
-    level = static_cast<std::uint32_t>(l) + (u < r - l ? 1u : 0u);
-  }
-  const bool neg = v < 0;
-  const float d = q.step * static_cast<float>(level);
-  *decoded = neg ? -d : d;
-  return level | (neg ? 1u << (q.bits - 1) : 0u);
+  return qsgd_code(q, q.levels, q.bits, v, draw, decoded);
 }
 
 // Draws of the elements [ws, min(ws + kWindow, end)) rounded out to 64: ws is 64-aligned.

@@ -23,6 +23,7 @@
 #include "philox.hpp"
 #include "reduce.hpp"
 #include "reduce_simd.hpp"
+#include "rounding.hpp"
 #include "simd.hpp"
 
 namespace gcomp::detail {
@@ -124,19 +125,8 @@ void stats_of_blocks(const float* v, std::size_t b, std::size_t e, BlockStats* s
   stats_of_blocks_with<nullptr>(v, b, e, stats);
 }
 
-struct Ternary {
-  float s = 0;  // the scaler
-  float c = 0;  // clip bound
-  bool clip = false;
-};
-
 inline std::uint32_t ternary_one(const Ternary& t, float v, std::uint16_t draw, float* decoded) {
-  const float g = t.clip ? std::min(std::max(v, -t.c), t.c) : v;
-  const float u = static_cast<float>(draw) * 0x1p-16f;
-  const bool b = u * t.s < std::fabs(g);
-  const bool neg = v < 0;
-  *decoded = b ? (neg ? -t.s : t.s) : 0.0f;
-  return b ? (neg ? 2u : 1u) : 0u;
+  return ternary_code(t, v, draw, decoded);
 }
 
 #if GCOMP_X86
@@ -283,16 +273,7 @@ class TernGradCodec final : public CodecImpl {
     }
     const double total = tree_sum(s1.data(), blocks);
     const double total_sq = tree_sum(s2.data(), blocks);
-    Ternary t;
-    const float max_abs = bits_float(max_bits);
-    t.s = max_abs;
-    if (clip > 0 && n > 0) {
-      const double mean = total / static_cast<double>(n);
-      const double var = std::max(0.0, total_sq / static_cast<double>(n) - mean * mean);
-      t.c = static_cast<float>(clip * std::sqrt(var));
-      t.clip = t.c > 0;
-      if (t.clip) t.s = std::min(max_abs, t.c);
-    }
+    const Ternary t = terngrad_scale(total, total_sq, n, clip, bits_float(max_bits));
     // Pass 2: the codes.
     std::byte params[4];
     store_le<float>(params, static_cast<float>(clip));

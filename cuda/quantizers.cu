@@ -17,8 +17,12 @@
 
 #include "bytes.hpp"
 #include "codecs.cuh"
+#include "rounding.hpp"
 
 namespace gcomp::cuda::detail {
+
+using gcomp::detail::QsgdScale;
+using gcomp::detail::Ternary;
 
 namespace {
 
@@ -220,27 +224,11 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
 
 // ---- TernGrad ----
 
-struct Ternary {
-  float s;
-  float c;
-  int clip;
-};
-
 struct TernQ {
   const Ternary* t;
   __device__ std::uint32_t operator()(std::size_t, float v, std::uint32_t draw,
                                       float* decoded) const {
-    const Ternary tt = *t;
-    float g = v;
-    if (tt.clip) {
-      g = v < -tt.c ? -tt.c : v;  // std::max(v, -c)
-      g = tt.c < g ? tt.c : g;    // std::min(., c)
-    }
-    const float u = static_cast<float>(draw) * 0x1p-16f;
-    const bool b = u * tt.s < fabsf(g);
-    const bool neg = v < 0;
-    *decoded = b ? (neg ? -tt.s : tt.s) : 0.0f;
-    return b ? (neg ? 2u : 1u) : 0u;
+    return gcomp::detail::ternary_code(*t, v, draw, decoded);
   }
 };
 
@@ -263,17 +251,7 @@ __global__ void tern_finish_kernel(BlockOut in, double* tmp1, double* tmp2, std:
     report_nonfinite(r);
     return;
   }
-  Ternary out{};
-  const float max_abs = __uint_as_float(mx);
-  out.s = max_abs;
-  if (clip > 0 && n > 0) {
-    const double mean = total / static_cast<double>(n);
-    const double d = total_sq / static_cast<double>(n) - mean * mean;
-    const double var = 0.0 < d ? d : 0.0;  // std::max(0.0, d)
-    out.c = static_cast<float>(clip * sqrt(var));
-    out.clip = out.c > 0;
-    if (out.clip) out.s = out.c < max_abs ? out.c : max_abs;  // std::min(max_abs, c)
-  }
+  const Ternary out = gcomp::detail::terngrad_scale(total, total_sq, n, clip, __uint_as_float(mx));
   *t = out;
   store_u32(s_out, __float_as_uint(out.s));
 }
@@ -306,19 +284,12 @@ __global__ void tern_decode_kernel(const unsigned char* __restrict__ s,
 
 // ---- QSGD ----
 
-struct Bucket {
-  float norm;
-  float inv;   // s / norm
-  float step;  // norm / s
-  int use_inv;
-};
-
 // Half-warp per bucket: the canonical sum of squares, the norm (saturating at 2^127) and the
 // constants of quantize_one; with EF, v = x + e into e_new.
 template <bool EF>
 __global__ void qsgd_norm_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
                                  float* __restrict__ e_new, std::size_t n, std::size_t bucket,
-                                 std::size_t buckets, float levels, Bucket* __restrict__ out,
+                                 std::size_t buckets, float levels, QsgdScale* __restrict__ out,
                                  unsigned char* __restrict__ norms, Report* r) {
   const unsigned j = threadIdx.x & 15u;
   for (std::size_t w = first_warp(); 2 * w < buckets; w += warp_count()) {
@@ -339,21 +310,15 @@ __global__ void qsgd_norm_kernel(const float* __restrict__ x, const float* __res
     a = fold16(a);
     if (j == 0 && have && !isfinite(a)) report_nonfinite(r);
     if (j == 0 && have && isfinite(a)) {
-      const double root = sqrt(a);
-      const float norm = root >= static_cast<double>(0x1p127f) ? 0x1p127f : static_cast<float>(root);
-      Bucket q;
-      q.norm = norm;
-      q.inv = norm > 0 ? levels / norm : 0.0f;
-      q.use_inv = isfinite(q.inv);
-      q.step = norm / levels;
-      out[b] = q;
+      const float norm = gcomp::detail::qsgd_norm(a);
+      out[b] = gcomp::detail::qsgd_scale(levels, norm);
       store_u32(norms + 4 * b, __float_as_uint(norm));
     }
   }
 }
 
 struct QsgdQ {
-  const Bucket* buckets;
+  const QsgdScale* buckets;
   std::size_t bucket;
   float levels;
   int bits;
@@ -362,20 +327,7 @@ struct QsgdQ {
                                       float* decoded) const {
     const std::size_t b = narrow ? static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(bucket)
                                  : i / bucket;
-    const Bucket q = buckets[b];
-    const float a = fabsf(v);
-    std::uint32_t level = 0;
-    if (q.norm > 0) {
-      float rr = q.use_inv ? a * q.inv : (a / q.norm) * levels;
-      rr = levels < rr ? levels : rr;  // std::min(r, levels)
-      const float l = floorf(rr);
-      const float u = static_cast<float>(draw) * 0x1p-16f;
-      level = static_cast<std::uint32_t>(l) + (u < rr - l ? 1u : 0u);
-    }
-    const bool neg = v < 0;
-    const float d = q.step * static_cast<float>(level);
-    *decoded = neg ? -d : d;
-    return level | (neg ? 1u << (bits - 1) : 0u);
+    return gcomp::detail::qsgd_code(buckets[b], levels, bits, v, draw, decoded);
   }
 };
 
@@ -397,7 +349,7 @@ __global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
                                    std::size_t bucket, int bits, float alpha,
                                    float* __restrict__ acc, const Report* r) {
   if (r->code != 0) return;
-  const float levels = static_cast<float>((1 << (bits - 1)) - 1);
+  const float levels = gcomp::detail::qsgd_levels(bits);
   const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
   const bool narrow = n < (std::size_t{1} << 32);  // 32-bit division finds the bucket
   GCOMP_GRID_LOOP(i, n) {
@@ -504,10 +456,10 @@ std::size_t encode_qsgd(const EncodeCall& c) {
   unsigned char* norms = header_for(c, params, {4 * buckets, code_bytes});
   unsigned char* codes = norms + 4 * buckets;
   Carve size;
-  size.take<Bucket>(buckets);
+  size.take<QsgdScale>(buckets);
   Carve carve(c.ws->reserve(size.bytes()));
-  Bucket* bk = carve.take<Bucket>(buckets);
-  const float levels = static_cast<float>((1 << (bits - 1)) - 1);
+  QsgdScale* bk = carve.take<QsgdScale>(buckets);
+  const float levels = gcomp::detail::qsgd_levels(bits);
   const cudaStream_t s = c.ws->stream();
   c.ws->reset_report();
   if (c.n > 0) {
