@@ -2,12 +2,14 @@
 // cost model's input for a call, and the choice among the algorithms (the model's first, then
 // what the learner measured; collectives/learner.hpp, docs/algorithms.md "Learning from its own
 // calls").
+#include "auto_choice.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <string>
 
-#include "auto_choice.hpp"
 #include "codec_impl.hpp"
+#include "communicator_impl.hpp"
 #include "fnv.hpp"
 #include "learner.hpp"
 #include "mpi_util.hpp"
@@ -67,13 +69,13 @@ std::uint64_t default_bytes(const Codec& codec, std::size_t n, std::uint64_t sen
 
 }  // namespace detail
 
-ComputeModel Communicator::with_shared_speeds(ComputeModel c) const {
+ComputeModel Communicator::Impl::with_shared_speeds(ComputeModel c) const {
   c.reduce = reduce_speed_;
   c.merge = merge_speed_;
   return c;
 }
 
-ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
+ComputeModel Communicator::Impl::compute_model(const Codec& codec, std::size_t n) {
   const std::uint64_t key = calibration_key(codec, n);
   auto it = calibrated_.find(key);
   if (it == calibrated_.end()) it = calibrated_.emplace(key, timing_->codec_speeds(codec, n)).first;
@@ -83,18 +85,19 @@ ComputeModel Communicator::compute_model(const Codec& codec, std::size_t n) {
 std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, std::size_t n,
                                                           std::size_t sent, bool error_feedback) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
-  return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
-                                    compute_model(codec, n), false, error_feedback));
+  return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_,
+                                    impl_->network_, impl_->compute_model(codec, n), false,
+                                    error_feedback));
 }
 
 double Communicator::predict_uncompressed(std::size_t n) {
   static const Codec none("none");
-  return gcomp::predict_uncompressed(
-      model_input(none, n, 0, 4 * n, size_, network_, compute_model(none, n), false, false));
+  return gcomp::predict_uncompressed(model_input(none, n, 0, 4 * n, impl_->size_, impl_->network_,
+                                                 impl_->compute_model(none, n), false, false));
 }
 
-Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
-                                    bool with_pending) const {
+Choice Communicator::Impl::choose_learned(std::uint64_t group, const ModelInput& in,
+                                          bool with_pending) const {
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
   std::size_t m = 0;
@@ -114,21 +117,21 @@ Choice Communicator::choose_learned(std::uint64_t group, const ModelInput& in,
 Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
                             bool allow_uncompressed) {
   const std::uint64_t key = calibration_key(codec, n);
-  if (calibrated_.find(key) == calibrated_.end()) {
+  if (impl_->calibrated_.find(key) == impl_->calibrated_.end()) {
     // Collective: the codec measured on every rank at once and the slowest rank's speeds
     // agreed, as a call does, so that every rank's answer is the call's (a rank's own speeds
     // can tip a near tie the other way).
-    const ComputeModel m = timing_->codec_speeds(codec, n);
+    const ComputeModel m = impl_->timing_->codec_speeds(codec, n);
     const double speeds[2] = {m.encode, m.decode};
     double agreed[2];
-    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, comm_);
-    calibrated_[key] = {agreed[0], agreed[1], 0, 0};
+    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, impl_->comm_);
+    impl_->calibrated_[key] = {agreed[0], agreed[1], 0, 0};
   }
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
-  ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), size_, network_,
-                              compute_model(codec, n), false, false);
+  ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_,
+                              impl_->network_, impl_->compute_model(codec, n), false, false);
   in.allow_uncompressed = allow_uncompressed;
-  return choose_learned(detail::AutoLearner::group_of(codec.spec(), n), in);
+  return impl_->choose_learned(detail::AutoLearner::group_of(codec.spec(), n), in);
 }
 
 }  // namespace gcomp

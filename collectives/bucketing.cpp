@@ -12,6 +12,7 @@
 #include <string>
 
 #include "algorithms.hpp"
+#include "communicator_impl.hpp"
 #include "gcomp/communicator.hpp"
 
 namespace gcomp {
@@ -62,7 +63,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
   }();
   if (!bad.empty()) {
     const Error e(Status::invalid_argument, bad);
-    run_call({}, {}, &codec, nullptr, options.allreduce, &e, sig);
+    impl_->run({}, {}, &codec, nullptr, options.allreduce, &e, sig);
     throw e;
   }
 
@@ -101,7 +102,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     // The owner-side memory of this rank's chunk [lo, hi) of the bucket (the chunks of
     // compressed_reduce_scatter), gathered from the tensors' shares of it: all there and of
     // the right sizes, or it starts from zero.
-    const auto p = static_cast<std::uint64_t>(size_), me = static_cast<std::uint64_t>(rank_);
+    const auto p = static_cast<std::uint64_t>(impl_->size_),
+               me = static_cast<std::uint64_t>(impl_->rank_);
     const auto lo = static_cast<std::size_t>(detail::chunk_bound(len, me, p));
     const auto hi = static_cast<std::size_t>(detail::chunk_bound(len, me + 1, p));
     const auto share = [&](std::size_t begin, std::size_t n) {
@@ -127,9 +129,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     }
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
-    run_call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr,
-              bucket_sig);
-    add(last_);
+    impl_->run(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, bucket_sig);
+    add(impl_->last_);
     if (with_ef && bucket_ef.secondary().size() == hi - lo) {
       off = 0;
       for (std::size_t t : buckets[b]) {
@@ -156,7 +157,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
-    run_call({}, {}, &none, nullptr, opt, nullptr, sig);
+    impl_->run({}, {}, &none, nullptr, opt, nullptr, sig);
     return;
   }
   if (!small.empty()) {
@@ -171,16 +172,16 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
-    run_call(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
-    last_.compressed_calls = 0;  // summed as they are: the codec was not applied
-    add(last_);
+    impl_->run(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
+    impl_->last_.compressed_calls = 0;  // summed as they are: the codec was not applied
+    add(impl_->last_);
     off = 0;
     for (std::size_t t : small) {
       std::memcpy(tensors[t].data(), fused.data() + off, 4 * tensors[t].size());
       off += tensors[t].size();
     }
   }
-  last_ = sum;
+  impl_->last_ = sum;
 }
 
 }  // namespace gcomp

@@ -28,6 +28,7 @@
 #include "agreement.hpp"
 #include "env_setting.hpp"
 #include "auto_choice.hpp"
+#include "communicator_impl.hpp"
 #include "algorithm_table.hpp"
 #include "codec_impl.hpp"
 #include "device_backend.hpp"
@@ -73,13 +74,18 @@ std::uint64_t payload_entries(std::span<const std::byte> payload) {
 
 }  // namespace
 
-Communicator::Communicator(MPI_Comm comm) { init(comm, nullptr, nullptr); }
+Communicator::Communicator(MPI_Comm comm) : impl_(std::make_unique<Impl>()) {
+  impl_->init(comm, nullptr, nullptr);
+}
 Communicator::Communicator(MPI_Comm comm, const NetworkModel& network,
-                           std::shared_ptr<Timing> timing) {
-  init(comm, &network, std::move(timing));
+                           std::shared_ptr<Timing> timing)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(comm, &network, std::move(timing));
 }
 
-Communicator::~Communicator() {
+Communicator::~Communicator() = default;
+
+Communicator::Impl::~Impl() {
   if (comm_ != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -87,11 +93,18 @@ Communicator::~Communicator() {
   }
 }
 
-void Communicator::init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing) {
+int Communicator::rank() const noexcept { return impl_->rank_; }
+int Communicator::size() const noexcept { return impl_->size_; }
+MPI_Comm Communicator::comm() const noexcept { return impl_->comm_; }
+const NetworkModel& Communicator::network() const noexcept { return impl_->network_; }
+const CallStats& Communicator::last_stats() const noexcept { return impl_->last_; }
+const TotalStats& Communicator::total_stats() const noexcept { return impl_->total_; }
+
+void Communicator::Impl::init(MPI_Comm comm, const NetworkModel* given,
+                              std::shared_ptr<Timing> timing) {
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
   detail::apply_wait_policy();  // a bad GCOMP_WAIT throws here, before anything is made
   timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
-  learner_ = std::make_unique<detail::AutoLearner>();
   GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -168,422 +181,406 @@ void check_sum_finite(const detail::Job& job, Algorithm alg) {
 
 }  // namespace
 
-// A call on device tensors: in and out of Impl::run are then host staging of n floats.
-struct DeviceCall {
-  const detail::DeviceBackend* dev;
-  void* stream;
-  const float* in;
-  float* out;
+// One call's state through the protocol's steps.
+struct Communicator::Impl::Call {
+  Call(Impl& s, const Codec* c, ErrorFeedback* e, const AllreduceOptions& o,
+       std::uint64_t extra)
+      : self(s), codec(c), ef(e), opt(o), extra_signature(extra) {}
+  Impl& self;
+  const Codec* codec;
+  ErrorFeedback* ef;
+  const AllreduceOptions& opt;
+  std::uint64_t extra_signature;
+  const detail::DeviceCall* device = nullptr;  // set for a call on device tensors
+  double start = MPI_Wtime();
+  detail::Job job;
+  Agreement mine{};
+  std::uint64_t sig = 0;          // of what must agree (describe() spells it out)
+  Algorithm requested = Algorithm::automatic;
+  bool choosing = false;          // auto on a codec other than none: the learner decides
+  bool known = false;             // the codec's speeds are known (calibrated_)
+  std::uint64_t calibration = 0;  // keys of this (codec, size) in calibrated_ and the learner
+  std::uint64_t group = 0;
+  ComputeModel compute;
+  double agree_seconds = 0;
+  bool sum_bounded = false;  // the sum cannot overflow (Agreement::magnitude): not checked
 };
 
-// The shared protocol. `local_error` set means this rank cannot take part (abandon()).
-struct Communicator::Impl {
-  // One call's state through the protocol's steps.
-  struct Call {
-    Call(Communicator& s, const Codec* c, ErrorFeedback* e, const AllreduceOptions& o,
-         std::uint64_t extra)
-        : self(s), codec(c), ef(e), opt(o), extra_signature(extra) {}
-    Communicator& self;
-    const Codec* codec;
-    ErrorFeedback* ef;
-    const AllreduceOptions& opt;
-    std::uint64_t extra_signature;
-    const DeviceCall* device = nullptr;  // set for a call on device tensors
-    double start = MPI_Wtime();
-    detail::Job job;
-    Agreement mine{};
-    std::uint64_t sig = 0;          // of what must agree (describe() spells it out)
-    Algorithm requested = Algorithm::automatic;
-    bool choosing = false;          // auto on a codec other than none: the learner decides
-    bool known = false;             // the codec's speeds are known (calibrated_)
-    std::uint64_t calibration = 0;  // keys of this (codec, size) in calibrated_ and the learner
-    std::uint64_t group = 0;
-    ComputeModel compute;
-    double agree_seconds = 0;
-    bool sum_bounded = false;  // the sum cannot overflow (Agreement::magnitude): not checked
-  };
-
-  static void run(Communicator& self, std::span<const float> in, std::span<float> out,
-                  const Codec* codec, ErrorFeedback* ef, const AllreduceOptions& opt,
-                  const Error* abandoned, std::uint64_t extra_signature,
-                  const DeviceCall* device = nullptr) {
-    Call c{self, codec, ef, opt, extra_signature};
-    c.device = device;
-    // 1. Local work that may fail: a failure is this rank's part of the agreement.
-    std::exception_ptr local;
-    try {
-      if (abandoned) throw *abandoned;
-      validate(c, in, out, device);
-      prepare(c, device);
-    } catch (const Error& e) {
-      local = std::current_exception();
-      c.mine.fail(e.code(), self.rank_);
-    } catch (const std::bad_alloc&) {
-      local = std::current_exception();
-      c.mine.fail(Status::internal, self.rank_);
-    }
-    // 2. The agreement.
-    const Agreement all = agree(c);
-    if (abandoned) return;
-    if (local) std::rethrow_exception(local);
-    if (all.any_failed()) {
-      throw Error(Status::mismatch, "allreduce abandoned: rank " +
-                                        std::to_string(all.failed_rank()) + " failed (" +
-                                        status_name(all.failed_status()) + ")");
-    }
-    if (!all.same_signature()) {
-      throw Error(Status::mismatch,
-                  "ranks disagree on the allreduce (codec spec, element count, algorithm, "
-                  "options or seed); this rank: " +
-                      describe(*codec, in.size(), c.requested, opt, ef != nullptr,
-                               extra_signature));
-    }
-    // 3. The algorithm, from the agreed numbers; then the statistics.
-    const Algorithm alg = decide(c, all);
-    // Uncompressed, every rank sends values of at most the agreed magnitude: when their sum
-    // cannot overflow, the check after the collective (a pass over out) is not needed.
-    c.sum_bounded = (codec->kind() == CodecKind::none || c.job.skip_codec) &&
-                    detail::sum_cannot_overflow(self.size_, all.magnitude);
-    dispatch(c, alg);
-    record(c, alg);
+void Communicator::Impl::run(std::span<const float> in, std::span<float> out, const Codec* codec,
+                             ErrorFeedback* ef, const AllreduceOptions& opt,
+                             const Error* abandoned, std::uint64_t extra_signature,
+                             const detail::DeviceCall* device) {
+  Impl& self = *this;
+  Call c{self, codec, ef, opt, extra_signature};
+  c.device = device;
+  // 1. Local work that may fail: a failure is this rank's part of the agreement.
+  std::exception_ptr local;
+  try {
+    if (abandoned) throw *abandoned;
+    validate(c, in, out, device);
+    prepare(c, device);
+  } catch (const Error& e) {
+    local = std::current_exception();
+    c.mine.fail(e.code(), self.rank_);
+  } catch (const std::bad_alloc&) {
+    local = std::current_exception();
+    c.mine.fail(Status::internal, self.rank_);
   }
+  // 2. The agreement.
+  const Agreement all = agree(c);
+  if (abandoned) return;
+  if (local) std::rethrow_exception(local);
+  if (all.any_failed()) {
+    throw Error(Status::mismatch, "allreduce abandoned: rank " +
+                                      std::to_string(all.failed_rank()) + " failed (" +
+                                      status_name(all.failed_status()) + ")");
+  }
+  if (!all.same_signature()) {
+    throw Error(Status::mismatch,
+                "ranks disagree on the allreduce (codec spec, element count, algorithm, "
+                "options or seed); this rank: " +
+                    describe(*codec, in.size(), c.requested, opt, ef != nullptr,
+                             extra_signature));
+  }
+  // 3. The algorithm, from the agreed numbers; then the statistics.
+  const Algorithm alg = decide(c, all);
+  // Uncompressed, every rank sends values of at most the agreed magnitude: when their sum
+  // cannot overflow, the check after the collective (a pass over out) is not needed.
+  c.sum_bounded = (codec->kind() == CodecKind::none || c.job.skip_codec) &&
+                  detail::sum_cannot_overflow(self.size_, all.magnitude);
+  dispatch(c, alg);
+  record(c, alg);
+}
 
-  // The arguments, and everything the call needs before it can agree: the job, the requested
-  // algorithm and the signature.
-  static void validate(Call& c, std::span<const float> in, std::span<float> out,
-                       const DeviceCall* device) {
-    Communicator& self = c.self;
-    const Codec* codec = c.codec;
-    ErrorFeedback* ef = c.ef;
-    const AllreduceOptions& opt = c.opt;
-    if (!codec) throw Error(Status::invalid_argument, "codec is null");
-    if (in.size() != out.size()) {
-      throw Error(Status::invalid_argument, "input of " + std::to_string(in.size()) +
-                                                " elements but output of " +
-                                                std::to_string(out.size()));
-    }
-    if ((in.data() == nullptr && !in.empty()) || (out.data() == nullptr && !out.empty())) {
-      throw Error(Status::invalid_argument, "input or output is null");
-    }
-    if (ef && ef->size() != in.size()) {
+// The arguments, and everything the call needs before it can agree: the job, the requested
+// algorithm and the signature.
+void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<float> out,
+                                  const detail::DeviceCall* device) {
+  Impl& self = c.self;
+  const Codec* codec = c.codec;
+  ErrorFeedback* ef = c.ef;
+  const AllreduceOptions& opt = c.opt;
+  if (!codec) throw Error(Status::invalid_argument, "codec is null");
+  if (in.size() != out.size()) {
+    throw Error(Status::invalid_argument, "input of " + std::to_string(in.size()) +
+                                              " elements but output of " +
+                                              std::to_string(out.size()));
+  }
+  if ((in.data() == nullptr && !in.empty()) || (out.data() == nullptr && !out.empty())) {
+    throw Error(Status::invalid_argument, "input or output is null");
+  }
+  if (ef && ef->size() != in.size()) {
+    throw Error(Status::invalid_argument,
+                "error-feedback memory of " + std::to_string(ef->size()) +
+                    " elements for a tensor of " + std::to_string(in.size()));
+  }
+  detail::Job& job = c.job;
+  job.comm = self.comm_;
+  job.rank = self.rank_;
+  job.size = self.size_;
+  job.codec = codec;
+  job.in = in;
+  job.out = out;
+  job.ef = ef;
+  job.average = opt.average;
+  job.majority_vote = opt.majority_vote;
+  Algorithm requested = opt.algorithm;
+  if (requested == Algorithm::automatic) {
+    requested = detail::env_setting("GCOMP_ALGORITHM", parse_algorithm).value_or(requested);
+  }
+  if (!suits(requested, *codec)) {
+    throw Error(Status::invalid_argument, std::string("algorithm ") +
+                                              algorithm_name(requested) +
+                                              " needs a sparse codec (topk, randomk, "
+                                              "threshold), not " +
+                                              codec->spec());
+  }
+  if (opt.majority_vote) {
+    if (codec->kind() != CodecKind::sign) {
       throw Error(Status::invalid_argument,
-                  "error-feedback memory of " + std::to_string(ef->size()) +
-                      " elements for a tensor of " + std::to_string(in.size()));
+                  "majority_vote needs the sign codec, not " + codec->spec());
     }
-    detail::Job& job = c.job;
-    job.comm = self.comm_;
-    job.rank = self.rank_;
-    job.size = self.size_;
-    job.codec = codec;
-    job.in = in;
-    job.out = out;
-    job.ef = ef;
-    job.average = opt.average;
-    job.majority_vote = opt.majority_vote;
-    Algorithm requested = opt.algorithm;
-    if (requested == Algorithm::automatic) {
-      requested = detail::env_setting("GCOMP_ALGORITHM", parse_algorithm).value_or(requested);
+    if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
+      throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
     }
-    if (!suits(requested, *codec)) {
-      throw Error(Status::invalid_argument, std::string("algorithm ") +
-                                                algorithm_name(requested) +
-                                                " needs a sparse codec (topk, randomk, "
-                                                "threshold), not " +
-                                                codec->spec());
+    requested = Algorithm::allgather;
+  }
+  c.requested = requested;
+  c.sig = Fnv{}
+              .add(codec->spec())
+              .add(in.size())
+              .add(static_cast<std::uint64_t>(requested))
+              .add(opt.average * 1u + opt.majority_vote * 2u + (ef != nullptr) * 4u +
+                   opt.allow_uncompressed * 8u)
+              .add(opt.tensor)
+              .add(opt.seed)
+              .add(c.extra_signature)
+              .h;
+  // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
+  const bool shared = codec->kind() == CodecKind::randomk;
+  job.seed = derive_seed(opt.seed, opt.tensor, 0,
+                         shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
+  job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
+  if (device) {
+    if (ef && (!ef->on_device() || ef->view().backend() != device->dev)) {
+      throw Error(Status::invalid_argument,
+                  "a device tensor needs its error-feedback memory in device memory "
+                  "(gcomp::cuda::error_feedback)");
     }
-    if (opt.majority_vote) {
-      if (codec->kind() != CodecKind::sign) {
-        throw Error(Status::invalid_argument,
-                    "majority_vote needs the sign codec, not " + codec->spec());
-      }
-      if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
-        throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
-      }
-      requested = Algorithm::allgather;
+    if (!self.stage_) self.stage_ = std::make_unique<detail::DeviceStage>();
+    self.stage_->dev = device->dev;
+    job.dev = device->dev;
+    job.stream = device->stream;
+    job.d_in = device->in;
+    job.d_out = device->out;
+    job.stage = self.stage_.get();
+    if (ef) {
+      job.d_e_old = ef->view().data();
+      job.d_e_new = ef->scratch_view().data();
     }
-    c.requested = requested;
-    c.sig = Fnv{}
-                .add(codec->spec())
-                .add(in.size())
-                .add(static_cast<std::uint64_t>(requested))
-                .add(opt.average * 1u + opt.majority_vote * 2u + (ef != nullptr) * 4u +
-                     opt.allow_uncompressed * 8u)
-                .add(opt.tensor)
-                .add(opt.seed)
-                .add(c.extra_signature)
-                .h;
-    // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
-    const bool shared = codec->kind() == CodecKind::randomk;
-    job.seed = derive_seed(opt.seed, opt.tensor, 0,
-                           shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
-    job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
-    if (device) {
-      if (ef && (!ef->on_device() || ef->view().backend() != device->dev)) {
-        throw Error(Status::invalid_argument,
-                    "a device tensor needs its error-feedback memory in device memory "
-                    "(gcomp::cuda::error_feedback)");
-      }
-      if (!self.stage_) self.stage_ = std::make_unique<detail::DeviceStage>();
-      self.stage_->dev = device->dev;
-      job.dev = device->dev;
-      job.stream = device->stream;
-      job.d_in = device->in;
-      job.d_out = device->out;
-      job.stage = self.stage_.get();
-      if (ef) {
-        job.d_e_old = ef->view().data();
-        job.d_e_new = ef->scratch_view().data();
-      }
-    } else if (ef) {
-      if (ef->on_device()) {
-        throw Error(Status::invalid_argument,
-                    "a host tensor needs its error-feedback memory in host memory");
-      }
-      job.ef_next = ef->scratch();
+  } else if (ef) {
+    if (ef->on_device()) {
+      throw Error(Status::invalid_argument,
+                  "a host tensor needs its error-feedback memory in host memory");
     }
-    // sparse_reduce_scatter's memory of this tensor: the same from step to step (the seed left
-    // out), compared in the agreement.
-    if (codec->properties().sparse) {
-      if (!self.regions_) self.regions_ = std::make_unique<detail::RegionMemory>();
-      job.regions = &self.regions_->of(
-          Fnv{}.add(codec->spec()).add(in.size()).add(opt.tensor).add(c.extra_signature).h);
+    job.ef_next = ef->scratch();
+  }
+  // sparse_reduce_scatter's memory of this tensor: the same from step to step (the seed left
+  // out), compared in the agreement.
+  if (codec->properties().sparse) {
+    if (!self.regions_) self.regions_ = std::make_unique<detail::RegionMemory>();
+    job.regions = &self.regions_->of(
+        Fnv{}.add(codec->spec()).add(in.size()).add(opt.tensor).add(c.extra_signature).h);
+  }
+}
+
+// The local work before the agreement: the sparse codecs' encode (their payload's size is
+// data-dependent), the others' check for NaN/Inf; what this rank contributes to the agreement.
+void Communicator::Impl::prepare(Call& c, const detail::DeviceCall* device) {
+  Impl& self = c.self;
+  const Codec* codec = c.codec;
+  ErrorFeedback* ef = c.ef;
+  const AllreduceOptions& opt = c.opt;
+  detail::Job& job = c.job;
+  const std::span<const float> in = job.in;
+  Agreement& mine = c.mine;
+  mine.magnitude = detail::kNotMeasured;
+  // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
+  // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
+  // candidate is dense), and an explicit algorithm needs no speeds.
+  c.choosing = c.requested == Algorithm::automatic && codec->kind() != CodecKind::none;
+  if (c.choosing) {
+    c.calibration = calibration_key(*codec, in.size(), device != nullptr);
+    c.group = detail::AutoLearner::group_of(codec->spec(), in.size());
+    if (const auto it = self.calibrated_.find(c.calibration); it != self.calibrated_.end()) {
+      c.compute = self.with_shared_speeds(it->second);
+      c.known = true;
     }
   }
-
-  // The local work before the agreement: the sparse codecs' encode (their payload's size is
-  // data-dependent), the others' check for NaN/Inf; what this rank contributes to the agreement.
-  static void prepare(Call& c, const DeviceCall* device) {
-    Communicator& self = c.self;
-    const Codec* codec = c.codec;
-    ErrorFeedback* ef = c.ef;
-    const AllreduceOptions& opt = c.opt;
-    detail::Job& job = c.job;
-    const std::span<const float> in = job.in;
-    Agreement& mine = c.mine;
-    mine.magnitude = detail::kNotMeasured;
-    // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
-    // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
-    // candidate is dense), and an explicit algorithm needs no speeds.
-    c.choosing = c.requested == Algorithm::automatic && codec->kind() != CodecKind::none;
-    if (c.choosing) {
-      c.calibration = calibration_key(*codec, in.size(), device != nullptr);
-      c.group = detail::AutoLearner::group_of(codec->spec(), in.size());
-      if (const auto it = self.calibrated_.find(c.calibration); it != self.calibrated_.end()) {
-        c.compute = self.with_shared_speeds(it->second);
-        c.known = true;
-      }
-    }
-    // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
-    bool likely_uncompressed = false;
-    if (c.choosing && c.known && opt.allow_uncompressed) {
-      const std::uint64_t s0 = default_sent(*codec, in.size());
-      ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
-                                  self.size_, self.network_, c.compute, opt.average,
-                                  ef != nullptr);
-      mi.allow_uncompressed = true;
-      // The previous call's time is not agreed yet: count it as this rank measured it.
-      likely_uncompressed = !self.choose_learned(c.group, mi, true).compressed;
-    }
-    if (device) {
-      // As on the host: sparse codecs encode now, the others are checked now and encode
-      // later, where the algorithm needs the payload.
-      if (codec->properties().sparse) {
-        detail::encode_whole(job);
-        mine.sent = payload_entries(job.payload);
-        mine.bytes = job.payload.size();
-      } else {
-        device->dev->check_finite(device->in, job.d_e_old, in.size(), device->stream);
-        mine.bytes = codec->max_bytes(in.size());
-      }
-    } else if (codec->properties().sparse && !likely_uncompressed) {
-      detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
+  // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
+  bool likely_uncompressed = false;
+  if (c.choosing && c.known && opt.allow_uncompressed) {
+    const std::uint64_t s0 = default_sent(*codec, in.size());
+    ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
+                                self.size_, self.network_, c.compute, opt.average,
+                                ef != nullptr);
+    mi.allow_uncompressed = true;
+    // The previous call's time is not agreed yet: count it as this rank measured it.
+    likely_uncompressed = !self.choose_learned(c.group, mi, true).compressed;
+  }
+  if (device) {
+    // As on the host: sparse codecs encode now, the others are checked now and encode
+    // later, where the algorithm needs the payload.
+    if (codec->properties().sparse) {
+      detail::encode_whole(job);
       mine.sent = payload_entries(job.payload);
       mine.bytes = job.payload.size();
     } else {
-      // Not encoded now (a dense codec encodes where the algorithm needs it; a sparse one is
-      // not encoded when the plain allreduce is the likely choice, and is encoded after the
-      // agreement if the agreed choice compresses after all): check for NaN/Inf now. With
-      // error feedback and the uncompressed path likely (by this rank's numbers), x + e is
-      // formed in the same pass, into the scratch that path sends from. Nothing is written to
-      // out before the agreement: a call that fails there leaves it as it was. The same pass
-      // finds the largest |x + e|, what this rank sends if the call is not compressed: agreed,
-      // it spares that path the check of the sum after the collective (dispatch).
-      const std::span<const float> e =
-          ef ? std::span<const float>(ef->residual()) : std::span<const float>();
-      float magnitude = 0;
-      if (ef && (codec->kind() == CodecKind::none || likely_uncompressed)) {
-        std::vector<float>& sum = detail::scratch_vector<float, 101>();
-        sum.resize(in.size());
-        magnitude = detail::copy_checked_magnitude(in, e, sum);
-        job.sum_ready = true;
-      } else {
-        magnitude = detail::checked_magnitude(in, e);
-      }
-      mine.magnitude = std::bit_cast<std::uint32_t>(magnitude);
-      if (codec->properties().sparse) {  // threshold's count is unknown: its bound
-        mine.sent = default_sent(*codec, in.size());
-        mine.bytes = default_bytes(*codec, in.size(), mine.sent);
-      } else {
-        mine.bytes = codec->max_bytes(in.size());
-      }
+      device->dev->check_finite(device->in, job.d_e_old, in.size(), device->stream);
+      mine.bytes = codec->max_bytes(in.size());
     }
-    // Infinity asks every rank to measure the codec in step 3.
-    mine.encode = dbits(c.choosing && !c.known ? kInfinity : c.compute.encode);
-    mine.decode = dbits(c.compute.decode);
-  }
-
-  // This rank's Agreement (with the previous call's time, for the learner), combined with all.
-  static Agreement agree(Call& c) {
-    Communicator& self = c.self;
-    c.mine.learned_key = self.pending_key_;
-    c.mine.learned_seconds = dbits(self.pending_seconds_);
-    self.pending_key_ = 0;
-    c.mine.seal(c.sig);
-    c.mine.seal_regions(c.job.regions ? c.job.regions->signature() : 0);
-    const double start = MPI_Wtime();
-    const Agreement all = detail::agree(self.comm_, c.mine);
-    c.agree_seconds = MPI_Wtime() - start;
-    return all;
-  }
-
-  // The algorithm: the requested one, or auto's choice from the agreed numbers (the same on
-  // every rank), measuring the codec first where some rank has not.
-  static Algorithm decide(Call& c, const Agreement& all) {
-    Communicator& self = c.self;
-    if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
-    // Ranks whose memories of the tensor differ (one missed a call) all start afresh.
-    if (c.job.regions && !all.same_regions()) c.job.regions->forget();
-    c.job.agreed_sent = all.sent;
-    if (!c.choosing) {
-      return c.requested == Algorithm::automatic ? Algorithm::dense : c.requested;  // `none`
-    }
-    const Codec& codec = *c.codec;
-    const std::size_t n = c.job.in.size();
-    ComputeModel& compute = c.compute;
-    if (all.encode == dbits(kInfinity)) {
-      // Some rank has not seen this (spec, size class, host or device): all ranks measure the
-      // codec now (where each one's tensor is: a device tensor times the GPU's kernels), at
-      // once (the agreement has just lined them up), so that ranks sharing a node compete as
-      // they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
-      // before the allreduce: the other ranks are waiting in it.
-      double speeds[2] = {0, 0};
-      try {
-        const ComputeModel m =
-            c.device ? self.timing_->device_codec_speeds(
-                           codec, n,
-                           TensorView<const float>::device(c.device->in, n, c.device->stream,
-                                                           c.device->dev))
-                     : self.timing_->codec_speeds(codec, n);
-        speeds[0] = m.encode;
-        speeds[1] = m.decode;
-      } catch (...) {  // out of memory: the other ranks' numbers stand
-      }
-      double agreed[2];
-      detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, self.comm_);
-      compute.encode = agreed[0];
-      compute.decode = agreed[1];
+  } else if (codec->properties().sparse && !likely_uncompressed) {
+    detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
+    mine.sent = payload_entries(job.payload);
+    mine.bytes = job.payload.size();
+  } else {
+    // Not encoded now (a dense codec encodes where the algorithm needs it; a sparse one is
+    // not encoded when the plain allreduce is the likely choice, and is encoded after the
+    // agreement if the agreed choice compresses after all): check for NaN/Inf now. With
+    // error feedback and the uncompressed path likely (by this rank's numbers), x + e is
+    // formed in the same pass, into the scratch that path sends from. Nothing is written to
+    // out before the agreement: a call that fails there leaves it as it was. The same pass
+    // finds the largest |x + e|, what this rank sends if the call is not compressed: agreed,
+    // it spares that path the check of the sum after the collective (dispatch).
+    const std::span<const float> e =
+        ef ? std::span<const float>(ef->residual()) : std::span<const float>();
+    float magnitude = 0;
+    if (ef && (codec->kind() == CodecKind::none || likely_uncompressed)) {
+      std::vector<float>& sum = detail::scratch_vector<float, 101>();
+      sum.resize(in.size());
+      magnitude = detail::copy_checked_magnitude(in, e, sum);
+      job.sum_ready = true;
     } else {
-      compute.encode = bitsd(all.encode);
-      compute.decode = bitsd(all.decode);
+      magnitude = detail::checked_magnitude(in, e);
     }
-    self.calibrated_[c.calibration] = {compute.encode, compute.decode, 0, 0};
-    compute = self.with_shared_speeds(compute);
-    ModelInput mi = model_input(codec, n, all.sent, all.bytes, self.size_, self.network_, compute,
-                                c.opt.average, c.ef != nullptr);
-    mi.allow_uncompressed = c.opt.allow_uncompressed;
-    const Choice choice = self.choose_learned(c.group, mi);
-    c.job.skip_codec = !choice.compressed;
-    return choice.algorithm;
-  }
-
-  // The algorithm's run (its row's), the check of the sum, the residual committed.
-  static void dispatch(Call& c, Algorithm alg) {
-    if (c.job.dev) {
-      detail::run_device(c.job, alg);
+    mine.magnitude = std::bit_cast<std::uint32_t>(magnitude);
+    if (codec->properties().sparse) {  // threshold's count is unknown: its bound
+      mine.sent = default_sent(*codec, in.size());
+      mine.bytes = default_bytes(*codec, in.size(), mine.sent);
     } else {
-      detail::algorithm_row(alg).run(c.job);
+      mine.bytes = codec->max_bytes(in.size());
     }
-    if (!c.sum_bounded) check_sum_finite(c.job, alg);
-    if (c.ef) c.ef->commit();
   }
+  // Infinity asks every rank to measure the codec in step 3.
+  mine.encode = dbits(c.choosing && !c.known ? kInfinity : c.compute.encode);
+  mine.decode = dbits(c.compute.decode);
+}
 
-  // What the call did: the learner's pending time, the last call's and the running statistics.
-  static void record(Call& c, Algorithm alg) {
-    Communicator& self = c.self;
-    const detail::Job& job = c.job;
-    if (c.choosing) {
-      const Choice ran{alg, !job.skip_codec};
-      self.pending_key_ = detail::AutoLearner::key_of(c.group, ran);
-      self.pending_seconds_ =
-          self.timing_->call_seconds(*c.codec, job.in.size(), ran, MPI_Wtime() - c.start);
-    }
-    CallStats& s = self.last_;
-    s.bytes_sent = job.traffic.sent + 2 * sizeof(Agreement);
-    s.bytes_received = job.traffic.received + 2 * sizeof(Agreement);
-    s.encode_seconds = job.encode_seconds;
-    s.comm_seconds = job.traffic.seconds + c.agree_seconds;
-    s.decode_seconds = job.decode_seconds;
-    s.agree_seconds = c.agree_seconds;
-    s.algorithm = alg;
-    s.compressed = !job.skip_codec;
-    s.calls = 1;
-    s.by_algorithm = {};
-    s.by_algorithm[static_cast<int>(alg)] = 1;
-    s.compressed_calls = s.compressed ? 1 : 0;
-    TotalStats& t = self.total_;
-    ++t.calls;
-    t.bytes_sent += s.bytes_sent;
-    t.bytes_received += s.bytes_received;
-    t.encode_seconds += s.encode_seconds;
-    t.comm_seconds += s.comm_seconds;
-    t.decode_seconds += s.decode_seconds;
-    t.agree_seconds += s.agree_seconds;
-    ++t.by_algorithm[static_cast<int>(alg)];
-    if (s.compressed) ++t.compressed;
+// This rank's Agreement (with the previous call's time, for the learner), combined with all.
+Agreement Communicator::Impl::agree(Call& c) {
+  Impl& self = c.self;
+  c.mine.learned_key = self.pending_key_;
+  c.mine.learned_seconds = dbits(self.pending_seconds_);
+  self.pending_key_ = 0;
+  c.mine.seal(c.sig);
+  c.mine.seal_regions(c.job.regions ? c.job.regions->signature() : 0);
+  const double start = MPI_Wtime();
+  const Agreement all = detail::agree(self.comm_, c.mine);
+  c.agree_seconds = MPI_Wtime() - start;
+  return all;
+}
+
+// The algorithm: the requested one, or auto's choice from the agreed numbers (the same on
+// every rank), measuring the codec first where some rank has not.
+Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
+  Impl& self = c.self;
+  if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
+  // Ranks whose memories of the tensor differ (one missed a call) all start afresh.
+  if (c.job.regions && !all.same_regions()) c.job.regions->forget();
+  c.job.agreed_sent = all.sent;
+  if (!c.choosing) {
+    return c.requested == Algorithm::automatic ? Algorithm::dense : c.requested;  // `none`
   }
-};
+  const Codec& codec = *c.codec;
+  const std::size_t n = c.job.in.size();
+  ComputeModel& compute = c.compute;
+  if (all.encode == dbits(kInfinity)) {
+    // Some rank has not seen this (spec, size class, host or device): all ranks measure the
+    // codec now (where each one's tensor is: a device tensor times the GPU's kernels), at
+    // once (the agreement has just lined them up), so that ranks sharing a node compete as
+    // they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
+    // before the allreduce: the other ranks are waiting in it.
+    double speeds[2] = {0, 0};
+    try {
+      const ComputeModel m =
+          c.device ? self.timing_->device_codec_speeds(
+                         codec, n,
+                         TensorView<const float>::device(c.device->in, n, c.device->stream,
+                                                         c.device->dev))
+                   : self.timing_->codec_speeds(codec, n);
+      speeds[0] = m.encode;
+      speeds[1] = m.decode;
+    } catch (...) {  // out of memory: the other ranks' numbers stand
+    }
+    double agreed[2];
+    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, self.comm_);
+    compute.encode = agreed[0];
+    compute.decode = agreed[1];
+  } else {
+    compute.encode = bitsd(all.encode);
+    compute.decode = bitsd(all.decode);
+  }
+  self.calibrated_[c.calibration] = {compute.encode, compute.decode, 0, 0};
+  compute = self.with_shared_speeds(compute);
+  ModelInput mi = model_input(codec, n, all.sent, all.bytes, self.size_, self.network_, compute,
+                              c.opt.average, c.ef != nullptr);
+  mi.allow_uncompressed = c.opt.allow_uncompressed;
+  const Choice choice = self.choose_learned(c.group, mi);
+  c.job.skip_codec = !choice.compressed;
+  return choice.algorithm;
+}
+
+// The algorithm's run (its row's), the check of the sum, the residual committed.
+void Communicator::Impl::dispatch(Call& c, Algorithm alg) {
+  if (c.job.dev) {
+    detail::run_device(c.job, alg);
+  } else {
+    detail::algorithm_row(alg).run(c.job);
+  }
+  if (!c.sum_bounded) check_sum_finite(c.job, alg);
+  if (c.ef) c.ef->commit();
+}
+
+// What the call did: the learner's pending time, the last call's and the running statistics.
+void Communicator::Impl::record(Call& c, Algorithm alg) {
+  Impl& self = c.self;
+  const detail::Job& job = c.job;
+  if (c.choosing) {
+    const Choice ran{alg, !job.skip_codec};
+    self.pending_key_ = detail::AutoLearner::key_of(c.group, ran);
+    self.pending_seconds_ =
+        self.timing_->call_seconds(*c.codec, job.in.size(), ran, MPI_Wtime() - c.start);
+  }
+  CallStats& s = self.last_;
+  s.bytes_sent = job.traffic.sent + 2 * sizeof(Agreement);
+  s.bytes_received = job.traffic.received + 2 * sizeof(Agreement);
+  s.encode_seconds = job.encode_seconds;
+  s.comm_seconds = job.traffic.seconds + c.agree_seconds;
+  s.decode_seconds = job.decode_seconds;
+  s.agree_seconds = c.agree_seconds;
+  s.algorithm = alg;
+  s.compressed = !job.skip_codec;
+  s.calls = 1;
+  s.by_algorithm = {};
+  s.by_algorithm[static_cast<int>(alg)] = 1;
+  s.compressed_calls = s.compressed ? 1 : 0;
+  TotalStats& t = self.total_;
+  ++t.calls;
+  t.bytes_sent += s.bytes_sent;
+  t.bytes_received += s.bytes_received;
+  t.encode_seconds += s.encode_seconds;
+  t.comm_seconds += s.comm_seconds;
+  t.decode_seconds += s.decode_seconds;
+  t.agree_seconds += s.agree_seconds;
+  ++t.by_algorithm[static_cast<int>(alg)];
+  if (s.compressed) ++t.compressed;
+}
 
 std::uint64_t signature_of(std::string_view text) { return Fnv{}.add(text).h; }
 
-void Communicator::run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
-                            ErrorFeedback* ef, const AllreduceOptions& options,
-                            const Error* abandoned, std::uint64_t extra_signature) {
-  Impl::run(*this, in, out, codec, ef, options, abandoned, extra_signature);
-}
-
 void Communicator::allreduce(std::span<const float> in, std::span<float> out, const Codec& codec,
                              ErrorFeedback* ef, const AllreduceOptions& options) {
-  run_call(in, out, &codec, ef, options, nullptr, 0);
+  impl_->run(in, out, &codec, ef, options, nullptr, 0);
 }
 
 void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, const Codec& codec,
                              ErrorFeedback* ef, const AllreduceOptions& options) {
   if (!in.on_device() && !out.on_device()) {
-    return run_call(in.host(), out.host(), &codec, ef, options, nullptr, 0);
+    return impl_->run(in.host(), out.host(), &codec, ef, options, nullptr, 0);
   }
   if (in.on_device() != out.on_device() || in.backend() != out.backend() ||
       in.stream() != out.stream()) {
     const Error e(Status::invalid_argument,
                   "allreduce: input and output must both be device tensors on one stream");
-    run_call({}, {}, &codec, ef, options, &e, 0);  // tell the other ranks, then throw
+    impl_->run({}, {}, &codec, ef, options, &e, 0);  // tell the other ranks, then throw
     throw e;
   }
-  const DeviceCall call{in.backend(), in.stream(), in.data(), out.data()};
+  const detail::DeviceCall call{in.backend(), in.stream(), in.data(), out.data()};
   std::vector<float>& host = detail::scratch_vector<float, 120>();
   host.resize(in.size());
   if (in.size() != out.size()) {
     const Error e(Status::invalid_argument, "input of " + std::to_string(in.size()) +
                                                 " elements but output of " +
                                                 std::to_string(out.size()));
-    run_call({}, {}, &codec, ef, options, &e, 0);
+    impl_->run({}, {}, &codec, ef, options, &e, 0);
     throw e;
   }
-  Impl::run(*this, host, host, &codec, ef, options, nullptr, 0, &call);
+  impl_->run(host, host, &codec, ef, options, nullptr, 0, &call);
 }
 
 void Communicator::abandon(Status reason, const std::string& why) {
   const Error e(reason, why);
-  run_call({}, {}, nullptr, nullptr, {}, &e, 0);
+  impl_->run({}, {}, nullptr, nullptr, {}, &e, 0);
 }
 
 }  // namespace gcomp

@@ -32,19 +32,10 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
-#include <vector>
 
 #include "gcomp/codec.hpp"
 
 namespace gcomp {
-
-struct ModelInput;
-namespace detail {
-struct DeviceStage;
-class AutoLearner;
-class RegionMemory;
-}  // namespace detail
 
 enum class Algorithm : int {
   automatic = 0,              // chosen by the cost model ("auto")
@@ -204,10 +195,10 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const noexcept { return rank_; }
-  int size() const noexcept { return size_; }
-  MPI_Comm comm() const noexcept { return comm_; }
-  const NetworkModel& network() const noexcept { return network_; }
+  int rank() const noexcept;
+  int size() const noexcept;
+  MPI_Comm comm() const noexcept;
+  const NetworkModel& network() const noexcept;
 
   // out = sum over ranks of decode(encode(in + e)); in and out may be the same memory.
   // ef (may be null) is this rank's error-feedback memory for the tensor. Seeds: the codec's
@@ -260,39 +251,15 @@ class Communicator {
                                               std::size_t sent = 0, bool error_feedback = false);
   double predict_uncompressed(std::size_t n);
 
-  const CallStats& last_stats() const noexcept { return last_; }
-  const TotalStats& total_stats() const noexcept { return total_; }
+  const CallStats& last_stats() const noexcept;
+  const TotalStats& total_stats() const noexcept;
 
  private:
+  // Everything else (collectives/communicator_impl.hpp): the duplicated communicator, the agreed
+  // network and speeds, auto's learner and calibrations, the algorithms' memories, the staging
+  // for device tensors, the statistics.
   struct Impl;
-  void init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing);
-  // The call protocol (communicator.cpp); `abandoned` set: take part with this failure.
-  void run_call(std::span<const float> in, std::span<float> out, const Codec* codec,
-                ErrorFeedback* ef, const AllreduceOptions& options, const Error* abandoned,
-                std::uint64_t extra_signature);
-  ComputeModel compute_model(const Codec& codec, std::size_t n);
-  ComputeModel with_shared_speeds(ComputeModel c) const;  // reduce and merge from creation
-
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-  NetworkModel network_;
-  std::shared_ptr<Timing> timing_;
-  double reduce_speed_ = 0;  // seconds per float32 element summed
-  double merge_speed_ = 0;   // seconds per sparse entry merged
-  // What auto learns from its own calls (collectives/learner.hpp), fed only agreed numbers.
-  std::unique_ptr<detail::AutoLearner> learner_;
-  std::uint64_t pending_key_ = 0;  // the last call's key and seconds, still to be agreed
-  double pending_seconds_ = 0;
-  // with_pending: also count the last call's own, not yet agreed, time (a rank's guess before
-  // the agreement).
-  Choice choose_learned(std::uint64_t group, const ModelInput& in, bool with_pending = false) const;
-  // Per codec spec and size class (log2 n): this rank's measurement, then the agreed values.
-  std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
-  std::unique_ptr<detail::DeviceStage> stage_;  // device staging for device tensors
-  std::unique_ptr<detail::RegionMemory> regions_;  // sparse_reduce_scatter's, per tensor
-  CallStats last_;
-  TotalStats total_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace gcomp

@@ -1,0 +1,91 @@
+// What a gcomp::Communicator holds (its pimpl), and the call protocol's steps over it. The state
+// is grouped as PowerSGDState groups its: what the ranks agreed at creation, what auto learns,
+// the algorithms' memories, and the statistics. The protocol (communicator.cpp) runs each call
+// as validate, prepare, agree, decide, dispatch, record; auto's side is auto_choice.cpp.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+
+#include "agreement.hpp"
+#include "algorithms.hpp"
+#include "gcomp/communicator.hpp"
+#include "gcomp/cost_model.hpp"
+#include "learner.hpp"
+#include "sparse_reduce_scatter.hpp"
+
+namespace gcomp {
+
+namespace detail {
+// A call on device tensors: the protocol's in and out are then host staging of n floats.
+struct DeviceCall {
+  const DeviceBackend* dev;
+  void* stream;
+  const float* in;
+  float* out;
+};
+}  // namespace detail
+
+struct Communicator::Impl {
+  Impl() = default;
+  ~Impl();  // frees the duplicated communicator (unless MPI is finalized)
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Collective over comm: duplicates it, measures (or takes) the network and the shared
+  // speeds, and agrees them by MAX.
+  void init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing);
+
+  // ---- Agreed at creation ----
+  MPI_Comm comm_ = MPI_COMM_NULL;  // this Communicator's duplicate
+  int rank_ = 0;
+  int size_ = 1;
+  NetworkModel network_;
+  std::shared_ptr<Timing> timing_;  // where auto's numbers come from
+  double reduce_speed_ = 0;         // seconds per float32 element summed
+  double merge_speed_ = 0;          // seconds per sparse entry merged
+
+  // ---- What auto learns (collectives/learner.hpp), fed only agreed numbers ----
+  std::unique_ptr<detail::AutoLearner> learner_ = std::make_unique<detail::AutoLearner>();
+  std::uint64_t pending_key_ = 0;  // the last call's key and seconds, still to be agreed
+  double pending_seconds_ = 0;
+  // Per codec spec and size class (calibration_key): the agreed codec speeds.
+  std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
+
+  // ---- The algorithms' memories and the device staging, made on first use ----
+  std::unique_ptr<detail::DeviceStage> stage_;     // device staging for device tensors
+  std::unique_ptr<detail::RegionMemory> regions_;  // sparse_reduce_scatter's, per tensor
+
+  // ---- Statistics ----
+  CallStats last_;
+  TotalStats total_;
+
+  // ---- auto (auto_choice.cpp) ----
+  ComputeModel compute_model(const Codec& codec, std::size_t n);
+  ComputeModel with_shared_speeds(ComputeModel c) const;  // reduce and merge from creation
+  // The learner's next choice for the group; with_pending: also count the last call's own, not
+  // yet agreed, time (a rank's guess before the agreement).
+  Choice choose_learned(std::uint64_t group, const ModelInput& in, bool with_pending = false) const;
+
+  // ---- The call protocol (communicator.cpp) ----
+  // One allreduce: `abandoned` set means this rank cannot take part and only tells the others;
+  // `device` set means a call on device tensors (in and out are then its host staging).
+  void run(std::span<const float> in, std::span<float> out, const Codec* codec, ErrorFeedback* ef,
+           const AllreduceOptions& opt, const Error* abandoned, std::uint64_t extra_signature,
+           const detail::DeviceCall* device = nullptr);
+
+  struct Call;  // one call's state through the steps
+  static void validate(Call& c, std::span<const float> in, std::span<float> out,
+                       const detail::DeviceCall* device);
+  static void prepare(Call& c, const detail::DeviceCall* device);
+  static detail::Agreement agree(Call& c);
+  static Algorithm decide(Call& c, const detail::Agreement& all);
+  static void dispatch(Call& c, Algorithm alg);
+  static void record(Call& c, Algorithm alg);
+};
+
+}  // namespace gcomp
