@@ -63,7 +63,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
   }();
   if (!bad.empty()) {
     const Error e(Status::invalid_argument, bad);
-    impl_->run({}, {}, &codec, nullptr, options.allreduce, &e, sig);
+    impl_->call({}, {}, &codec, nullptr, options.allreduce, &e, sig);
     throw e;
   }
 
@@ -129,7 +129,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     }
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
-    impl_->run(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, bucket_sig);
+    impl_->call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, bucket_sig);
     add(impl_->last_);
     if (with_ef && bucket_ef.secondary().size() == hi - lo) {
       off = 0;
@@ -157,7 +157,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
-    impl_->run({}, {}, &none, nullptr, opt, nullptr, sig);
+    impl_->call({}, {}, &none, nullptr, opt, nullptr, sig);
     return;
   }
   if (!small.empty()) {
@@ -172,7 +172,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
-    impl_->run(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
+    impl_->call(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
     impl_->last_.compressed_calls = 0;  // summed as they are: the codec was not applied
     add(impl_->last_);
     off = 0;

@@ -1,16 +1,17 @@
 // gcomp::Communicator: the call protocol around the algorithms.
 //
-// Every allreduce runs in three steps (Impl::run):
-//   1. local work that can fail (validate: the arguments; prepare: the sparse codecs' encode,
-//      the dense codecs' check for NaN/Inf);
-//   2. the agreement (agreement.hpp): one small allreduce that carries a hash of (spec, n,
-//      options, requested algorithm), the first failing rank and its status, the largest
-//      payload and entry counts, the slowest codec speeds and the previous call's measured
+// Every allreduce is one Impl::call of named steps:
+//   1. local work that can fail: check_arguments; resolve_algorithm (the option, or
+//      GCOMP_ALGORITHM for auto); prepare (make_job: buffers, seeds, memories, the signature;
+//      then the sparse codecs' encode, the dense codecs' check for NaN/Inf);
+//   2. agree (agreement.hpp): one small allreduce that carries a hash of (spec, n, options,
+//      requested algorithm), the first failing rank and its status, the largest payload and
+//      entry counts, the largest |x|, the slowest codec speeds and the previous call's measured
 //      time: every rank learns the same things;
-//   3. if every rank is fine and all agree, the algorithm (decide: the requested one, or auto's
-//      choice from the agreed numbers, the same on every rank; auto_choice.cpp) runs from its
-//      row of the algorithm table (dispatch; algorithm_table.hpp) and the call's statistics are
-//      kept (record); otherwise every rank throws, none waits.
+//   3. if every rank is fine and all agree: decide (the requested algorithm, or auto's choice
+//      from the agreed numbers, the same on every rank; auto_choice.cpp), run (its row of the
+//      algorithm table, algorithm_table.hpp; the check of the sum; the residual committed) and
+//      record (the call's statistics); otherwise every rank throws, none waits.
 // The network measurement is the cost model's (network.cpp).
 #include "gcomp/communicator.hpp"
 
@@ -26,9 +27,9 @@
 #include <string>
 
 #include "agreement.hpp"
-#include "env_setting.hpp"
 #include "auto_choice.hpp"
 #include "communicator_impl.hpp"
+#include "env_setting.hpp"
 #include "algorithm_table.hpp"
 #include "codec_impl.hpp"
 #include "device_backend.hpp"
@@ -206,8 +207,8 @@ struct Communicator::Impl::Call {
   bool sum_bounded = false;  // the sum cannot overflow (Agreement::magnitude): not checked
 };
 
-void Communicator::Impl::run(std::span<const float> in, std::span<float> out, const Codec* codec,
-                             ErrorFeedback* ef, const AllreduceOptions& opt,
+void Communicator::Impl::call(std::span<const float> in, std::span<float> out, const Codec* codec,
+                              ErrorFeedback* ef, const AllreduceOptions& opt,
                              const Error* abandoned, std::uint64_t extra_signature,
                              const detail::DeviceCall* device) {
   Impl& self = *this;
@@ -217,8 +218,9 @@ void Communicator::Impl::run(std::span<const float> in, std::span<float> out, co
   std::exception_ptr local;
   try {
     if (abandoned) throw *abandoned;
-    validate(c, in, out, device);
-    prepare(c, device);
+    check_arguments(c, in, out);
+    c.requested = resolve_algorithm(*codec, opt);
+    prepare(c, in, out);
   } catch (const Error& e) {
     local = std::current_exception();
     c.mine.fail(e.code(), self.rank_);
@@ -248,19 +250,16 @@ void Communicator::Impl::run(std::span<const float> in, std::span<float> out, co
   // cannot overflow, the check after the collective (a pass over out) is not needed.
   c.sum_bounded = (codec->kind() == CodecKind::none || c.job.skip_codec) &&
                   detail::sum_cannot_overflow(self.size_, all.magnitude);
-  dispatch(c, alg);
+  run(c, alg);
   record(c, alg);
 }
 
-// The arguments, and everything the call needs before it can agree: the job, the requested
-// algorithm and the signature.
-void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<float> out,
-                                  const detail::DeviceCall* device) {
-  Impl& self = c.self;
-  const Codec* codec = c.codec;
-  ErrorFeedback* ef = c.ef;
-  const AllreduceOptions& opt = c.opt;
-  if (!codec) throw Error(Status::invalid_argument, "codec is null");
+// 1. The arguments: what this rank can tell is wrong before anything else (a failure it then
+// brings to the agreement).
+void Communicator::Impl::check_arguments(const Call& c, std::span<const float> in,
+                                         std::span<float> out) {
+  const ErrorFeedback* ef = c.ef;
+  if (!c.codec) throw Error(Status::invalid_argument, "codec is null");
   if (in.size() != out.size()) {
     throw Error(Status::invalid_argument, "input of " + std::to_string(in.size()) +
                                               " elements but output of " +
@@ -274,6 +273,52 @@ void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<
                 "error-feedback memory of " + std::to_string(ef->size()) +
                     " elements for a tensor of " + std::to_string(in.size()));
   }
+  if (c.device && ef && (!ef->on_device() || ef->view().backend() != c.device->dev)) {
+    throw Error(Status::invalid_argument,
+                "a device tensor needs its error-feedback memory in device memory "
+                "(gcomp::cuda::error_feedback)");
+  }
+  if (!c.device && ef && ef->on_device()) {
+    throw Error(Status::invalid_argument,
+                "a host tensor needs its error-feedback memory in host memory");
+  }
+}
+
+// 2. The algorithm asked for: the option's, or for auto GCOMP_ALGORITHM's (the reader the
+// interposer shares); one that does not suit the codec is an error, and majority_vote runs on
+// the allgather.
+Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const AllreduceOptions& opt) {
+  Algorithm requested = opt.algorithm;
+  if (requested == Algorithm::automatic) {
+    requested = detail::algorithm_setting().value_or(requested);
+  }
+  if (!suits(requested, codec)) {
+    throw Error(Status::invalid_argument, std::string("algorithm ") +
+                                              algorithm_name(requested) +
+                                              " needs a sparse codec (topk, randomk, "
+                                              "threshold), not " +
+                                              codec.spec());
+  }
+  if (opt.majority_vote) {
+    if (codec.kind() != CodecKind::sign) {
+      throw Error(Status::invalid_argument,
+                  "majority_vote needs the sign codec, not " + codec.spec());
+    }
+    if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
+      throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
+    }
+    requested = Algorithm::allgather;
+  }
+  return requested;
+}
+
+// 3a. The job the algorithm will run (buffers, seeds, the device staging, the algorithms'
+// memories of the tensor) and the signature of what every rank must agree on.
+void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<float> out) {
+  Impl& self = c.self;
+  const Codec* codec = c.codec;
+  ErrorFeedback* ef = c.ef;
+  const AllreduceOptions& opt = c.opt;
   detail::Job& job = c.job;
   job.comm = self.comm_;
   job.rank = self.rank_;
@@ -284,32 +329,10 @@ void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<
   job.ef = ef;
   job.average = opt.average;
   job.majority_vote = opt.majority_vote;
-  Algorithm requested = opt.algorithm;
-  if (requested == Algorithm::automatic) {
-    requested = detail::env_setting("GCOMP_ALGORITHM", parse_algorithm).value_or(requested);
-  }
-  if (!suits(requested, *codec)) {
-    throw Error(Status::invalid_argument, std::string("algorithm ") +
-                                              algorithm_name(requested) +
-                                              " needs a sparse codec (topk, randomk, "
-                                              "threshold), not " +
-                                              codec->spec());
-  }
-  if (opt.majority_vote) {
-    if (codec->kind() != CodecKind::sign) {
-      throw Error(Status::invalid_argument,
-                  "majority_vote needs the sign codec, not " + codec->spec());
-    }
-    if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
-      throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
-    }
-    requested = Algorithm::allgather;
-  }
-  c.requested = requested;
   c.sig = Fnv{}
               .add(codec->spec())
               .add(in.size())
-              .add(static_cast<std::uint64_t>(requested))
+              .add(static_cast<std::uint64_t>(c.requested))
               .add(opt.average * 1u + opt.majority_vote * 2u + (ef != nullptr) * 4u +
                    opt.allow_uncompressed * 8u)
               .add(opt.tensor)
@@ -321,12 +344,7 @@ void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<
   job.seed = derive_seed(opt.seed, opt.tensor, 0,
                          shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
   job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
-  if (device) {
-    if (ef && (!ef->on_device() || ef->view().backend() != device->dev)) {
-      throw Error(Status::invalid_argument,
-                  "a device tensor needs its error-feedback memory in device memory "
-                  "(gcomp::cuda::error_feedback)");
-    }
+  if (const detail::DeviceCall* device = c.device) {
     if (!self.stage_) self.stage_ = std::make_unique<detail::DeviceStage>();
     self.stage_->dev = device->dev;
     job.dev = device->dev;
@@ -339,10 +357,6 @@ void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<
       job.d_e_new = ef->scratch_view().data();
     }
   } else if (ef) {
-    if (ef->on_device()) {
-      throw Error(Status::invalid_argument,
-                  "a host tensor needs its error-feedback memory in host memory");
-    }
     job.ef_next = ef->scratch();
   }
   // sparse_reduce_scatter's memory of this tensor: the same from step to step (the seed left
@@ -354,9 +368,12 @@ void Communicator::Impl::validate(Call& c, std::span<const float> in, std::span<
   }
 }
 
-// The local work before the agreement: the sparse codecs' encode (their payload's size is
-// data-dependent), the others' check for NaN/Inf; what this rank contributes to the agreement.
-void Communicator::Impl::prepare(Call& c, const detail::DeviceCall* device) {
+// 3. The job, and the local work before the agreement: the sparse codecs' encode (their
+// payload's size is data-dependent), the others' check for NaN/Inf; what this rank contributes
+// to the agreement.
+void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<float> out) {
+  make_job(c, in_, out);
+  const detail::DeviceCall* device = c.device;
   Impl& self = c.self;
   const Codec* codec = c.codec;
   ErrorFeedback* ef = c.ef;
@@ -411,7 +428,7 @@ void Communicator::Impl::prepare(Call& c, const detail::DeviceCall* device) {
     // formed in the same pass, into the scratch that path sends from. Nothing is written to
     // out before the agreement: a call that fails there leaves it as it was. The same pass
     // finds the largest |x + e|, what this rank sends if the call is not compressed: agreed,
-    // it spares that path the check of the sum after the collective (dispatch).
+    // it spares that path the check of the sum after the collective (run).
     const std::span<const float> e =
         ef ? std::span<const float>(ef->residual()) : std::span<const float>();
     float magnitude = 0;
@@ -501,7 +518,7 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
 }
 
 // The algorithm's run (its row's), the check of the sum, the residual committed.
-void Communicator::Impl::dispatch(Call& c, Algorithm alg) {
+void Communicator::Impl::run(Call& c, Algorithm alg) {
   if (c.job.dev) {
     detail::run_device(c.job, alg);
   } else {
@@ -550,19 +567,19 @@ std::uint64_t signature_of(std::string_view text) { return Fnv{}.add(text).h; }
 
 void Communicator::allreduce(std::span<const float> in, std::span<float> out, const Codec& codec,
                              ErrorFeedback* ef, const AllreduceOptions& options) {
-  impl_->run(in, out, &codec, ef, options, nullptr, 0);
+  impl_->call(in, out, &codec, ef, options, nullptr, 0);
 }
 
 void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, const Codec& codec,
                              ErrorFeedback* ef, const AllreduceOptions& options) {
   if (!in.on_device() && !out.on_device()) {
-    return impl_->run(in.host(), out.host(), &codec, ef, options, nullptr, 0);
+    return impl_->call(in.host(), out.host(), &codec, ef, options, nullptr, 0);
   }
   if (in.on_device() != out.on_device() || in.backend() != out.backend() ||
       in.stream() != out.stream()) {
     const Error e(Status::invalid_argument,
                   "allreduce: input and output must both be device tensors on one stream");
-    impl_->run({}, {}, &codec, ef, options, &e, 0);  // tell the other ranks, then throw
+    impl_->call({}, {}, &codec, ef, options, &e, 0);  // tell the other ranks, then throw
     throw e;
   }
   const detail::DeviceCall call{in.backend(), in.stream(), in.data(), out.data()};
@@ -572,15 +589,15 @@ void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, 
     const Error e(Status::invalid_argument, "input of " + std::to_string(in.size()) +
                                                 " elements but output of " +
                                                 std::to_string(out.size()));
-    impl_->run({}, {}, &codec, ef, options, &e, 0);
+    impl_->call({}, {}, &codec, ef, options, &e, 0);
     throw e;
   }
-  impl_->run(host, host, &codec, ef, options, nullptr, 0, &call);
+  impl_->call(host, host, &codec, ef, options, nullptr, 0, &call);
 }
 
 void Communicator::abandon(Status reason, const std::string& why) {
   const Error e(reason, why);
-  impl_->run({}, {}, nullptr, nullptr, {}, &e, 0);
+  impl_->call({}, {}, nullptr, nullptr, {}, &e, 0);
 }
 
 }  // namespace gcomp

@@ -1,7 +1,8 @@
 // What a gcomp::Communicator holds (its pimpl), and the call protocol's steps over it. The state
 // is grouped as PowerSGDState groups its: what the ranks agreed at creation, what auto learns,
 // the algorithms' memories, and the statistics. The protocol (communicator.cpp) runs each call
-// as validate, prepare, agree, decide, dispatch, record; auto's side is auto_choice.cpp.
+// as check_arguments, resolve_algorithm, prepare, agree, decide, run, record; auto's side is
+// auto_choice.cpp.
 #pragma once
 
 #include <mpi.h>
@@ -73,18 +74,21 @@ struct Communicator::Impl {
 
   // ---- The call protocol (communicator.cpp) ----
   // One allreduce: `abandoned` set means this rank cannot take part and only tells the others;
-  // `device` set means a call on device tensors (in and out are then its host staging).
-  void run(std::span<const float> in, std::span<float> out, const Codec* codec, ErrorFeedback* ef,
-           const AllreduceOptions& opt, const Error* abandoned, std::uint64_t extra_signature,
-           const detail::DeviceCall* device = nullptr);
+  // `device` set means a call on device tensors (in and out are then its host staging). Its
+  // steps, in order: check_arguments, resolve_algorithm, prepare (make_job, then the local work),
+  // agree, decide, run, record.
+  void call(std::span<const float> in, std::span<float> out, const Codec* codec,
+            ErrorFeedback* ef, const AllreduceOptions& opt, const Error* abandoned,
+            std::uint64_t extra_signature, const detail::DeviceCall* device = nullptr);
 
   struct Call;  // one call's state through the steps
-  static void validate(Call& c, std::span<const float> in, std::span<float> out,
-                       const detail::DeviceCall* device);
-  static void prepare(Call& c, const detail::DeviceCall* device);
+  static void check_arguments(const Call& c, std::span<const float> in, std::span<float> out);
+  static Algorithm resolve_algorithm(const Codec& codec, const AllreduceOptions& opt);
+  static void make_job(Call& c, std::span<const float> in, std::span<float> out);
+  static void prepare(Call& c, std::span<const float> in, std::span<float> out);
   static detail::Agreement agree(Call& c);
   static Algorithm decide(Call& c, const detail::Agreement& all);
-  static void dispatch(Call& c, Algorithm alg);
+  static void run(Call& c, Algorithm alg);
   static void record(Call& c, Algorithm alg);
 };
 

@@ -302,14 +302,6 @@ double predict_uncompressed(const ModelInput& in) {
          (in.average ? n * in.compute.reduce : 0.0);
 }
 
-Choice choose_auto(const ModelInput& in) {
-  const Algorithm best = cheapest(in);
-  if (!in.allow_uncompressed || in.codec_none) return {best, true};
-  const double t = predict(in)[static_cast<int>(best)];
-  if (predict_uncompressed(in) <= t) return {Algorithm::dense, false};
-  return {best, true};
-}
-
 Algorithm cheapest(const ModelInput& in) {
   const auto t = predict(in);
   Algorithm best = Algorithm::dense;

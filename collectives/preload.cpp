@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "communicator_for.hpp"
+#include "env_setting.hpp"
 #include "fnv.hpp"
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
@@ -107,13 +108,7 @@ Settings read_settings() {
       bad_setting("GCOMP_EF", e, "expected on, off (1, 0, true, false, yes, no) or always");
     }
   }
-  if (const char* v = std::getenv("GCOMP_ALGORITHM"); v && *v) {
-    try {
-      s.algorithm = gcomp::algorithm_name(gcomp::parse_algorithm(v));
-    } catch (const gcomp::Error& e) {
-      bad_setting("GCOMP_ALGORITHM", v, e.what());
-    }
-  }
+  if (const auto a = gcomp::detail::algorithm_setting()) s.algorithm = gcomp::algorithm_name(*a);
   if (const char* v = std::getenv("GCOMP_STATS")) {
     const auto on = parse_switch(v);
     if (!on) bad_setting("GCOMP_STATS", v, "expected 1 or 0 (on, off, true, false, yes, no)");

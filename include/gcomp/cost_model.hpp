@@ -42,11 +42,10 @@ std::array<double, kAlgorithmCount> predict_bytes(const ModelInput& in);
 // A plain float32 allreduce of x (+ e), the codec skipped.
 double predict_uncompressed(const ModelInput& in);
 
-// The algorithms auto chooses among for this codec, and the cheapest of them; with
-// allow_uncompressed, the uncompressed allreduce when it beats them all.
+// The algorithms auto weighs for this codec, and the model's cheapest of them (what auto
+// would run before it has measured anything; Communicator::choose says what it will run).
 bool auto_candidate(Algorithm a, const ModelInput& in);
 Algorithm cheapest(const ModelInput& in);
-Choice choose_auto(const ModelInput& in);
 
 // This machine's compute speeds for a codec, measured on n normal floats (capped at 16M; at
 // least 64K): encode and decode_add per element (decode per entry for sparse codecs). Run at the
