@@ -368,43 +368,44 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
   }
 }
 
-// 3. The job, and the local work before the agreement: the sparse codecs' encode (their
-// payload's size is data-dependent), the others' check for NaN/Inf; what this rank contributes
-// to the agreement.
+// 3b. What auto knows before the agreement: the codec's speeds from an earlier call of this
+// (spec, size class), or none yet (measured in decide by all ranks at once). `none` has nothing
+// to choose (auto's only candidate is dense), and an explicit algorithm needs no speeds.
+// Returns whether, by this rank's numbers, the uncompressed allreduce is the likely choice.
+bool Communicator::Impl::expect(Call& c) {
+  Impl& self = c.self;
+  const Codec& codec = *c.codec;
+  const std::size_t n = c.job.in.size();
+  c.choosing = c.requested == Algorithm::automatic && codec.kind() != CodecKind::none;
+  if (!c.choosing) return false;
+  c.calibration = calibration_key(codec, n, c.device != nullptr);
+  c.group = detail::AutoLearner::group_of(codec.spec(), n);
+  if (const auto it = self.calibrated_.find(c.calibration); it != self.calibrated_.end()) {
+    c.compute = self.with_shared_speeds(it->second);
+    c.known = true;
+  }
+  if (!c.known || !c.opt.allow_uncompressed) return false;
+  const std::uint64_t s0 = default_sent(codec, n);
+  ModelInput mi = model_input(codec, n, s0, default_bytes(codec, n, s0), self.size_,
+                              self.network_, c.compute, c.opt.average, c.ef != nullptr);
+  mi.allow_uncompressed = true;
+  // The previous call's time is not agreed yet: count it as this rank measured it.
+  return !self.choose_learned(c.group, mi, true).compressed;
+}
+
+// 3. The job (make_job), what auto expects (expect), and the local work before the agreement:
+// the sparse codecs' encode (their payload's size is data-dependent), the others' check for
+// NaN/Inf; what this rank contributes to the agreement.
 void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<float> out) {
   make_job(c, in_, out);
+  const bool likely_uncompressed = expect(c);
   const detail::DeviceCall* device = c.device;
-  Impl& self = c.self;
   const Codec* codec = c.codec;
   ErrorFeedback* ef = c.ef;
-  const AllreduceOptions& opt = c.opt;
   detail::Job& job = c.job;
   const std::span<const float> in = job.in;
   Agreement& mine = c.mine;
   mine.magnitude = detail::kNotMeasured;
-  // The codec's speeds, for auto: known from an earlier call of this (spec, size class), or
-  // measured in step 3 by all ranks at once. `none` has nothing to choose (auto's only
-  // candidate is dense), and an explicit algorithm needs no speeds.
-  c.choosing = c.requested == Algorithm::automatic && codec->kind() != CodecKind::none;
-  if (c.choosing) {
-    c.calibration = calibration_key(*codec, in.size(), device != nullptr);
-    c.group = detail::AutoLearner::group_of(codec->spec(), in.size());
-    if (const auto it = self.calibrated_.find(c.calibration); it != self.calibrated_.end()) {
-      c.compute = self.with_shared_speeds(it->second);
-      c.known = true;
-    }
-  }
-  // With allow_uncompressed the plain allreduce may win; by this rank's numbers, will it?
-  bool likely_uncompressed = false;
-  if (c.choosing && c.known && opt.allow_uncompressed) {
-    const std::uint64_t s0 = default_sent(*codec, in.size());
-    ModelInput mi = model_input(*codec, in.size(), s0, default_bytes(*codec, in.size(), s0),
-                                self.size_, self.network_, c.compute, opt.average,
-                                ef != nullptr);
-    mi.allow_uncompressed = true;
-    // The previous call's time is not agreed yet: count it as this rank measured it.
-    likely_uncompressed = !self.choose_learned(c.group, mi, true).compressed;
-  }
   if (device) {
     // As on the host: sparse codecs encode now, the others are checked now and encode
     // later, where the algorithm needs the payload.

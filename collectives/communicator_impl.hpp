@@ -75,8 +75,8 @@ struct Communicator::Impl {
   // ---- The call protocol (communicator.cpp) ----
   // One allreduce: `abandoned` set means this rank cannot take part and only tells the others;
   // `device` set means a call on device tensors (in and out are then its host staging). Its
-  // steps, in order: check_arguments, resolve_algorithm, prepare (make_job, then the local work),
-  // agree, decide, run, record.
+  // steps, in order: check_arguments, resolve_algorithm, prepare (make_job, expect, then the
+  // local work), agree, decide, run, record.
   void call(std::span<const float> in, std::span<float> out, const Codec* codec,
             ErrorFeedback* ef, const AllreduceOptions& opt, const Error* abandoned,
             std::uint64_t extra_signature, const detail::DeviceCall* device = nullptr);
@@ -85,6 +85,7 @@ struct Communicator::Impl {
   static void check_arguments(const Call& c, std::span<const float> in, std::span<float> out);
   static Algorithm resolve_algorithm(const Codec& codec, const AllreduceOptions& opt);
   static void make_job(Call& c, std::span<const float> in, std::span<float> out);
+  static bool expect(Call& c);
   static void prepare(Call& c, std::span<const float> in, std::span<float> out);
   static detail::Agreement agree(Call& c);
   static Algorithm decide(Call& c, const detail::Agreement& all);
