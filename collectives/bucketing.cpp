@@ -68,19 +68,6 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
   }
 
   CallStats sum;
-  const auto add = [&](const CallStats& s) {
-    sum.bytes_sent += s.bytes_sent;
-    sum.bytes_received += s.bytes_received;
-    sum.encode_seconds += s.encode_seconds;
-    sum.comm_seconds += s.comm_seconds;
-    sum.decode_seconds += s.decode_seconds;
-    sum.agree_seconds += s.agree_seconds;
-    sum.algorithm = s.algorithm;
-    sum.compressed = sum.compressed && s.compressed;
-    sum.calls += s.calls;
-    for (int a = 0; a < kAlgorithmCount; ++a) sum.by_algorithm[a] += s.by_algorithm[a];
-    sum.compressed_calls += s.compressed_calls;
-  };
   thread_local std::vector<float> fused;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     std::size_t len = 0;
@@ -130,7 +117,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
     impl_->call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, bucket_sig);
-    add(impl_->last_);
+    sum.add(impl_->last_);
     if (with_ef && bucket_ef.secondary().size() == hi - lo) {
       off = 0;
       for (std::size_t t : buckets[b]) {
@@ -174,7 +161,7 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     opt.majority_vote = false;
     impl_->call(fused, fused, &none, nullptr, opt, nullptr, sig ^ 0x5bd1e995ull);
     impl_->last_.compressed_calls = 0;  // summed as they are: the codec was not applied
-    add(impl_->last_);
+    sum.add(impl_->last_);
     off = 0;
     for (std::size_t t : small) {
       std::memcpy(tensors[t].data(), fused.data() + off, 4 * tensors[t].size());

@@ -552,16 +552,33 @@ void Communicator::Impl::record(Call& c, Algorithm alg) {
   s.by_algorithm = {};
   s.by_algorithm[static_cast<int>(alg)] = 1;
   s.compressed_calls = s.compressed ? 1 : 0;
-  TotalStats& t = self.total_;
-  ++t.calls;
-  t.bytes_sent += s.bytes_sent;
-  t.bytes_received += s.bytes_received;
-  t.encode_seconds += s.encode_seconds;
-  t.comm_seconds += s.comm_seconds;
-  t.decode_seconds += s.decode_seconds;
-  t.agree_seconds += s.agree_seconds;
-  ++t.by_algorithm[static_cast<int>(alg)];
-  if (s.compressed) ++t.compressed;
+  self.total_.add(s);
+}
+
+void CallStats::add(const CallStats& s) noexcept {
+  bytes_sent += s.bytes_sent;
+  bytes_received += s.bytes_received;
+  encode_seconds += s.encode_seconds;
+  comm_seconds += s.comm_seconds;
+  decode_seconds += s.decode_seconds;
+  agree_seconds += s.agree_seconds;
+  algorithm = s.algorithm;
+  compressed = compressed && s.compressed;
+  calls += s.calls;
+  for (int a = 0; a < kAlgorithmCount; ++a) by_algorithm[a] += s.by_algorithm[a];
+  compressed_calls += s.compressed_calls;
+}
+
+void TotalStats::add(const CallStats& s) noexcept {
+  calls += s.calls;
+  bytes_sent += s.bytes_sent;
+  bytes_received += s.bytes_received;
+  encode_seconds += s.encode_seconds;
+  comm_seconds += s.comm_seconds;
+  decode_seconds += s.decode_seconds;
+  agree_seconds += s.agree_seconds;
+  for (int a = 0; a < kAlgorithmCount; ++a) by_algorithm[a] += s.by_algorithm[a];
+  compressed += s.compressed_calls;
 }
 
 std::uint64_t signature_of(std::string_view text) { return Fnv{}.add(text).h; }

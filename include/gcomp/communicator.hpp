@@ -138,6 +138,10 @@ struct CallStats {
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // of those calls, per algorithm
   std::uint64_t compressed_calls = 0;  // of those calls, the ones that applied the codec (not
                                        // allreduce_buckets' dense bucket of small tensors)
+
+  // Sums s into these (the calls of one allreduce_buckets): counts, bytes and seconds add,
+  // algorithm becomes s's, compressed holds while every call compressed.
+  void add(const CallStats& s) noexcept;
 };
 struct TotalStats {
   std::uint64_t calls = 0;
@@ -149,6 +153,9 @@ struct TotalStats {
   double agree_seconds = 0;
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // calls per algorithm
   std::uint64_t compressed = 0;  // calls that applied the codec (see CallStats::compressed)
+
+  // Counts one call's statistics in.
+  void add(const CallStats& s) noexcept;
 };
 
 // Fusing many tensors (a model's layers) into buckets, one collective per bucket.
