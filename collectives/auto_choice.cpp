@@ -51,7 +51,7 @@ ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, st
   in.codec_none = codec.kind() == CodecKind::none;
   in.error_feedback = ef;
   in.sparse = codec.properties().sparse;
-  in.shared_support = codec.kind() == CodecKind::randomk;
+  in.shared_support = codec.properties().shared_support;
   in.sent = static_cast<double>(sent);
   in.payload_bytes = static_cast<double>(bytes);
   in.value_bytes = codec.impl().params().fp16_values ? 2 : 4;

@@ -340,7 +340,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
               .add(c.extra_signature)
               .h;
   // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
-  const bool shared = codec->kind() == CodecKind::randomk;
+  const bool shared = codec->properties().shared_support;
   job.seed = derive_seed(opt.seed, opt.tensor, 0,
                          shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
   job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));

@@ -135,6 +135,7 @@ class SparseCodec final : public CodecImpl {
     p.sparse = true;
     p.unbiased = mode == Mode::randomk && scale;
     p.stochastic = mode == Mode::randomk;
+    p.shared_support = mode == Mode::randomk;
     p.bits_per_element = 0;
     return p;
   }

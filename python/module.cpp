@@ -713,10 +713,12 @@ PYBIND11_MODULE(_gcomp, m) {
             d["sparse"] = p.sparse;
             d["unbiased"] = p.unbiased;
             d["stochastic"] = p.stochastic;
+            d["shared_support"] = p.shared_support;
             d["bits_per_element"] = p.bits_per_element;
             return d;
           },
-          "What the codec promises: sparse, unbiased, stochastic, bits_per_element (dense codecs).")
+          "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank selects\n"
+          "the same indices: random-k), bits_per_element (dense codecs).")
       .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
            "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
       .def("selected", &gcomp::Codec::selected, py::arg("n"),

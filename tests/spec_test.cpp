@@ -36,6 +36,16 @@ TEST(Spec, Properties) {
   EXPECT_EQ(Codec("sign").properties().bits_per_element, 1);
 }
 
+// Only random-k draws the same indices on every rank (the collectives seed it without the rank
+// and the model counts its sum as k entries): a property, not a kind test in each place.
+TEST(Spec, OnlyRandomKSharesItsSupport) {
+  for (const auto& s : test::all_specs()) {
+    const Codec c(s);
+    EXPECT_EQ(c.properties().shared_support, c.kind() == CodecKind::randomk) << s;
+  }
+  EXPECT_TRUE(Codec("randomk:ratio=0.1,scale=true").properties().shared_support);
+}
+
 TEST(Spec, KFromRatio) {
   const Codec c("topk:ratio=0.01");
   EXPECT_EQ(c.selected(0), 0u);

@@ -41,6 +41,9 @@ struct CodecProperties {
   bool sparse = false;           // sends (index, value) pairs; the sum of payloads stays sparse
   bool unbiased = false;         // E[decode(encode(x))] == x over seeds
   bool stochastic = false;       // the bytes depend on the seed
+  // Every rank selects the same indices (random-k: its index draw leaves the rank out of the
+  // seed), so the sum of the ranks' payloads has as many entries as one.
+  bool shared_support = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
 };
 
