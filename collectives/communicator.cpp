@@ -555,29 +555,30 @@ void Communicator::Impl::record(Call& c, Algorithm alg) {
   self.total_.add(s);
 }
 
+namespace {
+// What both statistics sum alike: calls, bytes, seconds, calls per algorithm.
+template <class Stats>
+void add_shared(Stats& t, const CallStats& s) {
+  t.calls += s.calls;
+  t.bytes_sent += s.bytes_sent;
+  t.bytes_received += s.bytes_received;
+  t.encode_seconds += s.encode_seconds;
+  t.comm_seconds += s.comm_seconds;
+  t.decode_seconds += s.decode_seconds;
+  t.agree_seconds += s.agree_seconds;
+  for (int a = 0; a < kAlgorithmCount; ++a) t.by_algorithm[a] += s.by_algorithm[a];
+}
+}  // namespace
+
 void CallStats::add(const CallStats& s) noexcept {
-  bytes_sent += s.bytes_sent;
-  bytes_received += s.bytes_received;
-  encode_seconds += s.encode_seconds;
-  comm_seconds += s.comm_seconds;
-  decode_seconds += s.decode_seconds;
-  agree_seconds += s.agree_seconds;
+  add_shared(*this, s);
   algorithm = s.algorithm;
   compressed = compressed && s.compressed;
-  calls += s.calls;
-  for (int a = 0; a < kAlgorithmCount; ++a) by_algorithm[a] += s.by_algorithm[a];
   compressed_calls += s.compressed_calls;
 }
 
 void TotalStats::add(const CallStats& s) noexcept {
-  calls += s.calls;
-  bytes_sent += s.bytes_sent;
-  bytes_received += s.bytes_received;
-  encode_seconds += s.encode_seconds;
-  comm_seconds += s.comm_seconds;
-  decode_seconds += s.decode_seconds;
-  agree_seconds += s.agree_seconds;
-  for (int a = 0; a < kAlgorithmCount; ++a) by_algorithm[a] += s.by_algorithm[a];
+  add_shared(*this, s);
   compressed += s.compressed_calls;
 }
 
