@@ -24,6 +24,7 @@
 
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
+#include "gcomp/momentum.hpp"
 #include "wire.hpp"
 
 namespace py = pybind11;
@@ -289,6 +290,28 @@ py::object decode_add(py::handle payload, py::handle acc, double alpha) {
     gcomp::decode_add(p.bytes(), a.floats(), static_cast<float>(alpha));
   }
   return py::reinterpret_borrow<py::object>(acc);
+}
+
+void momentum_correct(py::handle velocity, py::handle grad, double momentum) {
+  const Held u(velocity, "velocity", Elem::float32, true);
+  const Held g(grad, "grad", Elem::float32, true);
+  if (u.size() != g.size()) {
+    throw py::value_error("velocity has " + std::to_string(u.size()) + " elements, grad " +
+                          std::to_string(g.size()));
+  }
+  py::gil_scoped_release nogil;
+  gcomp::momentum_correct(u.floats(), g.floats(), static_cast<float>(momentum));
+}
+
+bool mask_momentum(py::handle velocity, py::handle residual) {
+  const Held u(velocity, "velocity", Elem::float32, true);
+  const Held r(residual, "residual", Elem::float32, false);
+  if (u.size() != r.size()) {
+    throw py::value_error("velocity has " + std::to_string(u.size()) + " elements, residual " +
+                          std::to_string(r.size()));
+  }
+  py::gil_scoped_release nogil;
+  return gcomp::mask_momentum(u.floats(), r.floats());
 }
 
 py::dict inspect(py::handle payload) {
@@ -765,6 +788,17 @@ PYBIND11_MODULE(_gcomp, m) {
         "CPU tensor of the payload's element count. The payload is validated in full first;\n"
         "on any error (gcomp.Error \"bad_payload\" for a corrupt or truncated one) acc is\n"
         "unchanged. The GIL is released while it runs.");
+  m.def("momentum_correct", &momentum_correct, py::arg("velocity"), py::arg("grad"),
+        py::arg("momentum"),
+        "momentum_correct(velocity, grad, momentum) -> None\n\n"
+        "DGC's momentum correction before compression, in place: velocity = momentum * velocity\n"
+        "+ grad, then grad = velocity (1-D float32 arrays or torch CPU tensors of one size;\n"
+        "momentum in [0, 1)). Compress grad with error feedback, then call mask_momentum.");
+  m.def("mask_momentum", &mask_momentum, py::arg("velocity"), py::arg("residual"),
+        "mask_momentum(velocity, residual) -> bool\n\n"
+        "Momentum factor masking after the allreduce, in place: velocity = 0 wherever the\n"
+        "error-feedback residual is 0 (its value was sent), unless the whole residual is 0 (the\n"
+        "tensor went whole: plain momentum). Returns whether it masked.");
   m.def("inspect", &inspect, py::arg("payload"),
         "inspect(payload) -> dict\n\n"
         "Validates a payload as decode_add would and describes it: codec, spec (the codec and\n"

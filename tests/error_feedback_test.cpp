@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
+#include "gcomp/momentum.hpp"
 #include "test_util.hpp"
 
 namespace gcomp {
@@ -164,6 +166,45 @@ TEST(ErrorFeedback, FailedCallsLeaveTheResidualUntouched) {
       EXPECT_EQ(e.code(), Status::invalid_argument) << spec;
     }
   }
+}
+
+// DGC's momentum correction around error feedback: the velocity is what top-k compresses, the
+// residual accumulates it, and after the send the velocity is zero exactly where top-k sent.
+TEST(Momentum, CorrectionAndMaskingAroundErrorFeedback) {
+  const Codec topk("topk:k=10");
+  const std::size_t n = 200;
+  std::vector<float> u(n, 0.0f), g = test::normal(n, 4);
+  ErrorFeedback ef(n);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> grad = test::normal(n, 10 + static_cast<std::uint32_t>(step));
+    const std::vector<float> u_before = u, fresh = grad;
+    momentum_correct(u, grad, 0.5f);
+    for (std::size_t i = 0; i < n; ++i) {
+      volatile float product = 0.5f * u_before[i];  // rounded on its own, as the library does
+      ASSERT_EQ(u[i], product + fresh[i]);
+      ASSERT_EQ(grad[i], u[i]);
+    }
+    topk.encode_ef(ef, grad, 0);
+    const std::vector<float> u_sent = u;
+    EXPECT_TRUE(mask_momentum(u, std::as_const(ef).residual()));
+    std::size_t zeroed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (std::as_const(ef).residual()[i] == 0.0f) {
+        EXPECT_EQ(u[i], 0.0f);
+        ++zeroed;
+      } else {
+        EXPECT_EQ(u[i], u_sent[i]);
+      }
+    }
+    EXPECT_EQ(zeroed, 10u);  // top-k's k, the inputs having no zeros
+  }
+  // A residual all zero (the tensor sent whole) leaves the velocity as it is.
+  const std::vector<float> kept = u;
+  EXPECT_FALSE(mask_momentum(u, std::vector<float>(n, 0.0f)));
+  EXPECT_EQ(u, kept);
+  EXPECT_THROW(momentum_correct(u, g, 1.0f), Error);
+  EXPECT_THROW(momentum_correct(u, std::span<float>(g.data(), 5), 0.5f), Error);
+  EXPECT_THROW(mask_momentum(u, std::vector<float>(5, 1.0f)), Error);
 }
 
 }  // namespace

@@ -288,11 +288,14 @@ class _PerParameterFeedback:
         with torch.no_grad():
             for p, g in zip(params, grads):
                 u = self._velocity.get(id(p))
+                flat = g.reshape(-1)
                 if u is None:
-                    u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
+                    u = self._velocity[id(p)] = flat.detach().clone()
+                elif flat.is_contiguous() and flat.data_ptr() == g.data_ptr():
+                    gcomp.momentum_correct(u, flat, self.momentum)  # in place, the GIL released
                 else:
-                    u.mul_(self.momentum).add_(g.reshape(-1))
-                g.copy_(u.view_as(g))
+                    u.mul_(self.momentum).add_(flat)
+                    g.copy_(u.view_as(g))
                 pairs.append((p, u))
         return pairs
 
@@ -302,14 +305,10 @@ class _PerParameterFeedback:
         applied late does not go on pushing. A parameter sent whole (its residual all zero:
         warm-up, a tensor auto or dense_below sent uncompressed) keeps its velocity: nothing of it
         was delayed, and the update is plain momentum SGD."""
-        with torch.no_grad():
-            for p, u in pairs:
-                r = self.residual(p)
-                if r is None:
-                    continue
-                sent = torch.from_numpy(r) == 0
-                if not bool(sent.all()):
-                    u.masked_fill_(sent, 0.0)
+        for p, u in pairs:
+            r = self.residual(p)
+            if r is not None:
+                gcomp.mask_momentum(u, r)
 
 
 class CompressionState(_PerParameterFeedback):

@@ -553,3 +553,28 @@ def test_the_package_installs_where_debians_python_finds_it(tmp_path):
     assert r.returncode == 0, r.stderr
     module, core = r.stdout.split()
     assert module.startswith(str(site)) and core.startswith(str(tmp_path)), r.stdout
+
+
+def test_momentum_correction_is_dgcs_in_place():
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(1001).astype(np.float32)
+    g = rng.standard_normal(1001).astype(np.float32)
+    want = (np.float32(0.9) * u + g).astype(np.float32)  # each product and sum rounded alone
+    gcomp.momentum_correct(u, g, 0.9)
+    assert np.array_equal(u, want) and np.array_equal(g, want)
+    # Masking: the velocity is zeroed where the residual is 0, unless the residual is all 0.
+    r = np.where(np.arange(1001) % 3 == 0, 0.0, 1.0).astype(np.float32)
+    kept = u.copy()
+    assert gcomp.mask_momentum(u, r)
+    assert np.array_equal(u, np.where(r == 0, 0.0, kept).astype(np.float32))
+    kept = u.copy()
+    assert not gcomp.mask_momentum(u, np.zeros(1001, np.float32))
+    assert np.array_equal(u, kept)
+    with pytest.raises(ValueError, match="elements"):
+        gcomp.momentum_correct(u, g[:5], 0.9)
+    with pytest.raises(ValueError, match="elements"):
+        gcomp.mask_momentum(u, r[:5])
+    with pytest.raises(gcomp.Error, match="momentum"):
+        gcomp.momentum_correct(u, g, 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        gcomp.mask_momentum(u, np.zeros(1001, np.float64))
