@@ -36,7 +36,7 @@ int Agreement::failed_rank() const { return static_cast<int>((k63 & ~not_fail) &
 
 bool sum_cannot_overflow(int ranks, std::uint64_t magnitude) {
   if (magnitude >= kNotMeasured || ranks < 1) return false;
-  const double m = std::bit_cast<float>(static_cast<std::uint32_t>(magnitude));
+  const double m = bits_float(static_cast<std::uint32_t>(magnitude));
   return m * ranks <= std::numeric_limits<float>::max() / 2.0;
 }
 

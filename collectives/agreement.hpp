@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "bytes.hpp"
 #include "gcomp/error.hpp"
 
 namespace gcomp::detail {
@@ -54,7 +55,7 @@ struct Agreement {
 static_assert(sizeof(Agreement) % 8 == 0);
 
 // Agreement::magnitude of a rank that did not measure it (the bits of +Inf: the largest).
-inline constexpr std::uint64_t kNotMeasured = 0x7f800000u;
+inline constexpr std::uint64_t kNotMeasured = kInfBits;
 
 // Whether a float32 sum over `ranks` contributions, each at most the agreed `magnitude` in
 // absolute value, is finite in any order of addition: ranks * magnitude <= FLT_MAX / 2. (The

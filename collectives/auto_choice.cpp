@@ -75,6 +75,28 @@ ComputeModel Communicator::Impl::with_shared_speeds(ComputeModel c) const {
   return c;
 }
 
+ComputeModel Communicator::Impl::measure_agreed(const Codec& codec, std::size_t n,
+                                                TensorView<const float> device_input,
+                                                std::uint64_t key) {
+  // All ranks at once (the caller has just lined them up), so that ranks sharing a node compete
+  // as they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
+  // before the allreduce: the other ranks are waiting in it.
+  double speeds[2] = {0, 0};
+  try {
+    const ComputeModel m = device_input.on_device()
+                               ? timing_->device_codec_speeds(codec, n, device_input)
+                               : timing_->codec_speeds(codec, n);
+    speeds[0] = m.encode;
+    speeds[1] = m.decode;
+  } catch (...) {  // out of memory: the other ranks' numbers stand
+  }
+  double agreed[2];
+  detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, comm_);
+  const ComputeModel m{agreed[0], agreed[1], 0, 0};
+  calibrated_[key] = m;
+  return m;
+}
+
 ComputeModel Communicator::Impl::compute_model(const Codec& codec, std::size_t n) {
   const std::uint64_t key = calibration_key(codec, n);
   auto it = calibrated_.find(key);
@@ -118,14 +140,9 @@ Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
                             bool allow_uncompressed) {
   const std::uint64_t key = calibration_key(codec, n);
   if (impl_->calibrated_.find(key) == impl_->calibrated_.end()) {
-    // Collective: the codec measured on every rank at once and the slowest rank's speeds
-    // agreed, as a call does, so that every rank's answer is the call's (a rank's own speeds
+    // Collective, as in a call, so that every rank's answer is the call's (a rank's own speeds
     // can tip a near tie the other way).
-    const ComputeModel m = impl_->timing_->codec_speeds(codec, n);
-    const double speeds[2] = {m.encode, m.decode};
-    double agreed[2];
-    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, impl_->comm_);
-    impl_->calibrated_[key] = {agreed[0], agreed[1], 0, 0};
+    impl_->measure_agreed(codec, n, TensorView<const float>(), key);
   }
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
   ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_,

@@ -441,7 +441,7 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
     } else {
       magnitude = detail::checked_magnitude(in, e);
     }
-    mine.magnitude = std::bit_cast<std::uint32_t>(magnitude);
+    mine.magnitude = detail::float_bits(magnitude);
     if (codec->properties().sparse) {  // threshold's count is unknown: its bound
       mine.sent = default_sent(*codec, in.size());
       mine.bytes = default_bytes(*codec, in.size(), mine.sent);
@@ -483,32 +483,21 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
   const std::size_t n = c.job.in.size();
   ComputeModel& compute = c.compute;
   if (all.encode == dbits(kInfinity)) {
-    // Some rank has not seen this (spec, size class, host or device): all ranks measure the
-    // codec now (where each one's tensor is: a device tensor times the GPU's kernels), at
-    // once (the agreement has just lined them up), so that ranks sharing a node compete as
-    // they will in the calls; the slowest rank's speeds are agreed. Nothing here may throw
-    // before the allreduce: the other ranks are waiting in it.
-    double speeds[2] = {0, 0};
-    try {
-      const ComputeModel m =
-          c.device ? self.timing_->device_codec_speeds(
-                         codec, n,
-                         TensorView<const float>::device(c.device->in, n, c.device->stream,
-                                                         c.device->dev))
-                   : self.timing_->codec_speeds(codec, n);
-      speeds[0] = m.encode;
-      speeds[1] = m.decode;
-    } catch (...) {  // out of memory: the other ranks' numbers stand
-    }
-    double agreed[2];
-    detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, self.comm_);
-    compute.encode = agreed[0];
-    compute.decode = agreed[1];
+    // Some rank has not seen this (spec, size class, host or device): all ranks measure it now,
+    // where each one's tensor is (a device tensor times the GPU's kernels).
+    const ComputeModel m = self.measure_agreed(
+        codec, n,
+        c.device ? TensorView<const float>::device(c.device->in, n, c.device->stream,
+                                                   c.device->dev)
+                 : TensorView<const float>(),
+        c.calibration);
+    compute.encode = m.encode;
+    compute.decode = m.decode;
   } else {
     compute.encode = bitsd(all.encode);
     compute.decode = bitsd(all.decode);
+    self.calibrated_[c.calibration] = {compute.encode, compute.decode, 0, 0};
   }
-  self.calibrated_[c.calibration] = {compute.encode, compute.decode, 0, 0};
   compute = self.with_shared_speeds(compute);
   ModelInput mi = model_input(codec, n, all.sent, all.bytes, self.size_, self.network_, compute,
                               c.opt.average, c.ef != nullptr);

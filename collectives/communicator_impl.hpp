@@ -67,6 +67,11 @@ struct Communicator::Impl {
 
   // ---- auto (auto_choice.cpp) ----
   ComputeModel compute_model(const Codec& codec, std::size_t n);
+  // Collective: the codec's encode and decode speeds measured by every rank at once (on
+  // device_input's device and stream when it is a device view), the slowest agreed and kept
+  // in calibrated_ under key.
+  ComputeModel measure_agreed(const Codec& codec, std::size_t n,
+                              TensorView<const float> device_input, std::uint64_t key);
   ComputeModel with_shared_speeds(ComputeModel c) const;  // reduce and merge from creation
   // The learner's next choice for the group; with_pending: also count the last call's own, not
   // yet agreed, time (a rank's guess before the agreement).

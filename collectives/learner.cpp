@@ -121,8 +121,9 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
     return pick;
   };
   const Candidate* pick = nullptr;
-  const std::uint64_t every = kRecheck * backoff(runs);
-  const std::uint64_t every_close = kRecheckClose * backoff(runs);
+  const std::uint64_t thinned = backoff(runs);
+  const std::uint64_t every = kRecheck * thinned;
+  const std::uint64_t every_close = kRecheckClose * thinned;
   if (runs % every == every - 1) {
     pick = recheck([&](const Candidate& x) {
       return x.predicted <= limit || x.estimate <= kExploreFactor * all[0].estimate;

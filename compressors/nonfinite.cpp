@@ -124,14 +124,13 @@ void copy_checked(std::span<const float> x, std::span<const float> residual, std
     return;
   }
   if (out.size() != x.size()) throw Error(Status::invalid_argument, "copy_checked: sizes differ");
-  std::atomic<bool> bad{false};
-  detail::for_chunks(x.size(), std::size_t{1} << 16, [&](std::size_t b, std::size_t e) {
-    if (detail::encode_f32(x.data() + b, nullptr, e - b,
-                           reinterpret_cast<std::byte*>(out.data() + b), nullptr)) {
-      bad.store(true, std::memory_order_relaxed);
-    }
+  const std::uint32_t bits = detail::max_over_chunks(x.size(), [&](std::size_t b, std::size_t e) {
+    return detail::encode_f32(x.data() + b, nullptr, e - b,
+                              reinterpret_cast<std::byte*>(out.data() + b), nullptr)
+               ? detail::kInfBits
+               : 0u;
   });
-  if (bad.load()) detail::throw_nonfinite(x.data(), x.size());
+  detail::finite_or_throw(bits, x, residual);
 }
 
 }  // namespace gcomp

@@ -288,13 +288,12 @@ class _PerParameterFeedback:
         with torch.no_grad():
             for p, g in zip(params, grads):
                 u = self._velocity.get(id(p))
-                flat = g.reshape(-1)
                 if u is None:
-                    u = self._velocity[id(p)] = flat.detach().clone()
-                elif flat.is_contiguous() and flat.data_ptr() == g.data_ptr():
-                    gcomp.momentum_correct(u, flat, self.momentum)  # in place, the GIL released
+                    u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
+                elif g.is_contiguous():
+                    gcomp.momentum_correct(u, g.view(-1), self.momentum)  # in place, no GIL
                 else:
-                    u.mul_(self.momentum).add_(flat)
+                    u.mul_(self.momentum).add_(g.reshape(-1))
                     g.copy_(u.view_as(g))
                 pairs.append((p, u))
         return pairs
