@@ -125,17 +125,17 @@ void run_crs_device(Job& job);
 void run_dense(Job& job);
 
 // The sparse stream of this rank's payload (sparse codecs).
-struct Stream;
-void payload_stream(Job& job, Stream& out);
-// Whether the sparse algorithms' streams carry binary16 values (the codec's values=fp16).
-bool half_streams(const Job& job);
+struct SparseVector;
+void payload_stream(Job& job, SparseVector& out);
+// Whether the sparse algorithms' sparse vectors carry binary16 values (the codec's values=fp16).
+bool half_values(const Job& job);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
 // this rank's payload as a stream (into mine), its part j, [bound[j], bound[j+1]), to rank j (an
 // all-to-all), and the P parts of this rank's own region summed into acc in rank order. each(got)
 // sees every rank's part before it is merged (nullptr: none). Slicing and merging count as
 // decode time.
-void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& mine, Stream& acc,
-                       const std::function<void(const Stream&)>& each);
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine, SparseVector& acc,
+                       const std::function<void(const SparseVector&)>& each);
 
 }  // namespace gcomp::detail

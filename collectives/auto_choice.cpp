@@ -13,7 +13,7 @@
 #include "fnv.hpp"
 #include "learner.hpp"
 #include "mpi_util.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp {
 

@@ -39,7 +39,7 @@
 #include "learner.hpp"
 #include "nonfinite.hpp"
 #include "sparse_reduce_scatter.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp {
 

@@ -12,7 +12,7 @@
 #include "device_backend.hpp"
 #include "index_pack.hpp"
 #include "model_terms.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp {
 
@@ -143,8 +143,8 @@ ComputeModel measure_reduce_and_merge() {
     constexpr std::size_t kEntries = 1 << 16;
     constexpr std::uint64_t kN = std::uint64_t{1} << 24;
     std::mt19937_64 rng(1);
-    detail::Stream a, b;
-    for (detail::Stream* s : {&a, &b}) {
+    detail::SparseVector a, b;
+    for (detail::SparseVector* s : {&a, &b}) {
       s->n = kN;
       s->idx.resize(kEntries);
       for (auto& i : s->idx) i = rng() % kN;
@@ -152,7 +152,7 @@ ComputeModel measure_reduce_and_merge() {
       s->idx.erase(std::unique(s->idx.begin(), s->idx.end()), s->idx.end());
       s->val.assign(s->idx.size(), 1.0f);
     }
-    detail::Stream acc;
+    detail::SparseVector acc;
     c.merge = mean_seconds(
                   [&] {
                     acc = a;

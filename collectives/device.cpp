@@ -20,7 +20,7 @@
 
 #include "algorithm_table.hpp"
 #include "device_backend.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp::detail {
 

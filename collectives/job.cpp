@@ -1,7 +1,7 @@
 // Steps shared by the algorithms: the whole-tensor encode (with error feedback) and averaging.
 #include "algorithms.hpp"
 #include "codec_impl.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp::detail {
 
@@ -21,20 +21,20 @@ void encode_whole(Job& job) {
   job.encode_seconds += now() - start;
 }
 
-bool half_streams(const Job& job) {
+bool half_values(const Job& job) {
   return job.codec != nullptr && job.codec->impl().params().fp16_values;
 }
 
-void payload_stream(Job& job, Stream& out) {
+void payload_stream(Job& job, SparseVector& out) {
   const double start = now();
   SparseEntries e;
   sparse_entries_own(job.payload, e);
   out.n = e.elements;
-  out.dense = false;
+  out.full = false;
   out.idx = std::move(e.indices);
   out.val = std::move(e.values);
-  if (goes_dense(out.idx.size(), out.n)) {
-    Stream none;
+  if (goes_full(out.idx.size(), out.n)) {
+    SparseVector none;
     none.n = out.n;
     merge_into(out, none);  // switches to the dense representation
   }
@@ -47,18 +47,18 @@ std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p) {
   return b;
 }
 
-void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, Stream& mine, Stream& acc,
-                       const std::function<void(const Stream&)>& each) {
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine, SparseVector& acc,
+                       const std::function<void(const SparseVector&)>& each) {
   encode_whole(job);
   payload_stream(job, mine);
   double start = now();
   auto& to = scratch_vector<std::vector<std::byte>, 108>();
   auto& from = scratch_vector<std::vector<std::byte>, 109>();
   to.resize(bound.size() - 1);
-  thread_local Stream piece;
+  thread_local SparseVector piece;
   for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
     slice(mine, bound[j], bound[j + 1], piece);
-    serialize(piece, to[j], half_streams(job));
+    serialize(piece, to[j], half_values(job));
   }
   job.decode_seconds += now() - start;
   alltoallv_bytes(job.comm, to, from, job.traffic);

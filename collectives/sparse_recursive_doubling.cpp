@@ -15,13 +15,13 @@
 
 #include "algorithm_table.hpp"
 #include "model_terms.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp::detail {
 
 static void run_sparse_recursive_doubling(Job& job) {
   encode_whole(job);
-  thread_local Stream s;
+  thread_local SparseVector s;
   payload_stream(job, s);
   const std::uint64_t n = job.out.size();
   const int p = job.size;
@@ -31,9 +31,9 @@ static void run_sparse_recursive_doubling(Job& job) {
   const int rem = p - p2;
   std::vector<std::byte>& wire = scratch_vector<std::byte, 111>();
   std::vector<std::byte>& got = scratch_vector<std::byte, 112>();
-  thread_local Stream other;
+  thread_local SparseVector other;
   // With binary16 values a partner reads this rank's stream rounded: this rank sums the same.
-  const bool half = half_streams(job);
+  const bool half = half_values(job);
   const auto send_form = [&] {
     if (half) round_to_half(s);
     serialize(s, wire, half);
@@ -86,10 +86,10 @@ static void run_sparse_recursive_doubling(Job& job) {
 
 namespace {
 
-// Whether a stream of `entries` of n is sent dense (goes_dense, the merge's rule), and its bytes
+// Whether a stream of `entries` of n is sent dense (goes_full, the merge's rule), and its bytes
 // (values of value_bytes each).
 bool dense_stream(double entries, double n) {
-  return goes_dense(static_cast<std::uint64_t>(entries), static_cast<std::uint64_t>(n));
+  return goes_full(static_cast<std::uint64_t>(entries), static_cast<std::uint64_t>(n));
 }
 double stream_bytes(double entries, double n, double value_bytes) {
   return 8 + (dense_stream(entries, n) ? value_bytes * n

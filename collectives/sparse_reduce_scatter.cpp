@@ -52,7 +52,7 @@
 #include "fnv.hpp"
 #include "gcomp/error.hpp"
 #include "model_terms.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp::detail {
 
@@ -123,8 +123,8 @@ double bin_edge(std::size_t bin) {
 }
 
 template <class F>
-void for_each_entry(const Stream& s, F&& f) {
-  if (s.dense) {
+void for_each_entry(const SparseVector& s, F&& f) {
+  if (s.full) {
     for (std::uint64_t i = 0; i < s.n; ++i) f(i, s.val[i]);
   } else {
     for (std::size_t j = 0; j < s.idx.size(); ++j) f(s.idx[j], s.val[j]);
@@ -159,10 +159,10 @@ namespace {
 // The buffers a call works in, reused from call to call on this thread (fresh ones would cost a
 // page fault per 4 KiB every call).
 struct Buffers {
-  Stream mine;    // this rank's payload as a stream
-  Stream acc;     // the owner's sum over its region
-  Stream kept;    // the owner's entries to send (first, then second allgather)
-  Stream piece;   // one owner's gathered entries
+  SparseVector mine;    // this rank's payload as a stream
+  SparseVector acc;     // the owner's sum over its region
+  SparseVector kept;    // the owner's entries to send (first, then second allgather)
+  SparseVector piece;   // one owner's gathered entries
   std::vector<std::uint64_t> positions;  // the indices the owner received (its quartiles)
   std::vector<std::uint64_t> hist, hist_sum;
   std::vector<Ranked> above;   // the owner's entries above theta, where its cap cuts
@@ -214,9 +214,9 @@ void reduce_scatter(Call& c) {
   Buffers& b = c.buf;
   b.positions.clear();
   bool any_dense = false;
-  reduce_own_region(c.job, c.bound, b.mine, b.acc, [&](const Stream& got) {
+  reduce_own_region(c.job, c.bound, b.mine, b.acc, [&](const SparseVector& got) {
     c.report.received += got.entries();
-    if (got.dense) {
+    if (got.full) {
       any_dense = true;
     } else if (!any_dense) {
       b.positions.insert(b.positions.end(), got.idx.begin(), got.idx.end());
@@ -278,9 +278,9 @@ void reselect(Call& c) {
   const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(c.aim) /
                                               static_cast<double>(c.p)) +
                    kCapSlack;
-  Stream& kept = b.kept;
+  SparseVector& kept = b.kept;
   kept.n = c.len;
-  kept.dense = false;
+  kept.full = false;
   kept.idx.clear();
   kept.val.clear();
   double edge[kBelow + 1];  // below[i] counts |sum| in [edge[i + 1], edge[i])
@@ -323,7 +323,7 @@ void reselect(Call& c) {
     kept.val.resize(to);
   }
   std::vector<std::byte>& mine = *c.payload;
-  serialize(kept, b.entries, half_streams(c.job));
+  serialize(kept, b.entries, half_values(c.job));
   mine.resize(sizeof(Report) + b.entries.size());
   std::memcpy(mine.data(), &c.report, sizeof(Report));
   std::memcpy(mine.data() + sizeof(Report), b.entries.data(), b.entries.size());
@@ -333,9 +333,9 @@ void reselect(Call& c) {
 // Owner j's gathered entries into the result and the ranking (entries beyond the k-th are
 // zeroed at the end).
 void take(Call& c, std::span<const std::byte> bytes, std::uint64_t j) {
-  Stream& piece = c.buf.piece;
+  SparseVector& piece = c.buf.piece;
   deserialize(bytes, c.bound[j + 1] - c.bound[j], piece);
-  if (piece.dense) bad_report("dense kept entries");
+  if (piece.full) bad_report("dense kept entries");
   for (std::size_t e = 0; e < piece.idx.size(); ++e) {
     const float v = piece.val[e];
     const std::uint64_t i = c.bound[j] + piece.idx[e];
@@ -416,7 +416,7 @@ bool gather_second(Call& c) {
     }
   }
   if (second) {
-    Stream& kept = c.buf.kept;
+    SparseVector& kept = c.buf.kept;
     kept.idx.clear();
     kept.val.clear();
     for_each_entry(c.buf.acc, [&](std::uint64_t i, float v) {
@@ -426,7 +426,7 @@ bool gather_second(Call& c) {
         kept.val.push_back(v);
       }
     });
-    serialize(kept, *c.payload, half_streams(c.job));
+    serialize(kept, *c.payload, half_values(c.job));
     c.job.decode_seconds += now() - start;
     allgatherv_bytes(c.job.comm, *c.payload, c.buf.all, c.job.traffic);
     start = now();

@@ -13,7 +13,7 @@
 
 #include "algorithm_table.hpp"
 #include "model_terms.hpp"
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 namespace gcomp::detail {
 
@@ -21,12 +21,12 @@ static void run_sparse_split(Job& job) {
   const std::uint64_t n = job.out.size();
   const auto p = static_cast<std::uint64_t>(job.size);
   const std::vector<std::uint64_t> bound = even_bounds(n, p);
-  thread_local Stream s, acc, piece;
+  thread_local SparseVector s, acc, piece;
   reduce_own_region(job, bound, s, acc, nullptr);
 
   double start = now();
   std::vector<std::byte>& mine = scratch_vector<std::byte, 110>();
-  serialize(acc, mine, half_streams(job));
+  serialize(acc, mine, half_values(job));
   job.decode_seconds += now() - start;
 
   thread_local Gathered all;

@@ -75,9 +75,9 @@ const CodecEntry* find_codec(CodecKind kind) noexcept;
 const CodecEntry* find_codec(std::string_view name) noexcept;
 
 // Per-family factories (one file each).
-const CodecEntry& dense_none_entry();
-const CodecEntry& dense_fp16_entry();
-const CodecEntry& dense_bf16_entry();
+const CodecEntry& cast_none_entry();
+const CodecEntry& cast_fp16_entry();
+const CodecEntry& cast_bf16_entry();
 const CodecEntry& topk_entry();
 const CodecEntry& randomk_entry();
 const CodecEntry& threshold_entry();

@@ -29,9 +29,9 @@ bool abs_keys(const float* v, std::size_t n, std::uint32_t* keys) noexcept;
 std::size_t positions_at_least(const std::uint32_t* keys, std::size_t n, std::uint32_t t,
                                std::uint32_t* pos) noexcept;
 
-// The dense codecs' one pass: v = x (+ e when e is not null), written to out (any alignment) as
-// little-endian float32, fp16 or bf16 (round to nearest even, saturating: half.hpp); with error
-// feedback (e and e_new not null) also e_new = v - the value sent. Checked (v).
+// The cast codecs' one pass (none, fp16, bf16): v = x (+ e when e is not null), written to out (any
+// alignment) as little-endian float32, fp16 or bf16 (round to nearest even, saturating: half.hpp);
+// with error feedback (e and e_new not null) also e_new = v - the value sent. Checked (v).
 bool encode_f32(const float* x, const float* e, std::size_t n, std::byte* out,
                 float* e_new) noexcept;
 bool encode_half(const float* x, const float* e, std::size_t n, std::byte* out,

@@ -12,7 +12,7 @@ namespace detail {
 
 const std::vector<const CodecEntry*>& codec_entries() {
   static const std::vector<const CodecEntry*> r = {
-      &dense_none_entry(), &dense_fp16_entry(), &dense_bf16_entry(),
+      &cast_none_entry(), &cast_fp16_entry(), &cast_bf16_entry(),
       &topk_entry(),       &randomk_entry(),    &threshold_entry(),
       &qsgd_entry(),       &terngrad_entry(),   &sign_entry()};
   return r;

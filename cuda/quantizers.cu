@@ -150,7 +150,9 @@ __global__ void sign_decode_kernel(const unsigned char* __restrict__ scale,
 
 // ---- codes with random draws (TernGrad, QSGD) ----
 
-struct Stream {
+// The Philox key of one encode's draws: the seed's two halves and the codec (its counter is
+// the element or block index).
+struct DrawKey {
   std::uint32_t k0, k1, codec;
 };
 
@@ -170,7 +172,7 @@ void launch_block_stats(const EncodeCall& c, std::size_t blocks, unsigned char* 
   GCOMP_LAUNCHED(Sign ? "sign statistics" : "terngrad statistics");
 }
 
-Stream stream_of(std::uint64_t seed, CodecKind kind) {
+DrawKey draw_key_of(std::uint64_t seed, CodecKind kind) {
   return {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
           static_cast<std::uint32_t>(kind)};
 }
@@ -178,9 +180,9 @@ Stream stream_of(std::uint64_t seed, CodecKind kind) {
 // Q: std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded).
 // src is x, or e_new holding v with error feedback (then ef == e_new gets v - decoded).
 template <class Q>
-__global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n,
-                             Stream st, unsigned char* __restrict__ codes,
-                             std::size_t code_bytes, const Report* r) {
+__global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n, DrawKey st,
+                             unsigned char* __restrict__ codes, std::size_t code_bytes,
+                             const Report* r) {
   __shared__ unsigned char tile[kTile];
   if (r->code != 0) return;
   const unsigned t = threadIdx.x;
@@ -435,7 +437,7 @@ std::size_t encode_terngrad(const EncodeCall& c) {
     const float* src = c.e_old ? c.e_new : c.x;
     codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
         TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
-        stream_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
+        draw_key_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
     GCOMP_LAUNCHED("terngrad codes");
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
@@ -475,7 +477,7 @@ std::size_t encode_qsgd(const EncodeCall& c) {
     const float* src = c.e_old ? c.e_new : c.x;
     const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
     codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
-        q, bits, src, c.e_old ? c.e_new : nullptr, c.n, stream_of(c.seed, CodecKind::qsgd), codes,
+        q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, CodecKind::qsgd), codes,
         code_bytes, c.ws->report());
     GCOMP_LAUNCHED("qsgd codes");
   }

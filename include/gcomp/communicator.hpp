@@ -128,8 +128,10 @@ struct Choice {
 struct CallStats {
   std::uint64_t bytes_sent = 0;      // handed to MPI by this rank, counted per destination
   std::uint64_t bytes_received = 0;  // delivered to this rank by MPI
-  double encode_seconds = 0;
-  double comm_seconds = 0;  // in MPI calls, including the agreement between ranks
+  double encode_seconds = 0;  // the codec's encodes (and x + e formed for an uncompressed call)
+  double comm_seconds = 0;    // in MPI calls, including the agreement between ranks
+  // Everything after the encode that is not MPI: the codec's decodes and, in the sparse
+  // algorithms, slicing, merging and selecting sparse vectors (the name is the codecs').
   double decode_seconds = 0;
   double agree_seconds = 0;  // of comm_seconds, the agreement's (one small allreduce a call)
   Algorithm algorithm = Algorithm::dense;  // allreduce_buckets: the last bucket's
@@ -149,7 +151,7 @@ struct TotalStats {
   std::uint64_t bytes_received = 0;
   double encode_seconds = 0;
   double comm_seconds = 0;
-  double decode_seconds = 0;
+  double decode_seconds = 0;  // decodes, merges and selection (CallStats::decode_seconds)
   double agree_seconds = 0;
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // calls per algorithm
   std::uint64_t compressed = 0;  // calls that applied the codec (see CallStats::compressed)

@@ -1,4 +1,4 @@
-// The dense codecs: none (float32 as is), fp16 and bf16 (16-bit floats, round to nearest even,
+// The cast codecs: none (float32 as is), fp16 and bf16 (16-bit floats, round to nearest even,
 // saturating; see half.hpp). One pass each (kernels.hpp), error feedback fused into the same
 // pass: v = x + e; h = round(v); e = v - h.
 #include <atomic>
@@ -18,9 +18,9 @@ constexpr std::size_t kChunk = std::size_t{1} << 16;
 
 // ---- the codec ----
 
-class DenseCodec final : public CodecImpl {
+class CastCodec final : public CodecImpl {
  public:
-  explicit DenseCodec(CodecKind kind) : kind_(kind) {}
+  explicit CastCodec(CodecKind kind) : kind_(kind) {}
   CodecKind kind() const override { return kind_; }
   std::string spec() const override { return codec_name(kind_); }
   CodecProperties properties() const override {
@@ -108,43 +108,43 @@ std::string describe_dense(const Payload& p) {
 }
 
 template <CodecKind K>
-std::unique_ptr<CodecImpl> make_dense(SpecReader& spec) {
+std::unique_ptr<CodecImpl> make_cast(SpecReader& spec) {
   spec.finish();
-  return std::make_unique<DenseCodec>(K);
+  return std::make_unique<CastCodec>(K);
 }
 
 }  // namespace
 
-const CodecEntry& dense_none_entry() {
+const CodecEntry& cast_none_entry() {
   static const CodecEntry e{CodecKind::none,
                             "none",
                             "float32 as is (32 bits per element)",
                             {},
-                            make_dense<CodecKind::none>,
+                            make_cast<CodecKind::none>,
                             validate_dense,
                             decode_add_dense,
                             describe_dense,
                             validate_dense_layout};
   return e;
 }
-const CodecEntry& dense_fp16_entry() {
+const CodecEntry& cast_fp16_entry() {
   static const CodecEntry e{CodecKind::fp16,
                             "fp16",
                             "IEEE half precision, round to nearest even, saturating at 65504",
                             {},
-                            make_dense<CodecKind::fp16>,
+                            make_cast<CodecKind::fp16>,
                             validate_dense,
                             decode_add_dense,
                             describe_dense,
                             validate_dense_layout};
   return e;
 }
-const CodecEntry& dense_bf16_entry() {
+const CodecEntry& cast_bf16_entry() {
   static const CodecEntry e{CodecKind::bf16,
                             "bf16",
                             "bfloat16 (float32's upper half), round to nearest even",
                             {},
-                            make_dense<CodecKind::bf16>,
+                            make_cast<CodecKind::bf16>,
                             validate_dense,
                             decode_add_dense,
                             describe_dense,

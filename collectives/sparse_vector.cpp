@@ -1,5 +1,5 @@
-// SparCML streams (see stream.hpp).
-#include "stream.hpp"
+// The sparse vectors the sparse algorithms exchange (see sparse_vector.hpp).
+#include "sparse_vector.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 namespace gcomp::detail {
 
 namespace {
-constexpr std::uint64_t kDenseBit = std::uint64_t{1} << 63;
+constexpr std::uint64_t kFullBit = std::uint64_t{1} << 63;
 constexpr std::uint64_t kHalfBit = std::uint64_t{1} << 62;
 
 // Every value finite and within binary16's range: it rounds to a finite half, not a saturated
@@ -25,36 +25,36 @@ bool fits_half(const std::vector<float>& v) {
   return true;
 }
 
-void to_dense(Stream& s) {
-  if (s.dense) return;
+void to_full(SparseVector& s) {
+  if (s.full) return;
   std::vector<float> d(s.n, 0.0f);
   for (std::size_t j = 0; j < s.idx.size(); ++j) d[s.idx[j]] = s.val[j];
   s.val.swap(d);
   s.idx.clear();
   s.idx.shrink_to_fit();
-  s.dense = true;
+  s.full = true;
 }
 
-[[noreturn]] void bad_stream(const std::string& why) {
-  throw Error(Status::bad_payload, "bad stream from a peer: " + why);
+[[noreturn]] void bad_vector(const std::string& why) {
+  throw Error(Status::bad_payload, "bad sparse vector from a peer: " + why);
 }
 }  // namespace
 
-std::size_t Stream::wire_bytes_bound() const {
-  return 8 + (dense ? 4 * n : 4 * idx.size() + packed_indices_bound(idx.size(), n));
+std::size_t SparseVector::wire_bytes_bound() const {
+  return 8 + (full ? 4 * n : 4 * idx.size() + packed_indices_bound(idx.size(), n));
 }
 
-void merge_into(Stream& acc, const Stream& other) {
-  if (acc.dense || other.dense || goes_dense(acc.entries() + other.entries(), acc.n)) {
-    if (!acc.dense && other.dense) {
-      // Start from the dense side so that each sum reads other + acc, as the partner computes.
-      Stream d = other;
+void merge_into(SparseVector& acc, const SparseVector& other) {
+  if (acc.full || other.full || goes_full(acc.entries() + other.entries(), acc.n)) {
+    if (!acc.full && other.full) {
+      // Start from the full side so that each sum reads other + acc, as the partner computes.
+      SparseVector d = other;
       for (std::size_t j = 0; j < acc.idx.size(); ++j) d.val[acc.idx[j]] += acc.val[j];
       acc = std::move(d);
       return;
     }
-    to_dense(acc);
-    if (other.dense) {
+    to_full(acc);
+    if (other.full) {
       for (std::uint64_t i = 0; i < acc.n; ++i) acc.val[i] += other.val[i];
     } else {
       for (std::size_t j = 0; j < other.idx.size(); ++j) acc.val[other.idx[j]] += other.val[j];
@@ -90,16 +90,16 @@ void merge_into(Stream& acc, const Stream& other) {
   acc.val.swap(val);
 }
 
-bool round_to_half(Stream& s) {
+bool round_to_half(SparseVector& s) {
   if (!fits_half(s.val)) return false;
   for (float& v : s.val) v = half_to_float(float_to_half(v));
   return true;
 }
 
-bool serialize(const Stream& s, std::vector<std::byte>& out, bool half) {
+bool serialize(const SparseVector& s, std::vector<std::byte>& out, bool half) {
   half = half && fits_half(s.val);
   out.resize(s.wire_bytes_bound());
-  const std::uint64_t head = (s.dense ? kDenseBit : 0) | (half ? kHalfBit : 0) | s.entries();
+  const std::uint64_t head = (s.full ? kFullBit : 0) | (half ? kHalfBit : 0) | s.entries();
   std::memcpy(out.data(), &head, 8);
   std::byte* p = out.data() + 8;
   if (half) {
@@ -112,7 +112,7 @@ bool serialize(const Stream& s, std::vector<std::byte>& out, bool half) {
     if (!s.val.empty()) std::memcpy(p, s.val.data(), 4 * s.val.size());
     p += 4 * s.val.size();
   }
-  if (!s.dense) p += pack_indices(s.idx.data(), s.idx.size(), p);
+  if (!s.full) p += pack_indices(s.idx.data(), s.idx.size(), p);
   out.resize(static_cast<std::size_t>(p - out.data()));
   return half;
 }
@@ -128,39 +128,39 @@ void read_values(const std::byte* in, std::uint64_t count, bool half, std::vecto
   for (std::uint64_t j = 0; j < count; ++j) {
     std::uint16_t h;
     std::memcpy(&h, in + 2 * j, 2);
-    if (!half_is_finite(h)) bad_stream("a binary16 value that is not finite");
+    if (!half_is_finite(h)) bad_vector("a binary16 value that is not finite");
     out[j] = half_to_float(h);
   }
 }
 }  // namespace
 
-void deserialize(std::span<const std::byte> in, std::uint64_t n, Stream& out) {
-  if (in.size() < 8) bad_stream("shorter than its header");
+void deserialize(std::span<const std::byte> in, std::uint64_t n, SparseVector& out) {
+  if (in.size() < 8) bad_vector("shorter than its header");
   std::uint64_t head;
   std::memcpy(&head, in.data(), 8);
   out.n = n;
-  out.dense = (head & kDenseBit) != 0;
+  out.full = (head & kFullBit) != 0;
   const bool half = (head & kHalfBit) != 0;
   const std::uint64_t width = half ? 2 : 4;
-  const std::uint64_t count = head & ~(kDenseBit | kHalfBit);
-  if (out.dense) {
-    if (count != n || in.size() != 8 + width * n) bad_stream("dense stream of the wrong size");
+  const std::uint64_t count = head & ~(kFullBit | kHalfBit);
+  if (out.full) {
+    if (count != n || in.size() != 8 + width * n) bad_vector("full vector of the wrong size");
     out.idx.clear();
     read_values(in.data() + 8, n, half, out.val);
     return;
   }
-  if (count > n || (in.size() - 8) / width < count) bad_stream("sparse stream of the wrong size");
+  if (count > n || (in.size() - 8) / width < count) bad_vector("sparse stream of the wrong size");
   read_values(in.data() + 8, count, half, out.val);
   out.idx.resize(count);
   try {
     unpack_indices(in.subspan(8 + width * count), count, n, out.idx.data());
   } catch (const Error& e) {
-    bad_stream(e.what());
+    bad_vector(e.what());
   }
 }
 
-void write_out(const Stream& s, std::span<float> out, float scale) {
-  if (s.dense) {
+void write_out(const SparseVector& s, std::span<float> out, float scale) {
+  if (s.full) {
     if (scale == 1.0f) {
       std::copy(s.val.begin(), s.val.end(), out.begin());
     } else {
@@ -172,10 +172,10 @@ void write_out(const Stream& s, std::span<float> out, float scale) {
   for (std::size_t j = 0; j < s.idx.size(); ++j) out[s.idx[j]] = s.val[j] * scale;
 }
 
-void slice(const Stream& s, std::uint64_t lo, std::uint64_t hi, Stream& out) {
+void slice(const SparseVector& s, std::uint64_t lo, std::uint64_t hi, SparseVector& out) {
   out.n = hi - lo;
-  out.dense = s.dense;
-  if (s.dense) {
+  out.full = s.full;
+  if (s.full) {
     out.idx.clear();
     out.val.assign(s.val.begin() + static_cast<std::ptrdiff_t>(lo),
                    s.val.begin() + static_cast<std::ptrdiff_t>(hi));

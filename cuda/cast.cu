@@ -1,4 +1,4 @@
-// none, fp16 and bf16 on the device (compressors/dense.cpp): one pass per encode, error feedback
+// none, fp16 and bf16 on the device (compressors/cast.cpp): one pass per encode, error feedback
 // fused (v = x + e; h = round(v); e = v - h), saturating round-to-nearest-even as the CPU.
 #include <string>
 
@@ -8,7 +8,7 @@ namespace gcomp::cuda::detail {
 
 namespace {
 
-// float -> bf16 bits as compressors/dense.cpp's to_bf16: saturate, else round to nearest even.
+// float -> bf16 bits as compressors/cast.cpp's to_bf16: saturate, else round to nearest even.
 __device__ __forceinline__ std::uint32_t to_bf16(float v) {
   const std::uint32_t u = __float_as_uint(v);
   const std::uint32_t a = u & 0x7fffffffu;

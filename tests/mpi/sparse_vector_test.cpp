@@ -1,7 +1,7 @@
 // The streams the sparse collectives exchange (collectives/stream.hpp, docs/wire-format.md
 // "Streams"): the round trip with float32 and binary16 values, the fallback to float32 where a
 // value is beyond binary16, and the receiver's checks. No MPI: every rank runs the same checks.
-#include "stream.hpp"
+#include "sparse_vector.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,10 +15,10 @@
 namespace gcomp::detail {
 namespace {
 
-Stream sparse_stream(std::uint64_t n, std::size_t count, std::uint32_t seed, float scale = 1) {
+SparseVector sparse_stream(std::uint64_t n, std::size_t count, std::uint32_t seed, float scale = 1) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, scale);
-  Stream s;
+  SparseVector s;
   s.n = n;
   for (std::uint64_t i = 0; i < n && s.idx.size() < count; i += 1 + g() % 50) {
     s.idx.push_back(i);
@@ -27,12 +27,12 @@ Stream sparse_stream(std::uint64_t n, std::size_t count, std::uint32_t seed, flo
   return s;
 }
 
-Stream dense_stream(std::uint64_t n, std::uint32_t seed) {
+SparseVector dense_stream(std::uint64_t n, std::uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, 3.0f);
-  Stream s;
+  SparseVector s;
   s.n = n;
-  s.dense = true;
+  s.full = true;
   for (std::uint64_t i = 0; i < n; ++i) s.val.push_back(d(g));
   return s;
 }
@@ -45,20 +45,20 @@ std::uint64_t head_of(const std::vector<std::byte>& b) {
 
 float rounded(float v) { return half_to_float(float_to_half(v)); }
 
-TEST(Stream, RoundTripsWithFloat32AndBinary16Values) {
+TEST(SparseVector, RoundTripsWithFloat32AndBinary16Values) {
   for (bool dense : {false, true}) {
-    const Stream s = dense ? dense_stream(1000, 1) : sparse_stream(100000, 3000, 2);
+    const SparseVector s = dense ? dense_stream(1000, 1) : sparse_stream(100000, 3000, 2);
     std::vector<std::byte> f32, f16;
     EXPECT_FALSE(serialize(s, f32, false));
     EXPECT_TRUE(serialize(s, f16, true));
     // Two bytes fewer per value, the same head apart from bit 62, the same packed indices.
     EXPECT_EQ(f32.size() - f16.size(), 2 * s.val.size());
     EXPECT_EQ(head_of(f32) | (std::uint64_t{1} << 62), head_of(f16));
-    Stream a, b;
+    SparseVector a, b;
     deserialize(f32, s.n, a);
     deserialize(f16, s.n, b);
-    EXPECT_EQ(a.dense, dense);
-    EXPECT_EQ(b.dense, dense);
+    EXPECT_EQ(a.full, dense);
+    EXPECT_EQ(b.full, dense);
     EXPECT_EQ(a.idx, s.idx);
     EXPECT_EQ(b.idx, s.idx);
     EXPECT_EQ(a.val, s.val);
@@ -67,7 +67,7 @@ TEST(Stream, RoundTripsWithFloat32AndBinary16Values) {
     for (std::size_t j = 0; j < s.val.size(); ++j) bad += b.val[j] != rounded(s.val[j]);
     EXPECT_EQ(bad, 0u);
     // round_to_half gives what the receiver reads, and then sends exactly that.
-    Stream c = s;
+    SparseVector c = s;
     EXPECT_TRUE(round_to_half(c));
     EXPECT_EQ(c.val, b.val);
     std::vector<std::byte> again;
@@ -78,29 +78,29 @@ TEST(Stream, RoundTripsWithFloat32AndBinary16Values) {
 
 // A value beyond binary16's range (or not finite) keeps the whole stream in float32: nothing
 // saturates.
-TEST(Stream, Binary16FallsBackToFloat32BeyondItsRange) {
+TEST(SparseVector, Binary16FallsBackToFloat32BeyondItsRange) {
   for (float big : {65505.0f, -1e6f, INFINITY, NAN}) {
-    Stream s = sparse_stream(5000, 100, 3);
+    SparseVector s = sparse_stream(5000, 100, 3);
     s.val[7] = big;
     std::vector<std::byte> out;
     EXPECT_FALSE(serialize(s, out, true)) << big;
     EXPECT_EQ(head_of(out) >> 62 & 1, 0u);
-    Stream copy = s;
+    SparseVector copy = s;
     EXPECT_FALSE(round_to_half(copy));
     EXPECT_EQ(std::memcmp(copy.val.data(), s.val.data(), 4 * s.val.size()), 0);
-    Stream back;
+    SparseVector back;
     deserialize(out, s.n, back);
     EXPECT_EQ(std::memcmp(back.val.data(), s.val.data(), 4 * s.val.size()), 0);
   }
   // 65504, the largest half, still goes as binary16.
-  Stream s = sparse_stream(5000, 100, 4);
+  SparseVector s = sparse_stream(5000, 100, 4);
   s.val[3] = -65504.0f;
   std::vector<std::byte> out;
   EXPECT_TRUE(serialize(s, out, true));
 }
 
 void expect_rejected(const std::vector<std::byte>& bytes, std::uint64_t n, const char* what) {
-  Stream s;
+  SparseVector s;
   try {
     deserialize(bytes, n, s);
     ADD_FAILURE() << what << ": accepted";
@@ -109,11 +109,11 @@ void expect_rejected(const std::vector<std::byte>& bytes, std::uint64_t n, const
   }
 }
 
-TEST(Stream, ReceiverRejectsMalformedStreams) {
-  const Stream s = sparse_stream(10000, 200, 5);
+TEST(SparseVector, ReceiverRejectsMalformedStreams) {
+  const SparseVector s = sparse_stream(10000, 200, 5);
   std::vector<std::byte> good;
   serialize(s, good, true);
-  Stream ok;
+  SparseVector ok;
   deserialize(good, s.n, ok);  // accepted as it is
 
   expect_rejected(std::vector<std::byte>(good.begin(), good.begin() + 7), s.n, "short head");
@@ -134,11 +134,11 @@ TEST(Stream, ReceiverRejectsMalformedStreams) {
   // An index at or beyond n: the same bytes read against a smaller range.
   expect_rejected(good, s.idx.back(), "index beyond n");
   // Dense streams: exactly n values of the head's width.
-  const Stream d = dense_stream(300, 6);
+  const SparseVector d = dense_stream(300, 6);
   std::vector<std::byte> f16, f32;
   serialize(d, f16, true);
   serialize(d, f32, false);
-  Stream back;
+  SparseVector back;
   deserialize(f16, 300, back);
   deserialize(f32, 300, back);
   expect_rejected(f16, 299, "dense count is not n");
