@@ -23,12 +23,12 @@ void Agreement::fail(Status status, int rank) {
 
 bool Agreement::same_signature() const { return sig == (k63 & ~not_sig); }
 
-void Agreement::seal_regions(std::uint64_t signature) {
-  regions = signature & k63;
-  not_regions = k63 & ~regions;
+void Agreement::seal_memory(std::uint64_t signature) {
+  memory = signature & k63;
+  not_memory = k63 & ~memory;
 }
 
-bool Agreement::same_regions() const { return regions == (k63 & ~not_regions); }
+bool Agreement::same_memory() const { return memory == (k63 & ~not_memory); }
 
 Status Agreement::failed_status() const { return static_cast<Status>((k63 & ~not_fail) >> 32); }
 

@@ -35,8 +35,8 @@ struct Agreement {
   std::uint64_t decode;           // decode seconds per element or entry (double bits)
   std::uint64_t learned_key;      // the previous call's (codec, size, algorithm) key
   std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
-  std::uint64_t regions;          // a hash of sparse_reduce_scatter's memory of the tensor
-  std::uint64_t not_regions;
+  std::uint64_t memory;           // a hash of the algorithms' memories of the tensor
+  std::uint64_t not_memory;
   std::uint64_t magnitude;        // max |value| sent uncompressed (float bits); kNotMeasured
 
   // This rank's hash of what must agree.
@@ -44,9 +44,9 @@ struct Agreement {
   // This rank cannot take part: it failed with `status`.
   void fail(Status status, int rank);
   bool same_signature() const;
-  // The sparse_reduce_scatter memory (SparseRegions::signature) this rank holds.
-  void seal_regions(std::uint64_t signature);
-  bool same_regions() const;
+  // The algorithms' memories of the tensor this rank holds (MemoryStore::Memories::signature).
+  void seal_memory(std::uint64_t signature);
+  bool same_memory() const;
   bool any_failed() const { return not_fail != 0; }
   // The first failure: the lowest status, then the lowest rank.
   Status failed_status() const;

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "fnv.hpp"
 #include "gcomp/error.hpp"
 
 namespace gcomp {
@@ -58,10 +59,42 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
     if (!row->candidate || !row->predict || !row->bytes || !row->run) {
       fail(at + " (" + row->name + ") lacks a function");
     }
+    if (!row->join_memory != !row->split_memory) {
+      fail(at + " (" + row->name + ") has one of join_memory and split_memory");
+    }
     for (std::size_t j = 0; j < i; ++j) {
       if (std::string_view(rows[j]->name) == row->name) fail(at + " repeats " + row->name);
     }
   }
+}
+
+std::uint64_t MemoryStore::Memories::signature() const {
+  Fnv h;
+  bool any = false;
+  for (const auto& m : of) {
+    const std::uint64_t sig = m ? m->signature() : 0;
+    any = any || sig != 0;
+    h.add(sig);
+  }
+  return any ? h.h | 1 : 0;
+}
+
+void MemoryStore::Memories::forget() {
+  for (const auto& m : of) {
+    if (m) m->forget();
+  }
+}
+
+MemoryStore::Memories& MemoryStore::of(std::uint64_t key, bool sparse_codec) {
+  if (const auto it = map_.find(key); it != map_.end()) return it->second;
+  if (map_.size() >= kMaxTensors) map_.clear();  // bounded: forget them all
+  Memories& m = map_[key];
+  for (const AlgorithmRow* row : algorithm_rows()) {
+    if (row->make_memory && (sparse_codec || !row->sparse_only)) {
+      m.of[static_cast<int>(row->id)] = row->make_memory();
+    }
+  }
+  return m;
 }
 
 std::span<const AlgorithmRow* const> algorithm_rows() {

@@ -7,12 +7,38 @@
 // list, and the file in collectives/CMakeLists.txt (docs/algorithms.md, "Adding an algorithm").
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <span>
+#include <unordered_map>
 
 #include "algorithms.hpp"
 #include "gcomp/cost_model.hpp"
 
 namespace gcomp::detail {
+
+// What a stateful algorithm remembers of one tensor between calls, kept by the Communicator per
+// tensor (its spec, size, AllreduceOptions::tensor and bucket layout: the same tensor from step
+// to step, whatever its seed) and made by the row's make_memory on first use. Every rank derives
+// it from data all ranks hold, so all hold the same: the agreement compares signature() and every
+// rank calls forget() when they differ (a rank missed a call, or forgot).
+struct TensorMemory {
+  virtual ~TensorMemory() = default;
+  virtual std::uint64_t signature() const = 0;  // a hash of what it holds; 0 when it holds nothing
+  virtual void forget() = 0;
+};
+
+// One bucket of allreduce_buckets as the memory hooks see it: this rank of size, a bucket of len
+// elements whose tensor t is [begin[t], begin[t] + n[t]), with efs[t] its error feedback (or
+// null: it contributes zeros and keeps nothing).
+struct BucketParts {
+  int rank = 0;
+  int size = 1;
+  std::uint64_t len = 0;
+  std::span<const std::uint64_t> begin;
+  std::span<const std::uint64_t> n;
+  std::span<ErrorFeedback* const> efs;
+};
 
 struct AlgorithmRow {
   Algorithm id;
@@ -31,9 +57,40 @@ struct AlgorithmRow {
   double (*bytes)(const ModelInput& in);
   // Host tensors: job.in / job.out.
   void (*run)(Job& job);
-  // Device tensors (job.dev set): null runs `run` on the host staging and copies the result
+  // Device tensors (buf.dev set): null runs `run` on the host staging and copies the result
   // to the device.
   void (*run_device)(Job& job);
+
+  // ---- State: null for an algorithm without ----
+  // Memory of a tensor kept by the Communicator (TensorMemory); run finds it in job.memory.
+  std::unique_ptr<TensorMemory> (*make_memory)() = nullptr;
+  // Memory kept in the caller's ErrorFeedback (its slot, compressors/feedback_slot.hpp), so
+  // that it moves with the residual: how allreduce_buckets joins a bucket's tensors' memories
+  // into the bucket's before the call (or leaves it empty: it starts from zero) and splits it
+  // back after a call that succeeded.
+  void (*join_memory)(const BucketParts& parts, ErrorFeedback& bucket) = nullptr;
+  void (*split_memory)(const BucketParts& parts, const ErrorFeedback& bucket) = nullptr;
+};
+
+// The memories of the tensors a Communicator has reduced, one per stateful algorithm that suits
+// the tensor's codec, by tensor key. Bounded: past kMaxTensors tensors it forgets them all and
+// starts again (every rank alike, since every rank makes the same calls; a rank that differs is
+// caught by the agreement's signature).
+class MemoryStore {
+ public:
+  static constexpr std::size_t kMaxTensors = 4096;
+  struct Memories {
+    std::unique_ptr<TensorMemory> of[kAlgorithmCount];  // by algorithm value; null: none
+    // A hash of every memory's signature, 0 while none holds anything (the agreement's).
+    std::uint64_t signature() const;
+    void forget();
+  };
+  // The tensor's memories, made on first use for every row with make_memory (sparse_only rows
+  // only for a sparse codec).
+  Memories& of(std::uint64_t key, bool sparse_codec);
+
+ private:
+  std::unordered_map<std::uint64_t, Memories> map_;
 };
 
 // Every algorithm but automatic, in the order of gcomp::Algorithm. The first call checks the
@@ -42,7 +99,8 @@ std::span<const AlgorithmRow* const> algorithm_rows();
 // The row of an algorithm (not automatic).
 const AlgorithmRow& algorithm_row(Algorithm a);
 // Throws Error(internal) unless rows holds kAlgorithmCount - 1 rows, none null, row i's id
-// i + 1, each with a distinct non-empty name, a description and the functions every row needs.
+// i + 1, each with a distinct non-empty name, a description and the functions every row needs
+// (and join_memory and split_memory both or neither).
 void check_algorithm_table(std::span<const AlgorithmRow* const> rows);
 
 // Candidate rules shared by rows.

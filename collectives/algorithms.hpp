@@ -11,17 +11,18 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <variant>
 #include <vector>
 
 #include "gcomp/codec.hpp"
-#include "parallel.hpp"
 #include "gcomp/communicator.hpp"
 #include "mpi_util.hpp"
+#include "workspace.hpp"
 
 namespace gcomp::detail {
 
 class DeviceBackend;
-struct SparseRegions;
+struct TensorMemory;
 
 // Device memory a Communicator keeps for device tensors (payload staging), grown as needed.
 struct DeviceStage {
@@ -38,41 +39,26 @@ struct DeviceStage {
   ~DeviceStage();
 };
 
-struct Job {
+// What the call is, fixed once every rank has agreed on it (same codec, size, options and
+// algorithm, and no rank failed).
+struct CallSpec {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   const Codec* codec = nullptr;
+  std::uint64_t seed = 0;        // this rank's seed for the codec (rank mixed in where it should)
+  std::uint64_t owner_seed = 0;  // for re-encoding a reduced chunk
+  bool average = false;
+  bool majority_vote = false;
+};
+
+// The call's memory. Host tensors: in and out. Device tensors (dev set): the codec runs on the
+// device and payloads go through host memory to MPI; in and out are then host staging (n floats).
+struct CallBuffers {
   std::span<const float> in;  // may alias out
   std::span<float> out;
   ErrorFeedback* ef = nullptr;  // this rank's memory, or null
   std::span<float> ef_next;     // where the new residual goes (committed by the caller)
-  std::uint64_t seed = 0;       // this rank's seed for the codec (rank mixed in where it should)
-  std::uint64_t owner_seed = 0; // for re-encoding a reduced chunk
-  bool average = false;
-  bool majority_vote = false;
-  bool skip_codec = false;      // auto found compression not worth it: send x + e as it is
-  bool out_ready = false;       // out already holds x (+ e), checked finite (device staging)
-  // x + e, formed and checked before the agreement for the uncompressed path, in the scratch
-  // vector run_dense sends from (scratch_vector<float, 101>): the caller's out stays untouched
-  // until the exchange.
-  bool sum_ready = false;
-  // The whole-tensor payload, when it was made before the agreement (sparse codecs). Buffers
-  // are thread-local and reused: fresh ones would cost a page fault per 4 KiB on every call.
-  std::vector<std::byte>& payload = scratch_vector<std::byte, 100>();
-  bool have_payload = false;
-  // Agreed: the most entries any rank's sparse payload holds (or the codec's k, where the
-  // payloads were not made before the agreement).
-  std::uint64_t agreed_sent = 0;
-  // sparse_reduce_scatter's memory of this tensor (agreed equal on every rank), or null.
-  SparseRegions* regions = nullptr;
-
-  Traffic traffic;
-  double encode_seconds = 0;
-  double decode_seconds = 0;
-
-  // Device tensors: the codec runs on the device; payloads go through host memory to MPI.
-  // Null dev for host tensors. in/out above are then host staging (n floats).
   const DeviceBackend* dev = nullptr;
   void* stream = nullptr;
   const float* d_in = nullptr;
@@ -82,18 +68,78 @@ struct Job {
   DeviceStage* stage = nullptr;
 };
 
-// The whole-tensor encoding of job.in (with error feedback when job.ef), made once; on the
-// device for device tensors.
-void encode_whole(Job& job);
+// The input as the steps before the algorithm left it, read where it is needed: one of
+namespace prepared {
+struct Checked {};  // x (+ e) checked finite where it is; nothing formed yet
+struct Summed {     // x + e formed and checked (in the workspace): the uncompressed path sends it
+  std::span<const float> values;
+};
+struct Staged {};  // device tensors: out (the host staging) holds x (+ e); reduced in place
+struct Encoded {   // the whole-tensor payload (in the workspace), made once
+  std::span<const std::byte> payload;
+};
+}  // namespace prepared
+using Prepared =
+    std::variant<prepared::Checked, prepared::Summed, prepared::Staged, prepared::Encoded>;
+
+// Where a call's time and bytes go. A phase's seconds, from its start to the end of its scope,
+// are added to its counter (also when it ends by an exception).
+class Meter {
+ public:
+  Traffic traffic;            // in MPI calls (mpi_util.hpp adds to it)
+  double encode_seconds = 0;  // the codec's encodes, x + e formed
+  double decode_seconds = 0;  // decodes and the sparse algorithms' slicing, merging, selection
+
+  class Phase {
+   public:
+    explicit Phase(double& into) : into_(into), start_(now()) {}
+    ~Phase() { into_ += now() - start_; }
+    Phase(const Phase&) = delete;
+    Phase& operator=(const Phase&) = delete;
+
+   private:
+    double& into_;
+    double start_;
+  };
+  [[nodiscard]] Phase encoding() { return Phase(encode_seconds); }
+  [[nodiscard]] Phase decoding() { return Phase(decode_seconds); }
+  [[nodiscard]] Phase communicating() { return Phase(traffic.seconds); }  // MPI called directly
+};
+
+struct Job {
+  Job(const CallSpec& spec, const CallBuffers& buffers, Workspace& workspace)
+      : call(spec), buf(buffers), ws(workspace) {}
+  const CallSpec call;
+  CallBuffers buf;
+  Workspace& ws;  // the Communicator's scratch (workspace.hpp)
+  Prepared input = prepared::Checked{};
+  // Agreed before the run: auto found compression not worth it (x + e goes as it is), and the
+  // most entries any rank's sparse payload holds (or the codec's k, where the payloads were not
+  // made before the agreement).
+  bool skip_codec = false;
+  std::uint64_t agreed_sent = 0;
+  // The running algorithm's memory of this tensor (its row's make_memory; agreed equal on
+  // every rank), or null.
+  TensorMemory* memory = nullptr;
+  Meter meter;
+};
+
+// The whole-tensor encoding of the input (with error feedback when buf.ef), made once (into
+// the workspace; on the device for device tensors); returns it.
+std::span<const std::byte> encode_whole(Job& job);
+// The payload encode_whole made (job.input holds prepared::Encoded).
+inline std::span<const std::byte> payload_of(const Job& job) {
+  return std::get<prepared::Encoded>(job.input).payload;
+}
 
 // out *= 1 / size when averaging.
 void finish_average(Job& job);
 // What write_out scales by to average in the same pass: 1 / size when averaging, else 1.
 float average_scale(const Job& job);
 
-// Device tensors: the whole-tensor payload encoded on the device into job.payload (host), and
-// the algorithms' device forms (device.cpp).
-void device_encode_whole(Job& job);
+// Device tensors: the whole-tensor payload encoded on the device into the workspace's payload
+// (host), and the algorithms' device forms (device.cpp).
+std::span<const std::byte> device_encode_whole(Job& job);
 void run_device(Job& job, Algorithm algorithm);
 
 // The even split of n elements into p chunks that every algorithm cutting a tensor uses: chunk
@@ -104,16 +150,15 @@ inline std::uint64_t chunk_bound(std::uint64_t n, std::uint64_t j, std::uint64_t
 // All p + 1 of them.
 std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p);
 
-// compressed_reduce_scatter's owner step, shared by the host and device forms: sums the P
-// payloads of this rank's chunk (len elements), averages if asked, re-encodes with the owner's
-// memory; mine is left empty when the re-encode fails (the failure marker).
-void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
-                    std::vector<std::byte>& mine, std::vector<float>& owner_next);
-// Steps 2-4 after the chunks are encoded into `to`: the all-to-all, the owner step and the
-// allgatherv of the owners' payloads into `all` (checked for failure markers).
-void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
-                  const std::vector<std::vector<std::byte>>& to, Gathered& all,
-                  std::vector<float>& owner_next);
+// compressed_reduce_scatter's steps shared by the host and device forms: the per-owner chunks
+// this rank sends (its workspace buffers, filled by the caller: chunk c for rank c); then the
+// all-to-all, the owner step (sums the P payloads of this rank's chunk, averages if asked,
+// re-encodes with the owner's memory, an empty payload marking a failure) and the allgatherv of
+// the owners' payloads (checked for failure markers), returned; and after the decode, the
+// owner's new memory committed into the ErrorFeedback's slot.
+std::vector<std::vector<std::byte>>& crs_outgoing(Job& job);
+const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound);
+void crs_commit(Job& job);
 
 // The device forms (device.cpp); allgather's runs majority_vote on the host.
 void run_dense_device(Job& job);
@@ -124,17 +169,17 @@ void run_crs_device(Job& job);
 // functions are their files' own, reached through their rows (algorithm_table.hpp).
 void run_dense(Job& job);
 
-// The sparse stream of this rank's payload (sparse codecs).
+// This rank's payload as a sparse vector (sparse codecs).
 struct SparseVector;
-void payload_stream(Job& job, SparseVector& out);
-// Whether the sparse algorithms' sparse vectors carry binary16 values (the codec's values=fp16).
+void payload_vector(Job& job, SparseVector& out);
+// Whether the sparse algorithms' vectors carry binary16 values (the codec's values=fp16).
 bool half_values(const Job& job);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
-// this rank's payload as a stream (into mine), its part j, [bound[j], bound[j+1]), to rank j (an
-// all-to-all), and the P parts of this rank's own region summed into acc in rank order. each(got)
-// sees every rank's part before it is merged (nullptr: none). Slicing and merging count as
-// decode time.
+// this rank's payload as a sparse vector (into mine), its part j, [bound[j], bound[j+1]), to rank j
+// (an all-to-all), and the P parts of this rank's own region summed into acc in rank order.
+// each(got) sees every rank's part before it is merged (nullptr: none). Slicing and merging count
+// as decode time.
 void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine, SparseVector& acc,
                        const std::function<void(const SparseVector&)>& each);
 

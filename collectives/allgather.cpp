@@ -15,41 +15,50 @@
 
 namespace gcomp::detail {
 
+namespace {
+struct AllgatherBuffers {
+  Gathered all;            // every rank's payload
+  std::vector<float> one;  // majority vote: one rank's decoded signs
+  std::vector<int> votes;  // and the votes so far
+};
+}  // namespace
+
 void allgather_payloads(Job& job) {
-  encode_whole(job);
-  thread_local Gathered all;
-  allgatherv_bytes(job.comm, job.payload, all, job.traffic);
-  const double start = now();
-  const std::size_t n = job.out.size();
-  std::fill(job.out.begin(), job.out.end(), 0.0f);
-  if (job.majority_vote && job.codec->kind() == CodecKind::sign) {
-    std::vector<float>& one = scratch_vector<float, 102>();
-    std::vector<int>& votes = scratch_vector<int, 103>();
-    one.resize(n);
-    votes.assign(n, 0);
-    double scales = 0;
-    for (int r = 0; r < job.size; ++r) {
-      std::fill(one.begin(), one.end(), 0.0f);
-      r == job.rank ? decode_add_own(all.of(r), one, 1.0f) : decode_add(all.of(r), one, 1.0f);
-      float scale = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        votes[i] += one[i] > 0 ? 1 : (one[i] < 0 ? -1 : 0);
-        scale = std::max(scale, std::fabs(one[i]));
+  const std::span<const std::byte> payload = encode_whole(job);
+  auto& [all, one, votes] = job.ws.get<AllgatherBuffers>();
+  allgatherv_bytes(job.call.comm, payload, all, job.meter.traffic);
+  {
+    const auto timed = job.meter.decoding();
+    const std::span<float> out = job.buf.out;
+    const std::size_t n = out.size();
+    std::fill(out.begin(), out.end(), 0.0f);
+    if (job.call.majority_vote && job.call.codec->kind() == CodecKind::sign) {
+      one.resize(n);
+      votes.assign(n, 0);
+      double scales = 0;
+      for (int r = 0; r < job.call.size; ++r) {
+        std::fill(one.begin(), one.end(), 0.0f);
+        r == job.call.rank ? decode_add_own(all.of(r), one, 1.0f)
+                           : decode_add(all.of(r), one, 1.0f);
+        float scale = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          votes[i] += one[i] > 0 ? 1 : (one[i] < 0 ? -1 : 0);
+          scale = std::max(scale, std::fabs(one[i]));
+        }
+        scales += scale;
       }
-      scales += scale;
-    }
-    const auto total = static_cast<float>(scales);
-    for (std::size_t i = 0; i < n; ++i) {
-      job.out[i] = votes[i] > 0 ? total : (votes[i] < 0 ? -total : 0.0f);
-    }
-  } else {
-    for (int r = 0; r < job.size; ++r) {
-      // This rank's own payload was checked when it was made.
-      r == job.rank ? decode_add_own(all.of(r), job.out, 1.0f)
-                    : decode_add(all.of(r), job.out, 1.0f);
+      const auto total = static_cast<float>(scales);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = votes[i] > 0 ? total : (votes[i] < 0 ? -total : 0.0f);
+      }
+    } else {
+      for (int r = 0; r < job.call.size; ++r) {
+        // This rank's own payload was checked when it was made.
+        r == job.call.rank ? decode_add_own(all.of(r), out, 1.0f)
+                           : decode_add(all.of(r), out, 1.0f);
+      }
     }
   }
-  job.decode_seconds += now() - start;
   finish_average(job);
 }
 

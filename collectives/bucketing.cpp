@@ -3,15 +3,15 @@
 // one collective's latency. Tensors with fewer than dense_below elements (biases, norms) are
 // fused into one more bucket that is summed uncompressed. Error feedback stays per tensor: each
 // tensor's residual is copied into the bucket's before the call and back after it, and so is
-// compressed_reduce_scatter's owner-side memory: this rank owns one chunk of each bucket, and
-// each tensor's ErrorFeedback::secondary keeps the part of that chunk that falls in the tensor.
-// All the state of error feedback thus lives in the caller's ErrorFeedback objects: new objects
-// start a new run from zero, whatever this communicator did before.
+// what an algorithm keeps beside the residual (its row's join_memory and split_memory: the
+// bucket's memory made from the tensors' shares of it, and split back). All the state of error
+// feedback thus lives in the caller's ErrorFeedback objects: new objects start a new run from
+// zero, whatever this communicator did before.
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "algorithms.hpp"
+#include "algorithm_table.hpp"
 #include "communicator_impl.hpp"
 #include "gcomp/communicator.hpp"
 
@@ -68,7 +68,9 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
   }
 
   CallStats sum;
-  thread_local std::vector<float> fused;
+  std::vector<float>& fused = impl_->ws_.fused;
+  std::vector<std::uint64_t> begin, count;  // a bucket's tensors in it
+  std::vector<ErrorFeedback*> bucket_efs;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     std::size_t len = 0;
     for (std::size_t t : buckets[b]) len += tensors[t].size();
@@ -86,46 +88,30 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
       off += x.size();
     }
     const std::uint64_t bucket_sig = sig ^ (0x9e3779b97f4a7c15ull * (b + 1));
-    // The owner-side memory of this rank's chunk [lo, hi) of the bucket (the chunks of
-    // compressed_reduce_scatter), gathered from the tensors' shares of it: all there and of
-    // the right sizes, or it starts from zero.
-    const auto p = static_cast<std::uint64_t>(impl_->size_),
-               me = static_cast<std::uint64_t>(impl_->rank_);
-    const auto lo = static_cast<std::size_t>(detail::chunk_bound(len, me, p));
-    const auto hi = static_cast<std::size_t>(detail::chunk_bound(len, me + 1, p));
-    const auto share = [&](std::size_t begin, std::size_t n) {
-      const std::size_t a = std::max(begin, lo), z = std::min(begin + n, hi);
-      return std::pair<std::size_t, std::size_t>{a, z > a ? z - a : 0};
-    };
+    // What the algorithms keep beside the tensors' residuals, joined into the bucket's.
+    begin.clear();
+    count.clear();
+    bucket_efs.clear();
+    off = 0;
+    for (std::size_t t : buckets[b]) {
+      begin.push_back(off);
+      count.push_back(tensors[t].size());
+      bucket_efs.push_back(with_ef ? efs[t] : nullptr);
+      off += tensors[t].size();
+    }
+    const detail::BucketParts parts{impl_->rank_, impl_->size_, len, begin, count, bucket_efs};
     if (with_ef) {
-      std::vector<float>& owner = bucket_ef.secondary();
-      owner.assign(hi - lo, 0.0f);
-      bool whole = true;
-      off = 0;
-      for (std::size_t t : buckets[b]) {
-        const auto [at, n] = share(off, tensors[t].size());
-        off += tensors[t].size();
-        if (n == 0 || !efs[t]) continue;  // a tensor without memory contributes zeros
-        if (efs[t]->secondary().size() != n) {
-          whole = false;
-          break;
-        }
-        std::memcpy(owner.data() + (at - lo), efs[t]->secondary().data(), 4 * n);
+      for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
+        if (row->join_memory) row->join_memory(parts, bucket_ef);
       }
-      if (!whole) owner.clear();  // sized (to zeros) by the algorithm on first use
     }
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
     impl_->call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, bucket_sig);
     sum.add(impl_->last_);
-    if (with_ef && bucket_ef.secondary().size() == hi - lo) {
-      off = 0;
-      for (std::size_t t : buckets[b]) {
-        const auto [at, n] = share(off, tensors[t].size());
-        off += tensors[t].size();
-        if (n == 0 || !efs[t]) continue;
-        efs[t]->secondary().assign(bucket_ef.secondary().begin() + static_cast<std::ptrdiff_t>(at - lo),
-                                   bucket_ef.secondary().begin() + static_cast<std::ptrdiff_t>(at - lo + n));
+    if (with_ef) {
+      for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
+        if (row->split_memory) row->split_memory(parts, bucket_ef);
       }
     }
     off = 0;

@@ -24,21 +24,21 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agreement.hpp"
-#include "auto_choice.hpp"
-#include "communicator_impl.hpp"
-#include "env_setting.hpp"
 #include "algorithm_table.hpp"
+#include "auto_choice.hpp"
 #include "codec_impl.hpp"
+#include "communicator_impl.hpp"
 #include "device_backend.hpp"
+#include "env_setting.hpp"
 #include "fnv.hpp"
 #include "gcomp/cost_model.hpp"
 #include "kernels.hpp"
 #include "learner.hpp"
 #include "nonfinite.hpp"
-#include "sparse_reduce_scatter.hpp"
 #include "sparse_vector.hpp"
 
 namespace gcomp {
@@ -160,22 +160,22 @@ namespace {
 // before the residual is committed. compressed_reduce_scatter finds it earlier, when an owner
 // cannot re-encode its chunk.
 void check_sum_finite(const detail::Job& job, Algorithm alg) {
-  if (alg == Algorithm::compressed_reduce_scatter || job.out.empty()) return;
-  std::size_t at = job.out.size();
-  if (job.dev) {
+  if (alg == Algorithm::compressed_reduce_scatter || job.buf.out.empty()) return;
+  std::size_t at = job.buf.out.size();
+  if (job.buf.dev) {
     try {
-      job.dev->check_finite(job.d_out, nullptr, job.out.size(), job.stream);
+      job.buf.dev->check_finite(job.buf.d_out, nullptr, job.buf.out.size(), job.buf.stream);
       return;
     } catch (const Error&) {
-      at = job.out.size();  // the device does not say where; the message does not need it
+      at = job.buf.out.size();  // the device does not say where; the message does not need it
     }
   } else {
-    if (!detail::any_nonfinite(job.out.data(), job.out.size())) return;
-    at = detail::first_nonfinite(job.out.data(), job.out.size());
+    if (!detail::any_nonfinite(job.buf.out.data(), job.buf.out.size())) return;
+    at = detail::first_nonfinite(job.buf.out.data(), job.buf.out.size());
   }
   throw Error(Status::nonfinite,
               std::string("the sum over ranks is not finite") +
-                  (at < job.out.size() ? " at element " + std::to_string(at) : std::string()) +
+                  (at < job.buf.out.size() ? " at element " + std::to_string(at) : std::string()) +
                   " (the ranks' finite contributions overflow float32; " + algorithm_name(alg) +
                   ")");
 }
@@ -194,7 +194,8 @@ struct Communicator::Impl::Call {
   std::uint64_t extra_signature;
   const detail::DeviceCall* device = nullptr;  // set for a call on device tensors
   double start = MPI_Wtime();
-  detail::Job job;
+  std::optional<detail::Job> job;                     // made by make_job
+  detail::MemoryStore::Memories* memories = nullptr;  // the algorithms' of this tensor, or null
   Agreement mine{};
   std::uint64_t sig = 0;          // of what must agree (describe() spells it out)
   Algorithm requested = Algorithm::automatic;
@@ -248,7 +249,7 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
   const Algorithm alg = decide(c, all);
   // Uncompressed, every rank sends values of at most the agreed magnitude: when their sum
   // cannot overflow, the check after the collective (a pass over out) is not needed.
-  c.sum_bounded = (codec->kind() == CodecKind::none || c.job.skip_codec) &&
+  c.sum_bounded = (codec->kind() == CodecKind::none || c.job->skip_codec) &&
                   detail::sum_cannot_overflow(self.size_, all.magnitude);
   run(c, alg);
   record(c, alg);
@@ -312,23 +313,13 @@ Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const Allred
   return requested;
 }
 
-// 3a. The job the algorithm will run (buffers, seeds, the device staging, the algorithms'
-// memories of the tensor) and the signature of what every rank must agree on.
+// 3a. The job the algorithm will run (what the call is, its buffers, the device staging), the
+// algorithms' memories of the tensor and the signature of what every rank must agree on.
 void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<float> out) {
   Impl& self = c.self;
   const Codec* codec = c.codec;
   ErrorFeedback* ef = c.ef;
   const AllreduceOptions& opt = c.opt;
-  detail::Job& job = c.job;
-  job.comm = self.comm_;
-  job.rank = self.rank_;
-  job.size = self.size_;
-  job.codec = codec;
-  job.in = in;
-  job.out = out;
-  job.ef = ef;
-  job.average = opt.average;
-  job.majority_vote = opt.majority_vote;
   c.sig = Fnv{}
               .add(codec->spec())
               .add(in.size())
@@ -341,31 +332,39 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
               .h;
   // Seeds: the rank is mixed in, but random-k's index draw is shared by all ranks.
   const bool shared = codec->properties().shared_support;
-  job.seed = derive_seed(opt.seed, opt.tensor, 0,
-                         shared ? 0 : static_cast<std::uint64_t>(self.rank_) + 1);
-  job.owner_seed = derive_seed(opt.seed, opt.tensor, 1, static_cast<std::uint64_t>(self.rank_));
+  const auto rank = static_cast<std::uint64_t>(self.rank_);
+  const detail::CallSpec spec{
+      .comm = self.comm_,
+      .rank = self.rank_,
+      .size = self.size_,
+      .codec = codec,
+      .seed = derive_seed(opt.seed, opt.tensor, 0, shared ? 0 : rank + 1),
+      .owner_seed = derive_seed(opt.seed, opt.tensor, 1, rank),
+      .average = opt.average,
+      .majority_vote = opt.majority_vote,
+  };
+  detail::CallBuffers buf{.in = in, .out = out, .ef = ef};
   if (const detail::DeviceCall* device = c.device) {
-    if (!self.stage_) self.stage_ = std::make_unique<detail::DeviceStage>();
-    self.stage_->dev = device->dev;
-    job.dev = device->dev;
-    job.stream = device->stream;
-    job.d_in = device->in;
-    job.d_out = device->out;
-    job.stage = self.stage_.get();
+    detail::DeviceStage& stage = self.ws_.device_stage();
+    stage.dev = device->dev;
+    buf.dev = device->dev;
+    buf.stream = device->stream;
+    buf.d_in = device->in;
+    buf.d_out = device->out;
+    buf.stage = &stage;
     if (ef) {
-      job.d_e_old = ef->view().data();
-      job.d_e_new = ef->scratch_view().data();
+      buf.d_e_old = ef->view().data();
+      buf.d_e_new = ef->scratch_view().data();
     }
   } else if (ef) {
-    job.ef_next = ef->scratch();
+    buf.ef_next = ef->scratch();
   }
-  // sparse_reduce_scatter's memory of this tensor: the same from step to step (the seed left
-  // out), compared in the agreement.
-  if (codec->properties().sparse) {
-    if (!self.regions_) self.regions_ = std::make_unique<detail::RegionMemory>();
-    job.regions = &self.regions_->of(
-        Fnv{}.add(codec->spec()).add(in.size()).add(opt.tensor).add(c.extra_signature).h);
-  }
+  c.job.emplace(spec, buf, self.ws_);
+  // The algorithms' memories of this tensor: the same from step to step (the seed left out),
+  // compared in the agreement.
+  c.memories = &self.memories_.of(
+      Fnv{}.add(codec->spec()).add(in.size()).add(opt.tensor).add(c.extra_signature).h,
+      codec->properties().sparse);
 }
 
 // 3b. What auto knows before the agreement: the codec's speeds from an earlier call of this
@@ -375,7 +374,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
 bool Communicator::Impl::expect(Call& c) {
   Impl& self = c.self;
   const Codec& codec = *c.codec;
-  const std::size_t n = c.job.in.size();
+  const std::size_t n = c.job->buf.in.size();
   c.choosing = c.requested == Algorithm::automatic && codec.kind() != CodecKind::none;
   if (!c.choosing) return false;
   c.calibration = calibration_key(codec, n, c.device != nullptr);
@@ -402,25 +401,26 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
   const detail::DeviceCall* device = c.device;
   const Codec* codec = c.codec;
   ErrorFeedback* ef = c.ef;
-  detail::Job& job = c.job;
-  const std::span<const float> in = job.in;
+  detail::Job& job = *c.job;
+  const std::span<const float> in = job.buf.in;
   Agreement& mine = c.mine;
   mine.magnitude = detail::kNotMeasured;
   if (device) {
     // As on the host: sparse codecs encode now, the others are checked now and encode
     // later, where the algorithm needs the payload.
     if (codec->properties().sparse) {
-      detail::encode_whole(job);
-      mine.sent = payload_entries(job.payload);
-      mine.bytes = job.payload.size();
+      const std::span<const std::byte> payload = detail::encode_whole(job);
+      mine.sent = payload_entries(payload);
+      mine.bytes = payload.size();
     } else {
-      device->dev->check_finite(device->in, job.d_e_old, in.size(), device->stream);
+      device->dev->check_finite(device->in, job.buf.d_e_old, in.size(), device->stream);
       mine.bytes = codec->max_bytes(in.size());
     }
   } else if (codec->properties().sparse && !likely_uncompressed) {
-    detail::encode_whole(job);  // needed by every sparse path; fails here on NaN/Inf
-    mine.sent = payload_entries(job.payload);
-    mine.bytes = job.payload.size();
+    // Needed by every sparse path; fails here on NaN/Inf.
+    const std::span<const std::byte> payload = detail::encode_whole(job);
+    mine.sent = payload_entries(payload);
+    mine.bytes = payload.size();
   } else {
     // Not encoded now (a dense codec encodes where the algorithm needs it; a sparse one is
     // not encoded when the plain allreduce is the likely choice, and is encoded after the
@@ -434,10 +434,10 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
         ef ? std::span<const float>(ef->residual()) : std::span<const float>();
     float magnitude = 0;
     if (ef && (codec->kind() == CodecKind::none || likely_uncompressed)) {
-      std::vector<float>& sum = detail::scratch_vector<float, 101>();
+      std::vector<float>& sum = job.ws.sum;
       sum.resize(in.size());
       magnitude = detail::copy_checked_magnitude(in, e, sum);
-      job.sum_ready = true;
+      job.input = detail::prepared::Summed{sum};
     } else {
       magnitude = detail::checked_magnitude(in, e);
     }
@@ -461,7 +461,7 @@ Agreement Communicator::Impl::agree(Call& c) {
   c.mine.learned_seconds = dbits(self.pending_seconds_);
   self.pending_key_ = 0;
   c.mine.seal(c.sig);
-  c.mine.seal_regions(c.job.regions ? c.job.regions->signature() : 0);
+  c.mine.seal_memory(c.memories ? c.memories->signature() : 0);
   const double start = MPI_Wtime();
   const Agreement all = detail::agree(self.comm_, c.mine);
   c.agree_seconds = MPI_Wtime() - start;
@@ -474,13 +474,13 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
   Impl& self = c.self;
   if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
   // Ranks whose memories of the tensor differ (one missed a call) all start afresh.
-  if (c.job.regions && !all.same_regions()) c.job.regions->forget();
-  c.job.agreed_sent = all.sent;
+  if (c.memories && !all.same_memory()) c.memories->forget();
+  c.job->agreed_sent = all.sent;
   if (!c.choosing) {
     return c.requested == Algorithm::automatic ? Algorithm::dense : c.requested;  // `none`
   }
   const Codec& codec = *c.codec;
-  const std::size_t n = c.job.in.size();
+  const std::size_t n = c.job->buf.in.size();
   ComputeModel& compute = c.compute;
   if (all.encode == dbits(kInfinity)) {
     // Some rank has not seen this (spec, size class, host or device): all ranks measure it now,
@@ -503,37 +503,39 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
                               c.opt.average, c.ef != nullptr);
   mi.allow_uncompressed = c.opt.allow_uncompressed;
   const Choice choice = self.choose_learned(c.group, mi);
-  c.job.skip_codec = !choice.compressed;
+  c.job->skip_codec = !choice.compressed;
   return choice.algorithm;
 }
 
 // The algorithm's run (its row's), the check of the sum, the residual committed.
 void Communicator::Impl::run(Call& c, Algorithm alg) {
-  if (c.job.dev) {
-    detail::run_device(c.job, alg);
+  detail::Job& job = *c.job;
+  job.memory = c.memories ? c.memories->of[static_cast<int>(alg)].get() : nullptr;
+  if (job.buf.dev) {
+    detail::run_device(job, alg);
   } else {
-    detail::algorithm_row(alg).run(c.job);
+    detail::algorithm_row(alg).run(job);
   }
-  if (!c.sum_bounded) check_sum_finite(c.job, alg);
+  if (!c.sum_bounded) check_sum_finite(job, alg);
   if (c.ef) c.ef->commit();
 }
 
 // What the call did: the learner's pending time, the last call's and the running statistics.
 void Communicator::Impl::record(Call& c, Algorithm alg) {
   Impl& self = c.self;
-  const detail::Job& job = c.job;
+  const detail::Job& job = *c.job;
   if (c.choosing) {
     const Choice ran{alg, !job.skip_codec};
     self.pending_key_ = detail::AutoLearner::key_of(c.group, ran);
     self.pending_seconds_ =
-        self.timing_->call_seconds(*c.codec, job.in.size(), ran, MPI_Wtime() - c.start);
+        self.timing_->call_seconds(*c.codec, job.buf.in.size(), ran, MPI_Wtime() - c.start);
   }
   CallStats& s = self.last_;
-  s.bytes_sent = job.traffic.sent + 2 * sizeof(Agreement);
-  s.bytes_received = job.traffic.received + 2 * sizeof(Agreement);
-  s.encode_seconds = job.encode_seconds;
-  s.comm_seconds = job.traffic.seconds + c.agree_seconds;
-  s.decode_seconds = job.decode_seconds;
+  s.bytes_sent = job.meter.traffic.sent + 2 * sizeof(Agreement);
+  s.bytes_received = job.meter.traffic.received + 2 * sizeof(Agreement);
+  s.encode_seconds = job.meter.encode_seconds;
+  s.comm_seconds = job.meter.traffic.seconds + c.agree_seconds;
+  s.decode_seconds = job.meter.decode_seconds;
   s.agree_seconds = c.agree_seconds;
   s.algorithm = alg;
   s.compressed = !job.skip_codec;
@@ -591,7 +593,7 @@ void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, 
     throw e;
   }
   const detail::DeviceCall call{in.backend(), in.stream(), in.data(), out.data()};
-  std::vector<float>& host = detail::scratch_vector<float, 120>();
+  std::vector<float>& host = impl_->ws_.staging;
   host.resize(in.size());
   if (in.size() != out.size()) {
     const Error e(Status::invalid_argument, "input of " + std::to_string(in.size()) +

@@ -13,11 +13,12 @@
 #include <unordered_map>
 
 #include "agreement.hpp"
+#include "algorithm_table.hpp"
 #include "algorithms.hpp"
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
 #include "learner.hpp"
-#include "sparse_reduce_scatter.hpp"
+#include "workspace.hpp"
 
 namespace gcomp {
 
@@ -54,12 +55,16 @@ struct Communicator::Impl {
   std::unique_ptr<detail::AutoLearner> learner_ = std::make_unique<detail::AutoLearner>();
   std::uint64_t pending_key_ = 0;  // the last call's key and seconds, still to be agreed
   double pending_seconds_ = 0;
-  // Per codec spec and size class (calibration_key): the agreed codec speeds.
+  // Per codec spec and size class (calibration_key): the agreed codec speeds. One entry per
+  // (spec, size class, host or device) seen; a size class is a power of two, so at most 61 x 2
+  // per spec.
   std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
 
-  // ---- The algorithms' memories and the device staging, made on first use ----
-  std::unique_ptr<detail::DeviceStage> stage_;     // device staging for device tensors
-  std::unique_ptr<detail::RegionMemory> regions_;  // sparse_reduce_scatter's, per tensor
+  // ---- The algorithms' memories of tensors (bounded: MemoryStore::kMaxTensors) ----
+  detail::MemoryStore memories_;
+
+  // ---- The calls' scratch memory (workspace.hpp: no allocation once warm, and its bound) ----
+  detail::Workspace ws_;
 
   // ---- Statistics ----
   CallStats last_;

@@ -2,7 +2,8 @@
 // 1-bit Adam, Bagua's ByteGrad). The tensor is cut into P chunks, chunk c = [c n / P,
 // (c+1) n / P). Each rank encodes every chunk (with its error feedback) and sends chunk c to
 // rank c (all-to-all); owner c adds the P payloads in rank order in float32, averages if asked,
-// re-encodes the reduced chunk with its own error-feedback memory (ErrorFeedback::secondary),
+// re-encodes the reduced chunk with its own error-feedback memory (kept in the ErrorFeedback's
+// slot, compressors/feedback_slot.hpp),
 // and every owner's payload goes to every rank (allgatherv), which decodes them into its output.
 // The result is D(C(sum_r D(C(x_r)))): unbiased when the codec is.
 //
@@ -15,104 +16,167 @@
 #include <algorithm>
 
 #include "algorithm_table.hpp"
+#include "feedback_slot.hpp"
 #include "model_terms.hpp"
 
 namespace gcomp::detail {
 
-void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from, std::uint64_t len,
-                    std::vector<std::byte>& mine, std::vector<float>& owner_next) {
-  const auto p = static_cast<std::uint64_t>(job.size);
-  double start = now();
-  std::vector<float>& acc = scratch_vector<float, 106>();
-  acc.assign(len, 0.0f);
-  for (std::uint64_t r = 0; r < p; ++r) decode_add(from[r], acc, 1.0f);
-  if (job.average && p > 1) {
-    const float inv = 1.0f / static_cast<float>(p);
-    for (float& v : acc) v *= inv;
+namespace {
+// The workspace's buffers of this algorithm (host and device forms).
+struct CrsBuffers {
+  std::vector<std::vector<std::byte>> to, from;  // chunk c to and from rank c
+  std::vector<float> acc;                        // the owner's sum of its chunk
+  std::vector<std::byte> mine;                   // the owner's re-encoded chunk
+  Gathered all;                                  // every owner's chunk
+  // The owner's next error-feedback memory; swapped with the current one after the call, so
+  // that it holds last call's memory afterwards, of the right size: no allocation from call to
+  // call.
+  std::vector<float> owner_next;
+};
+}  // namespace
+
+std::vector<std::vector<std::byte>>& crs_outgoing(Job& job) { return job.ws.get<CrsBuffers>().to; }
+
+static void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& from,
+                           std::uint64_t len, std::vector<std::byte>& mine,
+                           std::vector<float>& owner_next) {
+  const auto p = static_cast<std::uint64_t>(job.call.size);
+  const Codec& codec = *job.call.codec;
+  std::vector<float>& acc = job.ws.get<CrsBuffers>().acc;
+  {
+    const auto timed = job.meter.decoding();
+    acc.assign(len, 0.0f);
+    for (std::uint64_t r = 0; r < p; ++r) decode_add(from[r], acc, 1.0f);
+    if (job.call.average && p > 1) {
+      const float inv = 1.0f / static_cast<float>(p);
+      for (float& v : acc) v *= inv;
+    }
   }
-  job.decode_seconds += now() - start;
-  start = now();
-  mine.resize(job.codec->max_bytes(len));
+  const auto timed = job.meter.encoding();
+  mine.resize(codec.max_bytes(len));
   try {
-    if (job.ef) {
-      std::vector<float>& memory = job.ef->secondary();
+    if (job.buf.ef) {
+      std::vector<float>& memory = FeedbackSlot::of(*job.buf.ef);
       if (memory.size() != len) memory.assign(len, 0.0f);  // first use, or the layout changed
       owner_next.resize(len);
-      mine.resize(job.codec->encode_ef(acc, memory, owner_next, job.owner_seed, mine));
+      mine.resize(codec.encode_ef(acc, memory, owner_next, job.call.owner_seed, mine));
     } else {
-      mine.resize(job.codec->encode(acc, job.owner_seed, mine));
+      mine.resize(codec.encode(acc, job.call.owner_seed, mine));
     }
   } catch (const Error&) {
     mine.clear();  // the failure marker
   }
-  job.encode_seconds += now() - start;
 }
 
-void crs_exchange(Job& job, const std::vector<std::uint64_t>& bound,
-                  const std::vector<std::vector<std::byte>>& to, Gathered& all,
-                  std::vector<float>& owner_next) {
+const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound) {
+  CrsBuffers& b = job.ws.get<CrsBuffers>();
   // 2. Chunk c to its owner.
-  auto& from = scratch_vector<std::vector<std::byte>, 105>();
-  alltoallv_bytes(job.comm, to, from, job.traffic);
+  alltoallv_bytes(job.call.comm, b.to, b.from, job.meter.traffic);
   // 3. The owner sums its chunk, then re-encodes it.
-  const auto me = static_cast<std::uint64_t>(job.rank);
-  std::vector<std::byte>& mine = scratch_vector<std::byte, 107>();
-  crs_owner_step(job, from, bound[me + 1] - bound[me], mine, owner_next);
+  const auto me = static_cast<std::uint64_t>(job.call.rank);
+  crs_owner_step(job, b.from, bound[me + 1] - bound[me], b.mine, b.owner_next);
   // 4. Every owner's chunk to every rank; an empty one marks an owner's failure.
-  allgatherv_bytes(job.comm, mine, all, job.traffic);
-  for (int c = 0; c < job.size; ++c) {
-    if (all.sizes[static_cast<std::size_t>(c)] == 0) {
+  allgatherv_bytes(job.call.comm, b.mine, b.all, job.meter.traffic);
+  for (int c = 0; c < job.call.size; ++c) {
+    if (b.all.sizes[static_cast<std::size_t>(c)] == 0) {
       throw Error(Status::nonfinite,
                   "compressed_reduce_scatter: the sum of chunk " + std::to_string(c) +
                       " on rank " + std::to_string(c) + " is not finite (float32 overflow)");
     }
   }
+  return b.all;
+}
+
+void crs_commit(Job& job) {
+  if (job.buf.ef) FeedbackSlot::of(*job.buf.ef).swap(job.ws.get<CrsBuffers>().owner_next);
 }
 
 static void run_compressed_reduce_scatter(Job& job) {
-  const std::uint64_t n = job.out.size();
-  const auto p = static_cast<std::uint64_t>(job.size);
-  const std::vector<std::uint64_t> bound = even_bounds(n, static_cast<std::uint64_t>(job.size));
+  const std::uint64_t n = job.buf.out.size();
+  const auto p = static_cast<std::uint64_t>(job.call.size);
+  const std::vector<std::uint64_t> bound = even_bounds(n, p);
   const auto chunk_of = [&](std::span<const float> v, std::uint64_t c) {
     return v.subspan(bound[c], bound[c + 1] - bound[c]);
   };
 
   // 1. Encode every chunk; each gets its own seed, so chunks do not share random draws.
-  double start = now();
-  auto& to = scratch_vector<std::vector<std::byte>, 104>();
+  auto& to = crs_outgoing(job);
   to.resize(p);
-  for (std::uint64_t c = 0; c < p; ++c) {
-    const std::span<const float> x = chunk_of(job.in, c);
-    to[c].resize(job.codec->max_bytes(x.size()));
-    const std::uint64_t seed = derive_seed(job.seed, c, 0, 0);
-    std::size_t bytes;
-    if (job.ef) {
-      bytes = job.codec->encode_ef(x, chunk_of(job.ef->residual(), c),
-                                   job.ef_next.subspan(bound[c], x.size()), seed, to[c]);
-    } else {
-      bytes = job.codec->encode(x, seed, to[c]);
+  {
+    const auto timed = job.meter.encoding();
+    const Codec& codec = *job.call.codec;
+    for (std::uint64_t c = 0; c < p; ++c) {
+      const std::span<const float> x = chunk_of(job.buf.in, c);
+      to[c].resize(codec.max_bytes(x.size()));
+      const std::uint64_t seed = derive_seed(job.call.seed, c, 0, 0);
+      std::size_t bytes;
+      if (job.buf.ef) {
+        bytes = codec.encode_ef(x, chunk_of(job.buf.ef->residual(), c),
+                                job.buf.ef_next.subspan(bound[c], x.size()), seed, to[c]);
+      } else {
+        bytes = codec.encode(x, seed, to[c]);
+      }
+      to[c].resize(bytes);
     }
-    to[c].resize(bytes);
   }
-  job.encode_seconds += now() - start;
-
-  thread_local Gathered all;
-  // The owner's next error-feedback memory; swapped with the current one below, so that it
-  // holds last call's memory afterwards, of the right size: no allocation (and no page faults
-  // on fresh memory, 8 ms for 8M floats) from call to call.
-  thread_local std::vector<float> owner_next;
-  crs_exchange(job, bound, to, all, owner_next);
+  const Gathered& all = crs_exchange(job, bound);
   // 5. Decode all chunks.
-  start = now();
-  for (std::uint64_t c = 0; c < p; ++c) {
-    std::span<float> dst = job.out.subspan(bound[c], bound[c + 1] - bound[c]);
-    std::fill(dst.begin(), dst.end(), 0.0f);
-    decode_add(all.of(static_cast<int>(c)), dst, 1.0f);
+  {
+    const auto timed = job.meter.decoding();
+    for (std::uint64_t c = 0; c < p; ++c) {
+      std::span<float> dst = job.buf.out.subspan(bound[c], bound[c + 1] - bound[c]);
+      std::fill(dst.begin(), dst.end(), 0.0f);
+      decode_add(all.of(static_cast<int>(c)), dst, 1.0f);
+    }
   }
-  job.decode_seconds += now() - start;
-  if (job.ef) job.ef->secondary().swap(owner_next);
+  crs_commit(job);
 }
 
+// The owner-side memory of this rank's chunk [lo, hi) of a bucket, as the bucket's tensors'
+// shares of it: each tensor's slot keeps the part of the chunk that falls in the tensor.
+struct OwnerChunk {
+  std::uint64_t lo, hi;
+  explicit OwnerChunk(const BucketParts& parts)
+      : lo(chunk_bound(parts.len, static_cast<std::uint64_t>(parts.rank),
+                       static_cast<std::uint64_t>(parts.size))),
+        hi(chunk_bound(parts.len, static_cast<std::uint64_t>(parts.rank) + 1,
+                       static_cast<std::uint64_t>(parts.size))) {}
+  // Tensor t's share: where it starts in the bucket and how many elements.
+  std::pair<std::uint64_t, std::uint64_t> share(const BucketParts& parts, std::size_t t) const {
+    const std::uint64_t a = std::max(parts.begin[t], lo),
+                        z = std::min(parts.begin[t] + parts.n[t], hi);
+    return {a, z > a ? z - a : 0};
+  }
+};
+
+// Gathered from the tensors' shares: all there and of the right sizes, or it starts from zero.
+static void join_owner_memory(const BucketParts& parts, ErrorFeedback& bucket) {
+  const OwnerChunk chunk(parts);
+  std::vector<float>& owner = FeedbackSlot::of(bucket);
+  owner.assign(chunk.hi - chunk.lo, 0.0f);
+  for (std::size_t t = 0; t < parts.efs.size(); ++t) {
+    const auto [at, n] = chunk.share(parts, t);
+    if (n == 0 || !parts.efs[t]) continue;  // a tensor without memory contributes zeros
+    const std::vector<float>& mine = FeedbackSlot::of(*parts.efs[t]);
+    if (mine.size() != n) {
+      owner.clear();  // sized (to zeros) by the algorithm on first use
+      return;
+    }
+    std::copy(mine.begin(), mine.end(), owner.begin() + static_cast<std::ptrdiff_t>(at - chunk.lo));
+  }
+}
+
+static void split_owner_memory(const BucketParts& parts, const ErrorFeedback& bucket) {
+  const OwnerChunk chunk(parts);
+  const std::vector<float>& owner = FeedbackSlot::of(bucket);
+  if (owner.size() != chunk.hi - chunk.lo) return;  // the bucket's call did not run this
+  for (std::size_t t = 0; t < parts.efs.size(); ++t) {
+    const auto [at, n] = chunk.share(parts, t);
+    if (n == 0 || !parts.efs[t]) continue;
+    const auto from = owner.begin() + static_cast<std::ptrdiff_t>(at - chunk.lo);
+    FeedbackSlot::of(*parts.efs[t]).assign(from, from + static_cast<std::ptrdiff_t>(n));
+  }
+}
 
 namespace {
 
@@ -147,14 +211,17 @@ double bytes_compressed_reduce_scatter(const ModelInput& in) {
 extern const AlgorithmRow kCompressedReduceScatterRow = {
     .id = Algorithm::compressed_reduce_scatter,
     .name = "compressed_reduce_scatter",
-    .description = "chunks encoded and exchanged all-to-all, each owner sums and re-encodes its "
-                   "chunk, the owners' payloads gathered",
+    .description =
+        "chunks encoded and exchanged all-to-all, each owner sums and re-encodes its "
+        "chunk, the owners' payloads gathered",
     .sparse_only = false,
     .candidate = for_dense_codecs,
     .predict = predict_compressed_reduce_scatter,
     .bytes = bytes_compressed_reduce_scatter,
     .run = run_compressed_reduce_scatter,
     .run_device = run_crs_device,
+    .join_memory = join_owner_memory,
+    .split_memory = split_owner_memory,
 };
 
 }  // namespace gcomp::detail

@@ -16,46 +16,52 @@
 
 namespace gcomp::detail {
 
-void run_dense(Job& job) {
-  const std::size_t n = job.in.size();
-  std::vector<float>& mine = scratch_vector<float, 101>();
-  const float* send = job.in.data();
-  if (job.skip_codec || job.codec->kind() == CodecKind::none) {
+// What this rank sends: x, x + e, or its decoded payload.
+static const float* contribution(Job& job) {
+  const std::size_t n = job.buf.in.size();
+  std::vector<float>& own = job.ws.own;
+  if (job.skip_codec || job.call.codec->kind() == CodecKind::none) {
     // Uncompressed: x, or with error feedback v = x + e, whose residual then is zero.
-    if (job.ef) std::fill(job.ef_next.begin(), job.ef_next.end(), 0.0f);
-    if (job.out_ready) {
-      send = job.out.data();  // device staging, copied and checked: reduce in place
-    } else if (job.sum_ready) {
-      send = mine.data();  // x + e, formed and checked before the agreement
-    } else if (job.ef) {
-      const double start = now();
-      mine.resize(n);
-      const auto e = job.ef->residual();
-      for (std::size_t i = 0; i < n; ++i) mine[i] = job.in[i] + e[i];
-      send = mine.data();
-      job.encode_seconds += now() - start;
+    if (job.buf.ef) std::fill(job.buf.ef_next.begin(), job.buf.ef_next.end(), 0.0f);
+    if (std::holds_alternative<prepared::Staged>(job.input)) {
+      return job.buf.out.data();  // device staging, copied and checked: reduced in place
     }
-  } else {
-    encode_whole(job);
-    const double start = now();
-    mine.assign(n, 0.0f);
-    decode_add_own(job.payload, mine, 1.0f);
-    job.decode_seconds += now() - start;
-    send = mine.data();
+    if (const auto* sum = std::get_if<prepared::Summed>(&job.input)) {
+      return sum->values.data();  // x + e, formed and checked before the agreement
+    }
+    if (!job.buf.ef) return job.buf.in.data();
+    const auto timed = job.meter.encoding();
+    own.resize(n);
+    const auto e = job.buf.ef->residual();
+    for (std::size_t i = 0; i < n; ++i) own[i] = job.buf.in[i] + e[i];
+    return own.data();
   }
-  const double start = now();
-  if (job.size == 1) {
-    if (send != job.out.data()) std::copy(send, send + n, job.out.data());
-  } else {
-    const void* sendbuf = send == job.out.data() ? MPI_IN_PLACE : static_cast<const void*>(send);
-    allreduce(sendbuf, job.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT, MPI_SUM, job.comm);
-    // The volume a bandwidth-optimal allreduce moves per rank.
-    const std::uint64_t volume = 2 * (static_cast<std::uint64_t>(job.size) - 1) * 4 * n /
-                                 static_cast<std::uint64_t>(job.size);
-    job.traffic.sent += volume;
-    job.traffic.received += volume;
+  const std::span<const std::byte> payload = encode_whole(job);
+  const auto timed = job.meter.decoding();
+  own.assign(n, 0.0f);
+  decode_add_own(payload, own, 1.0f);
+  return own.data();
+}
+
+void run_dense(Job& job) {
+  const std::size_t n = job.buf.in.size();
+  const float* send = contribution(job);
+  {
+    const auto timed = job.meter.communicating();
+    if (job.call.size == 1) {
+      if (send != job.buf.out.data()) std::copy(send, send + n, job.buf.out.data());
+    } else {
+      const void* sendbuf =
+          send == job.buf.out.data() ? MPI_IN_PLACE : static_cast<const void*>(send);
+      allreduce(sendbuf, job.buf.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT, MPI_SUM,
+                job.call.comm);
+      // The volume a bandwidth-optimal allreduce moves per rank.
+      const std::uint64_t volume = 2 * (static_cast<std::uint64_t>(job.call.size) - 1) * 4 * n /
+                                   static_cast<std::uint64_t>(job.call.size);
+      job.meter.traffic.sent += volume;
+      job.meter.traffic.received += volume;
+    }
   }
-  job.traffic.seconds += now() - start;
   finish_average(job);
 }
 

@@ -5,40 +5,50 @@
 
 namespace gcomp::detail {
 
-void encode_whole(Job& job) {
-  if (job.have_payload) return;
-  if (job.dev) return device_encode_whole(job);
-  const double start = now();
-  job.payload.resize(job.codec->max_bytes(job.in.size()));
+std::span<const std::byte> encode_whole(Job& job) {
+  if (const auto* done = std::get_if<prepared::Encoded>(&job.input)) return done->payload;
+  if (job.buf.dev) return device_encode_whole(job);
+  const auto timed = job.meter.encoding();
+  const Codec& codec = *job.call.codec;
+  std::vector<std::byte>& payload = job.ws.payload;
+  payload.resize(codec.max_bytes(job.buf.in.size()));
   std::size_t bytes;
-  if (job.ef) {
-    bytes = job.codec->encode_ef(job.in, job.ef->residual(), job.ef_next, job.seed, job.payload);
+  if (job.buf.ef) {
+    bytes = codec.encode_ef(job.buf.in, job.buf.ef->residual(), job.buf.ef_next, job.call.seed,
+                            payload);
   } else {
-    bytes = job.codec->encode(job.in, job.seed, job.payload);
+    bytes = codec.encode(job.buf.in, job.call.seed, payload);
   }
-  job.payload.resize(bytes);
-  job.have_payload = true;
-  job.encode_seconds += now() - start;
+  payload.resize(bytes);
+  job.input = prepared::Encoded{payload};
+  return payload;
 }
 
 bool half_values(const Job& job) {
-  return job.codec != nullptr && job.codec->impl().params().fp16_values;
+  return job.call.codec != nullptr && job.call.codec->impl().params().fp16_values;
 }
 
-void payload_stream(Job& job, SparseVector& out) {
-  const double start = now();
+namespace {
+// payload_vector's buffers: its entries are read into these, then swapped with the vector's, so
+// both keep their capacity from call to call.
+struct PayloadEntries {
   SparseEntries e;
-  sparse_entries_own(job.payload, e);
+};
+}  // namespace
+
+void payload_vector(Job& job, SparseVector& out) {
+  const auto timed = job.meter.decoding();
+  SparseEntries& e = job.ws.get<PayloadEntries>().e;
+  sparse_entries_own(payload_of(job), e);
   out.n = e.elements;
   out.full = false;
-  out.idx = std::move(e.indices);
-  out.val = std::move(e.values);
+  out.idx.swap(e.indices);
+  out.val.swap(e.values);
   if (goes_full(out.idx.size(), out.n)) {
     SparseVector none;
     none.n = out.n;
-    merge_into(out, none);  // switches to the dense representation
+    merge_into(out, none);  // switches to the full representation
   }
-  job.decode_seconds += now() - start;
 }
 
 std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p) {
@@ -47,40 +57,46 @@ std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p) {
   return b;
 }
 
-void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine, SparseVector& acc,
-                       const std::function<void(const SparseVector&)>& each) {
+namespace {
+// reduce_own_region's buffers (the workspace's).
+struct RegionExchangeBuffers {
+  std::vector<std::vector<std::byte>> to, from;  // the all-to-all's messages, by rank
+  SparseVector piece;                            // one rank's part, sliced or received
+};
+}  // namespace
+
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine,
+                       SparseVector& acc, const std::function<void(const SparseVector&)>& each) {
   encode_whole(job);
-  payload_stream(job, mine);
-  double start = now();
-  auto& to = scratch_vector<std::vector<std::byte>, 108>();
-  auto& from = scratch_vector<std::vector<std::byte>, 109>();
+  payload_vector(job, mine);
+  auto& [to, from, piece] = job.ws.get<RegionExchangeBuffers>();
   to.resize(bound.size() - 1);
-  thread_local SparseVector piece;
-  for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
-    slice(mine, bound[j], bound[j + 1], piece);
-    serialize(piece, to[j], half_values(job));
+  {
+    const auto timed = job.meter.decoding();
+    for (std::size_t j = 0; j + 1 < bound.size(); ++j) {
+      slice(mine, bound[j], bound[j + 1], piece);
+      serialize(piece, to[j], half_values(job));
+    }
   }
-  job.decode_seconds += now() - start;
-  alltoallv_bytes(job.comm, to, from, job.traffic);
-  start = now();
-  const auto me = static_cast<std::size_t>(job.rank);
+  alltoallv_bytes(job.call.comm, to, from, job.meter.traffic);
+  const auto timed = job.meter.decoding();
+  const auto me = static_cast<std::size_t>(job.call.rank);
   const std::uint64_t len = bound[me + 1] - bound[me];
   for (std::size_t r = 0; r < from.size(); ++r) {
     deserialize(from[r], len, r == 0 ? acc : piece);
     if (each) each(r == 0 ? acc : piece);
     if (r > 0) merge_into(acc, piece);
   }
-  job.decode_seconds += now() - start;
 }
 
 float average_scale(const Job& job) {
-  return job.average && job.size > 1 ? 1.0f / static_cast<float>(job.size) : 1.0f;
+  return job.call.average && job.call.size > 1 ? 1.0f / static_cast<float>(job.call.size) : 1.0f;
 }
 
 void finish_average(Job& job) {
   const float inv = average_scale(job);
   if (inv == 1.0f) return;
-  for (float& v : job.out) v *= inv;
+  for (float& v : job.buf.out) v *= inv;
 }
 
 }  // namespace gcomp::detail

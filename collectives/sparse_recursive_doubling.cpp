@@ -19,19 +19,23 @@
 
 namespace gcomp::detail {
 
+namespace {
+struct RecursiveDoublingBuffers {
+  SparseVector sum, other;           // this rank's partial sum, a partner's
+  std::vector<std::byte> wire, got;  // the partial sums as sent and received
+};
+}  // namespace
+
 static void run_sparse_recursive_doubling(Job& job) {
   encode_whole(job);
-  thread_local SparseVector s;
-  payload_stream(job, s);
-  const std::uint64_t n = job.out.size();
-  const int p = job.size;
-  const int r = job.rank;
+  auto& [s, other, wire, got] = job.ws.get<RecursiveDoublingBuffers>();
+  payload_vector(job, s);
+  const std::uint64_t n = job.buf.out.size();
+  const int p = job.call.size;
+  const int r = job.call.rank;
   int p2 = 1;
   while (p2 * 2 <= p) p2 *= 2;
   const int rem = p - p2;
-  std::vector<std::byte>& wire = scratch_vector<std::byte, 111>();
-  std::vector<std::byte>& got = scratch_vector<std::byte, 112>();
-  thread_local SparseVector other;
   // With binary16 values a partner reads this rank's stream rounded: this rank sums the same.
   const bool half = half_values(job);
   const auto send_form = [&] {
@@ -39,19 +43,18 @@ static void run_sparse_recursive_doubling(Job& job) {
     serialize(s, wire, half);
   };
   const auto merge_from = [&](const std::vector<std::byte>& bytes) {
-    const double start = now();
+    const auto timed = job.meter.decoding();
     deserialize(bytes, n, other);
     merge_into(s, other);
-    job.decode_seconds += now() - start;
   };
 
   int newrank = -1;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
       send_form();
-      send_bytes(job.comm, r + 1, wire, job.traffic);
+      send_bytes(job.call.comm, r + 1, wire, job.meter.traffic);
     } else {
-      recv_bytes(job.comm, r - 1, got, job.traffic);
+      recv_bytes(job.call.comm, r - 1, got, job.meter.traffic);
       merge_from(got);
       newrank = r / 2;
     }
@@ -63,24 +66,22 @@ static void run_sparse_recursive_doubling(Job& job) {
       const int peer_new = newrank ^ mask;
       const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
       send_form();
-      sendrecv_bytes(job.comm, peer, wire, got, job.traffic);
+      sendrecv_bytes(job.call.comm, peer, wire, got, job.meter.traffic);
       merge_from(got);
     }
   }
   if (r < 2 * rem) {
     if (r % 2 == 1) {
       serialize(s, wire);  // the result as it is, as its round partner holds it
-      send_bytes(job.comm, r - 1, wire, job.traffic);
+      send_bytes(job.call.comm, r - 1, wire, job.meter.traffic);
     } else {
-      recv_bytes(job.comm, r + 1, got, job.traffic);
-      const double start = now();
+      recv_bytes(job.call.comm, r + 1, got, job.meter.traffic);
+      const auto timed = job.meter.decoding();
       deserialize(got, n, s);
-      job.decode_seconds += now() - start;
     }
   }
-  const double start = now();
-  write_out(s, job.out, average_scale(job));  // averaged in the same pass
-  job.decode_seconds += now() - start;
+  const auto timed = job.meter.decoding();
+  write_out(s, job.buf.out, average_scale(job));  // averaged in the same pass
 }
 
 

@@ -40,8 +40,6 @@
 // P, and 104 bytes of report, to P-1 ranks), and on a first call one allreduce of 16 KiB. Bytes
 // per rank: about 2.1 k (P-1)/P entries + 112 (P-1) bytes, for any P; while the sums grow, at
 // most about 2.4 k (P-1)/P entries (the caps).
-#include "sparse_reduce_scatter.hpp"
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -55,6 +53,22 @@
 #include "sparse_vector.hpp"
 
 namespace gcomp::detail {
+
+// What the algorithm remembers of a tensor between calls (a TensorMemory, algorithm_table.hpp):
+// the region boundaries balanced by where the ranks' selections fell last time, and the global
+// threshold estimate (with the level it came from). Every rank derives it from the same gathered
+// data, so every rank holds the same.
+struct SparseRegions final : TensorMemory {
+  std::vector<std::uint64_t> bound;  // P + 1 boundaries; empty: P equal regions
+  double threshold = 0;              // keep |sum| >= threshold; 0: unknown (found this call)
+  double level = 0;                  // the previous call's 1.1 k-th largest |sum|; 0: unknown
+  std::uint64_t signature() const override;  // a hash of the three (0 when all are unset)
+  void forget() override {
+    bound.clear();
+    threshold = 0;
+    level = 0;
+  }
+};
 
 namespace {
 
@@ -149,17 +163,11 @@ std::uint64_t SparseRegions::signature() const {
   return h.h | 1;
 }
 
-SparseRegions& RegionMemory::of(std::uint64_t key) {
-  if (map_.size() >= 4096 && !map_.contains(key)) map_.clear();  // bounded: forget them all
-  return map_[key];
-}
-
 namespace {
 
-// The buffers a call works in, reused from call to call on this thread (fresh ones would cost a
-// page fault per 4 KiB every call).
+// The buffers a call works in (the workspace's, workspace.hpp).
 struct Buffers {
-  SparseVector mine;    // this rank's payload as a stream
+  SparseVector mine;    // this rank's payload as a sparse vector
   SparseVector acc;     // the owner's sum over its region
   SparseVector kept;    // the owner's entries to send (first, then second allgather)
   SparseVector piece;   // one owner's gathered entries
@@ -167,7 +175,8 @@ struct Buffers {
   std::vector<std::uint64_t> hist, hist_sum;
   std::vector<Ranked> above;   // the owner's entries above theta, where its cap cuts
   std::vector<Ranked> ranked;  // every gathered entry
-  std::vector<std::byte> entries;
+  std::vector<std::byte> entries;  // the owner's kept entries, serialized
+  std::vector<std::byte> payload;  // this owner's bytes for an allgather
   Gathered all;
 };
 
@@ -183,7 +192,6 @@ struct Call {
   Report report{};                   // what this owner reports beside its entries
   double theta = 0;                  // the owners keep |sum| >= theta
   Ranked cut{0, 0};                  // where this owner's cap cut (report.capped)
-  std::vector<std::byte>* payload = nullptr;  // this owner's bytes for the allgather
   std::vector<Report> reports;       // every owner's
   bool sent_all = false;             // every nonzero sum was gathered
   double next_theta = 0, level = 0;  // for the next call
@@ -197,9 +205,9 @@ struct Call {
 
 // 1. The regions: the remembered boundaries where they fit this tensor, else equal ones.
 void regions(Call& c) {
-  c.n = c.job.out.size();
-  c.p = static_cast<std::uint64_t>(c.job.size);
-  c.me = static_cast<std::size_t>(c.job.rank);
+  c.n = c.job.buf.out.size();
+  c.p = static_cast<std::uint64_t>(c.job.call.size);
+  c.me = static_cast<std::size_t>(c.job.call.rank);
   const std::vector<std::uint64_t>& old = c.memory.bound;
   c.bound = old.size() == c.p + 1 && old[c.p] == c.n ? old : even_bounds(c.n, c.p);
   c.k = std::min<std::uint64_t>(c.job.agreed_sent, c.n);
@@ -222,7 +230,7 @@ void reduce_scatter(Call& c) {
       b.positions.insert(b.positions.end(), got.idx.begin(), got.idx.end());
     }
   });
-  const double start = now();
+  const auto timed = c.job.meter.decoding();
   for (int q = 0; q < kQuartiles; ++q) {
     std::uint64_t at = c.lo + c.len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
     if (!any_dense && !b.positions.empty()) {
@@ -235,7 +243,6 @@ void reduce_scatter(Call& c) {
     }
     c.report.points[q] = at;
   }
-  c.job.decode_seconds += now() - start;
 }
 
 // 3a. The threshold: the remembered one, or the edge of the summed histograms' bin where aim
@@ -244,20 +251,22 @@ void threshold(Call& c) {
   c.theta = c.memory.threshold;
   if (c.theta > 0) return;
   Buffers& b = c.buf;
-  double start = now();
-  b.hist.assign(kHistBins, 0);
-  for_each_entry(b.acc, [&](std::uint64_t, float v) {
-    if (v != 0 && std::isfinite(v)) ++b.hist[hist_bin(v)];
-  });
-  b.hist_sum.resize(kHistBins);
-  c.job.decode_seconds += now() - start;
-  start = now();
-  allreduce(b.hist.data(), b.hist_sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T,
-            MPI_SUM, c.job.comm);
-  const std::uint64_t volume = 2 * (c.p - 1) * 8 * kHistBins / c.p;
-  c.job.traffic.sent += volume;
-  c.job.traffic.received += volume;
-  c.job.traffic.seconds += now() - start;
+  {
+    const auto timed = c.job.meter.decoding();
+    b.hist.assign(kHistBins, 0);
+    for_each_entry(b.acc, [&](std::uint64_t, float v) {
+      if (v != 0 && std::isfinite(v)) ++b.hist[hist_bin(v)];
+    });
+    b.hist_sum.resize(kHistBins);
+  }
+  {
+    const auto timed = c.job.meter.communicating();
+    allreduce(b.hist.data(), b.hist_sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T,
+              MPI_SUM, c.job.call.comm);
+    const std::uint64_t volume = 2 * (c.p - 1) * 8 * kHistBins / c.p;
+    c.job.meter.traffic.sent += volume;
+    c.job.meter.traffic.received += volume;
+  }
   c.theta = std::numeric_limits<float>::denorm_min();  // fewer than aim in all: keep every one
   std::uint64_t above = 0;
   for (std::size_t bin = kHistBins; bin-- > 0;) {
@@ -274,7 +283,7 @@ void threshold(Call& c) {
 // bytes for the allgather: the report, then the entries.
 void reselect(Call& c) {
   Buffers& b = c.buf;
-  const double start = now();
+  const auto timed = c.job.meter.decoding();
   const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(c.aim) /
                                               static_cast<double>(c.p)) +
                    kCapSlack;
@@ -322,12 +331,11 @@ void reselect(Call& c) {
     kept.idx.resize(to);
     kept.val.resize(to);
   }
-  std::vector<std::byte>& mine = *c.payload;
+  std::vector<std::byte>& mine = c.buf.payload;
   serialize(kept, b.entries, half_values(c.job));
   mine.resize(sizeof(Report) + b.entries.size());
   std::memcpy(mine.data(), &c.report, sizeof(Report));
   std::memcpy(mine.data() + sizeof(Report), b.entries.data(), b.entries.size());
-  c.job.decode_seconds += now() - start;
 }
 
 // Owner j's gathered entries into the result and the ranking (entries beyond the k-th are
@@ -346,17 +354,17 @@ void take(Call& c, std::span<const std::byte> bytes, std::uint64_t j) {
                       "sparse_reduce_scatter)");
     }
     c.buf.ranked.push_back({std::fabs(v), i});
-    c.job.out[i] = v;
+    c.job.buf.out[i] = v;
   }
 }
 
 // 4a. The allgather of every owner's report and kept entries (each report checked).
 void gather_first(Call& c) {
-  allgatherv_bytes(c.job.comm, *c.payload, c.buf.all, c.job.traffic);
-  const double start = now();
+  allgatherv_bytes(c.job.call.comm, c.buf.payload, c.buf.all, c.job.meter.traffic);
+  const auto timed = c.job.meter.decoding();
   c.reports.assign(c.p, Report{});
   c.buf.ranked.clear();
-  std::fill(c.job.out.begin(), c.job.out.end(), 0.0f);
+  std::fill(c.job.buf.out.begin(), c.job.buf.out.end(), 0.0f);
   for (std::uint64_t j = 0; j < c.p; ++j) {
     const auto got = c.buf.all.of(static_cast<int>(j));
     if (got.size() < sizeof(Report)) bad_report("shorter than its header");
@@ -370,7 +378,6 @@ void gather_first(Call& c) {
     }
     take(c, got.subspan(sizeof(Report)), j);
   }
-  c.job.decode_seconds += now() - start;
 }
 
 // 4b. A second allgather where the first did not settle the global top-k. Every rank sees the
@@ -392,30 +399,31 @@ bool gather_second(Call& c) {
   c.sent_all = c.theta <= std::numeric_limits<float>::denorm_min() && !any_capped;
   bool second = false, too_few = false, top_k_first = false;
   double lower = 0;
-  double start = now();
-  if (ranked.size() < c.k && !c.sent_all) {
-    second = too_few = true;
-    lower = std::numeric_limits<float>::denorm_min();
-    std::uint64_t count = ranked.size();
-    for (int b = 0; b < kBelow; ++b) {
-      for (const Report& r : c.reports) count += r.below[b];
-      if (count >= c.aim) {
-        lower = c.theta * std::exp2(-(b + 1) / 2.0);
-        break;
+  {
+    const auto timed = c.job.meter.decoding();
+    if (ranked.size() < c.k && !c.sent_all) {
+      second = too_few = true;
+      lower = std::numeric_limits<float>::denorm_min();
+      std::uint64_t count = ranked.size();
+      for (int b = 0; b < kBelow; ++b) {
+        for (const Report& r : c.reports) count += r.below[b];
+        if (count >= c.aim) {
+          lower = c.theta * std::exp2(-(b + 1) / 2.0);
+          break;
+        }
+      }
+      c.sent_all = lower <= std::numeric_limits<float>::denorm_min();
+    } else if (any_capped && c.k > 0 && ranked.size() >= c.k) {
+      std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(c.k - 1),
+                       ranked.end());
+      if (!(ranked[c.k - 1].mag > max_cut)) {
+        second = true;
+        lower = ranked[c.k - 1].mag;
+      } else {
+        top_k_first = true;
       }
     }
-    c.sent_all = lower <= std::numeric_limits<float>::denorm_min();
-  } else if (any_capped && c.k > 0 && ranked.size() >= c.k) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(c.k - 1),
-                     ranked.end());
-    if (!(ranked[c.k - 1].mag > max_cut)) {
-      second = true;
-      lower = ranked[c.k - 1].mag;
-    } else {
-      top_k_first = true;
-    }
-  }
-  if (second) {
+    if (!second) return top_k_first;
     SparseVector& kept = c.buf.kept;
     kept.idx.clear();
     kept.val.clear();
@@ -426,24 +434,22 @@ bool gather_second(Call& c) {
         kept.val.push_back(v);
       }
     });
-    serialize(kept, *c.payload, half_values(c.job));
-    c.job.decode_seconds += now() - start;
-    allgatherv_bytes(c.job.comm, *c.payload, c.buf.all, c.job.traffic);
-    start = now();
-    for (std::uint64_t j = 0; j < c.p; ++j) take(c, c.buf.all.of(static_cast<int>(j)), j);
-    if (too_few) {
-      c.theta = lower;
-      for (Report& r : c.reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
-    }
+    serialize(kept, c.buf.payload, half_values(c.job));
   }
-  c.job.decode_seconds += now() - start;
+  allgatherv_bytes(c.job.call.comm, c.buf.payload, c.buf.all, c.job.meter.traffic);
+  const auto timed = c.job.meter.decoding();
+  for (std::uint64_t j = 0; j < c.p; ++j) take(c, c.buf.all.of(static_cast<int>(j)), j);
+  if (too_few) {
+    c.theta = lower;
+    for (Report& r : c.reports) std::fill(std::begin(r.below), std::end(r.below), 0u);
+  }
   return top_k_first;
 }
 
 // 4c. The cut to the k largest, the next call's threshold, the residual's return and the
 // memory of the regions.
 void cut_and_remember(Call& c, bool top_k_first) {
-  const double start = now();
+  const auto timed = c.job.meter.decoding();
   std::vector<Ranked>& ranked = c.buf.ranked;
   const std::uint64_t k = c.k, aim = c.aim;
   const std::uint64_t gathered = ranked.size();
@@ -474,29 +480,23 @@ void cut_and_remember(Call& c, bool top_k_first) {
     }
   }
   if (gathered > k) {
-    for (std::size_t e = k; e < ranked.size(); ++e) c.job.out[ranked[e].idx] = 0.0f;
+    for (std::size_t e = k; e < ranked.size(); ++e) c.job.buf.out[ranked[e].idx] = 0.0f;
   }
   // Error feedback: this rank's own contribution returns where nothing was kept.
-  if (c.job.ef) {
+  if (c.job.buf.ef) {
     for_each_entry(c.buf.mine, [&](std::uint64_t i, float v) {
-      if (c.job.out[i] == 0.0f) c.job.ef_next[i] += v;
+      if (c.job.buf.out[i] == 0.0f) c.job.buf.ef_next[i] += v;
     });
   }
   // The next call's regions and threshold, the same on every rank.
-  if (c.job.regions) {
-    c.job.regions->bound = balanced_bounds(c.bound, c.reports, c.n);
-    c.job.regions->threshold =
-        c.next_theta > 0 && std::isfinite(c.next_theta) ? c.next_theta : 0.0;
-    c.job.regions->level = c.level > 0 && std::isfinite(c.level) ? c.level : 0.0;
-  }
-  c.job.decode_seconds += now() - start;
+  c.memory.bound = balanced_bounds(c.bound, c.reports, c.n);
+  c.memory.threshold = c.next_theta > 0 && std::isfinite(c.next_theta) ? c.next_theta : 0.0;
+  c.memory.level = c.level > 0 && std::isfinite(c.level) ? c.level : 0.0;
 }
 
 void run_sparse_reduce_scatter(Job& job) {
-  thread_local Buffers buf;
-  SparseRegions fresh;
-  Call c(job, buf, job.regions ? *job.regions : fresh);
-  c.payload = &scratch_vector<std::byte, 132>();
+  SparseRegions fresh;  // where the Communicator keeps no memory of the tensor
+  Call c(job, job.ws.get<Buffers>(), job.memory ? static_cast<SparseRegions&>(*job.memory) : fresh);
   regions(c);
   reduce_scatter(c);
   threshold(c);
@@ -542,14 +542,16 @@ bool with_error_feedback(const ModelInput& in) { return for_sparse_codecs(in) &&
 extern const AlgorithmRow kSparseReduceScatterRow = {
     .id = Algorithm::sparse_reduce_scatter,
     .name = "sparse_reduce_scatter",
-    .description = "regions exchanged all-to-all, each owner keeps a global top-k of its region, "
-                   "the owners' selections gathered",
+    .description =
+        "regions exchanged all-to-all, each owner keeps a global top-k of its region, "
+        "the owners' selections gathered",
     .sparse_only = true,
     .candidate = with_error_feedback,
     .predict = predict_sparse_reduce_scatter,
     .bytes = bytes_sparse_reduce_scatter,
     .run = run_sparse_reduce_scatter,
     .run_device = nullptr,
+    .make_memory = [] { return std::unique_ptr<TensorMemory>(new SparseRegions()); },
 };
 
 }  // namespace gcomp::detail

@@ -17,26 +17,31 @@
 
 namespace gcomp::detail {
 
+namespace {
+struct SparseSplitBuffers {
+  SparseVector mine, acc, piece;  // this rank's payload, its part's sum, one gathered part
+  std::vector<std::byte> wire;    // the reduced part as sent
+  Gathered all;                   // every owner's part
+};
+}  // namespace
+
 static void run_sparse_split(Job& job) {
-  const std::uint64_t n = job.out.size();
-  const auto p = static_cast<std::uint64_t>(job.size);
+  const std::uint64_t n = job.buf.out.size();
+  const auto p = static_cast<std::uint64_t>(job.call.size);
   const std::vector<std::uint64_t> bound = even_bounds(n, p);
-  thread_local SparseVector s, acc, piece;
-  reduce_own_region(job, bound, s, acc, nullptr);
-
-  double start = now();
-  std::vector<std::byte>& mine = scratch_vector<std::byte, 110>();
-  serialize(acc, mine, half_values(job));
-  job.decode_seconds += now() - start;
-
-  thread_local Gathered all;
-  allgatherv_bytes(job.comm, mine, all, job.traffic);
-  start = now();
+  auto& [mine, acc, piece, wire, all] = job.ws.get<SparseSplitBuffers>();
+  reduce_own_region(job, bound, mine, acc, nullptr);
+  {
+    const auto timed = job.meter.decoding();
+    serialize(acc, wire, half_values(job));
+  }
+  allgatherv_bytes(job.call.comm, wire, all, job.meter.traffic);
+  const auto timed = job.meter.decoding();
   for (std::uint64_t j = 0; j < p; ++j) {
     deserialize(all.of(static_cast<int>(j)), bound[j + 1] - bound[j], piece);
-    write_out(piece, job.out.subspan(bound[j], bound[j + 1] - bound[j]), average_scale(job));
+    // Averaged in write_out's pass.
+    write_out(piece, job.buf.out.subspan(bound[j], bound[j + 1] - bound[j]), average_scale(job));
   }
-  job.decode_seconds += now() - start;  // averaged in write_out's pass
 }
 
 

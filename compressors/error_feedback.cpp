@@ -38,11 +38,7 @@ void ErrorFeedback::release() noexcept {
 ErrorFeedback::~ErrorFeedback() { release(); }
 
 ErrorFeedback::ErrorFeedback(const ErrorFeedback& o)
-    : n_(o.n_),
-      residual_(o.residual_),
-      secondary_(o.secondary_),
-      device_(o.device_),
-      stream_(o.stream_) {
+    : n_(o.n_), residual_(o.residual_), slot_(o.slot_), device_(o.device_), stream_(o.stream_) {
   if (!device_) return;
   try {
     d_residual_ = static_cast<float*>(device_->alloc(4 * n_));
@@ -66,7 +62,7 @@ ErrorFeedback::ErrorFeedback(ErrorFeedback&& o) noexcept
     : n_(std::exchange(o.n_, 0)),
       residual_(std::move(o.residual_)),
       scratch_(std::move(o.scratch_)),
-      secondary_(std::move(o.secondary_)),
+      slot_(std::move(o.slot_)),
       device_(std::exchange(o.device_, nullptr)),
       stream_(o.stream_),
       d_residual_(std::exchange(o.d_residual_, nullptr)),
@@ -78,7 +74,7 @@ ErrorFeedback& ErrorFeedback::operator=(ErrorFeedback&& o) noexcept {
     n_ = std::exchange(o.n_, 0);
     residual_ = std::move(o.residual_);
     scratch_ = std::move(o.scratch_);
-    secondary_ = std::move(o.secondary_);
+    slot_ = std::move(o.slot_);
     device_ = std::exchange(o.device_, nullptr);
     stream_ = o.stream_;
     d_residual_ = std::exchange(o.d_residual_, nullptr);
@@ -116,7 +112,7 @@ void ErrorFeedback::reset() {
   } else {
     std::fill(residual_.begin(), residual_.end(), 0.0f);
   }
-  secondary_.clear();
+  slot_.clear();
 }
 
 std::span<float> ErrorFeedback::scratch() {

@@ -72,6 +72,7 @@ inline constexpr std::size_t kMaxElements = std::size_t{1} << 60;
 
 namespace detail {
 class CodecImpl;
+struct FeedbackSlot;
 }
 
 class Codec {
@@ -160,13 +161,7 @@ class ErrorFeedback {
   std::span<float> residual();
   // The residual as a view in its memory (device views on the stream given at construction).
   TensorView<float> view() const;
-  void reset();  // e = 0, and the secondary residual forgotten
-
-  // A second residual, for collectives that compress twice: compressed_reduce_scatter keeps the
-  // owner side of its chunk here (in allreduce_buckets, this tensor's share of the owner's chunk
-  // of its bucket). Host memory in both modes (the owner's step runs on the host). Empty until a
-  // collective sizes it; resized to zeros when the layout changes.
-  std::vector<float>& secondary() noexcept { return secondary_; }
+  void reset();  // e = 0, and what the collectives keep beside it forgotten
 
   // For the codecs: the buffer a new residual is written into, committed by commit() only when
   // the whole encode succeeded, so a failed call leaves the residual untouched.
@@ -179,7 +174,10 @@ class ErrorFeedback {
   std::size_t n_ = 0;
   std::vector<float> residual_;
   std::vector<float> scratch_;
-  std::vector<float> secondary_;
+  // What an algorithm keeps beside the residual, reached only from gcomp's own code
+  // (detail::FeedbackSlot): it moves and is copied with the residual.
+  friend struct detail::FeedbackSlot;
+  std::vector<float> slot_;
   const detail::DeviceBackend* device_ = nullptr;  // device memory: the two buffers below
   void* stream_ = nullptr;
   float* d_residual_ = nullptr;

@@ -8,8 +8,9 @@
 #include <cstring>
 #include <limits>
 
-#include "gcomp/gcomp_mpi.h"
 #include "agreement.hpp"
+#include "feedback_slot.hpp"
+#include "gcomp/gcomp_mpi.h"
 #include "mpi_util.hpp"
 
 namespace gcomp {
@@ -457,10 +458,10 @@ TEST(Buckets, OwnerMemoryLivesInTheTensorsFeedback) {
     const std::size_t x = std::max(begin, lo), z = std::min(begin + n, hi);
     return z > x ? z - x : std::size_t{0};
   };
-  EXPECT_EQ(a.mem[0].secondary().size(), share(32000, 0, 30000));
-  EXPECT_EQ(a.mem[1].secondary().size(), share(32000, 30000, 2000));
-  EXPECT_EQ(a.mem[2].secondary().size(), share(50000, 0, 50000));
-  EXPECT_TRUE(a.mem[3].secondary().empty());
+  EXPECT_EQ(gcomp::detail::FeedbackSlot::of(a.mem[0]).size(), share(32000, 0, 30000));
+  EXPECT_EQ(gcomp::detail::FeedbackSlot::of(a.mem[1]).size(), share(32000, 30000, 2000));
+  EXPECT_EQ(gcomp::detail::FeedbackSlot::of(a.mem[2]).size(), share(50000, 0, 50000));
+  EXPECT_TRUE(gcomp::detail::FeedbackSlot::of(a.mem[3]).empty());
   // A new run through the same communicator: the same two steps.
   Run b = make();
   EXPECT_EQ(b.step(sizes, codec, opt), a1);
@@ -471,7 +472,7 @@ TEST(Buckets, OwnerMemoryLivesInTheTensorsFeedback) {
   if (size() == 1) return;
   Run c = make();
   c.step(sizes, codec, opt);
-  for (auto& m : c.mem) m.secondary().clear();
+  for (auto& m : c.mem) gcomp::detail::FeedbackSlot::of(m).clear();
   EXPECT_NE(c.step(sizes, codec, opt), a2);
 }
 

@@ -1,0 +1,18 @@
+// The slot an ErrorFeedback keeps beside its residual for the collectives (host memory in both
+// modes, empty until an algorithm sizes it, cleared by reset(), copied and moved with the
+// residual): compressed_reduce_scatter keeps its owner-side residual there, so that all error
+// feedback state stays in the caller's objects. Reached only from gcomp's own code.
+#pragma once
+
+#include <vector>
+
+#include "gcomp/codec.hpp"
+
+namespace gcomp::detail {
+
+struct FeedbackSlot {
+  static std::vector<float>& of(ErrorFeedback& ef) noexcept { return ef.slot_; }
+  static const std::vector<float>& of(const ErrorFeedback& ef) noexcept { return ef.slot_; }
+};
+
+}  // namespace gcomp::detail
