@@ -13,6 +13,7 @@
 
 #include "algorithm_table.hpp"
 #include "communicator_impl.hpp"
+#include "feedback_slot.hpp"
 #include "gcomp/communicator.hpp"
 
 namespace gcomp {
@@ -76,7 +77,8 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
     for (std::size_t t : buckets[b]) len += tensors[t].size();
     fused.resize(len);
     const bool with_ef = !efs.empty();
-    ErrorFeedback bucket_ef(with_ef ? len : 0);
+    ErrorFeedback& bucket_ef = impl_->ws_.bucket_feedback;
+    if (with_ef) detail::FeedbackSlot::reuse(bucket_ef, len);  // zeros
     std::size_t off = 0;
     for (std::size_t t : buckets[b]) {
       const std::span<float> x = tensors[t];

@@ -28,10 +28,7 @@ struct CrsBuffers {
   std::vector<float> acc;                        // the owner's sum of its chunk
   std::vector<std::byte> mine;                   // the owner's re-encoded chunk
   Gathered all;                                  // every owner's chunk
-  // The owner's next error-feedback memory; swapped with the current one after the call, so
-  // that it holds last call's memory afterwards, of the right size: no allocation from call to
-  // call.
-  std::vector<float> owner_next;
+  std::vector<float> owner_next;  // the owner's next error-feedback memory (crs_commit)
 };
 }  // namespace
 
@@ -88,7 +85,9 @@ const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound) 
 }
 
 void crs_commit(Job& job) {
-  if (job.buf.ef) FeedbackSlot::of(*job.buf.ef).swap(job.ws.get<CrsBuffers>().owner_next);
+  // Copied, not swapped: each memory keeps its own capacity, so that calls on tensors of
+  // different sizes do not trade buffers and reallocate them.
+  if (job.buf.ef) FeedbackSlot::of(*job.buf.ef) = job.ws.get<CrsBuffers>().owner_next;
 }
 
 static void run_compressed_reduce_scatter(Job& job) {

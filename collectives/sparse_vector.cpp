@@ -25,14 +25,32 @@ bool fits_half(const std::vector<float>& v) {
   return true;
 }
 
-void to_full(SparseVector& s) {
-  if (s.full) return;
-  std::vector<float> d(s.n, 0.0f);
-  for (std::size_t j = 0; j < s.idx.size(); ++j) d[s.idx[j]] = s.val[j];
-  s.val.swap(d);
+// The indexed s in full, in place: entry j's value v goes to its index i as at(i, v) (from the
+// last entry, so none is overwritten before it is read: idx[j] >= j) and every other position
+// q becomes fill(q). Both vectors keep their capacity, so a warm vector allocates nothing.
+template <class At, class Fill>
+void expand(SparseVector& s, At at, Fill fill) {
+  std::vector<float>& v = s.val;
+  const std::size_t m = s.idx.size();
+  v.resize(s.n);
+  std::uint64_t end = s.n;  // (idx[j], end) is filled
+  for (std::size_t j = m; j-- > 0;) {
+    const std::uint64_t i = s.idx[j];
+    const float mine = v[j];
+    for (std::uint64_t q = i + 1; q < end; ++q) v[q] = fill(q);
+    v[i] = at(i, mine);
+    end = i;
+  }
+  for (std::uint64_t q = 0; q < end; ++q) v[q] = fill(q);
   s.idx.clear();
-  s.idx.shrink_to_fit();
   s.full = true;
+}
+
+void to_full(SparseVector& s) {
+  if (!s.full) {
+    expand(
+        s, [](std::uint64_t, float v) { return v; }, [](std::uint64_t) { return 0.0f; });
+  }
 }
 
 [[noreturn]] void bad_vector(const std::string& why) {
@@ -47,10 +65,11 @@ std::size_t SparseVector::wire_bytes_bound() const {
 void merge_into(SparseVector& acc, const SparseVector& other) {
   if (acc.full || other.full || goes_full(acc.entries() + other.entries(), acc.n)) {
     if (!acc.full && other.full) {
-      // Start from the full side so that each sum reads other + acc, as the partner computes.
-      SparseVector d = other;
-      for (std::size_t j = 0; j < acc.idx.size(); ++j) d.val[acc.idx[j]] += acc.val[j];
-      acc = std::move(d);
+      // Start from the full side so that each sum reads other + acc, as the partner computes
+      // (where acc has no entry the value is other's own, -0 included).
+      expand(
+          acc, [&](std::uint64_t i, float v) { return other.val[i] + v; },
+          [&](std::uint64_t q) { return other.val[q]; });
       return;
     }
     to_full(acc);

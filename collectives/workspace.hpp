@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "gcomp/codec.hpp"
+
 namespace gcomp::detail {
 
 struct DeviceStage;
@@ -36,6 +38,7 @@ class Workspace {
   std::vector<float> sum;          // x + e formed before the agreement for the uncompressed path
   std::vector<float> own;          // dense: this rank's decoded payload, or x + e, sent from here
   std::vector<float> fused;        // allreduce_buckets: one bucket's tensors side by side
+  ErrorFeedback bucket_feedback{0};  // and their residuals (FeedbackSlot::reuse per bucket)
   std::vector<float> staging;      // a device tensor's host staging (n floats)
   std::vector<float> residual;     // dense on a device tensor: the residual copied to the host
   // Device memory for device tensors (payload staging, pinned host memory), made on first use.
