@@ -118,8 +118,10 @@ double Communicator::predict_uncompressed(std::size_t n) {
                                                  impl_->compute_model(none, n), false, false));
 }
 
-Choice Communicator::Impl::choose_learned(std::uint64_t group, const ModelInput& in,
-                                          bool with_pending) const {
+Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) const {
+  ModelInput in = model_input(q.codec, q.n, q.sent, q.bytes, size_, network_, q.compute, q.average,
+                              q.error_feedback);
+  in.allow_uncompressed = q.allow_uncompressed;
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
   std::size_t m = 0;
@@ -132,7 +134,8 @@ Choice Communicator::Impl::choose_learned(std::uint64_t group, const ModelInput&
   if (in.allow_uncompressed && !in.codec_none) {
     options[m++] = {{Algorithm::dense, false}, gcomp::predict_uncompressed(in)};
   }
-  return learner_->choose(group, std::span<const detail::Option>(options.data(), m),
+  return learner_->choose(detail::AutoLearner::group_of(q.codec.spec(), q.n),
+                          std::span<const detail::Option>(options.data(), m),
                           with_pending ? pending_key_ : 0, pending_seconds_);
 }
 
@@ -145,10 +148,12 @@ Choice Communicator::choose(const Codec& codec, std::size_t n, std::size_t sent,
     impl_->measure_agreed(codec, n, TensorView<const float>(), key);
   }
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
-  ModelInput in = model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_,
-                              impl_->network_, impl_->compute_model(codec, n), false, false);
-  in.allow_uncompressed = allow_uncompressed;
-  return impl_->choose_learned(detail::AutoLearner::group_of(codec.spec(), n), in);
+  return impl_->auto_choice({.codec = codec,
+                             .n = n,
+                             .sent = s,
+                             .bytes = default_bytes(codec, n, s),
+                             .compute = impl_->compute_model(codec, n),
+                             .allow_uncompressed = allow_uncompressed});
 }
 
 }  // namespace gcomp

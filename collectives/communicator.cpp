@@ -385,11 +385,17 @@ bool Communicator::Impl::expect(Call& c) {
   }
   if (!c.known || !c.opt.allow_uncompressed) return false;
   const std::uint64_t s0 = default_sent(codec, n);
-  ModelInput mi = model_input(codec, n, s0, default_bytes(codec, n, s0), self.size_,
-                              self.network_, c.compute, c.opt.average, c.ef != nullptr);
-  mi.allow_uncompressed = true;
   // The previous call's time is not agreed yet: count it as this rank measured it.
-  return !self.choose_learned(c.group, mi, true).compressed;
+  return !self.auto_choice({.codec = codec,
+                            .n = n,
+                            .sent = s0,
+                            .bytes = default_bytes(codec, n, s0),
+                            .compute = c.compute,
+                            .average = c.opt.average,
+                            .error_feedback = c.ef != nullptr,
+                            .allow_uncompressed = true},
+                           true)
+              .compressed;
 }
 
 // 3. The job (make_job), what auto expects (expect), and the local work before the agreement:
@@ -499,10 +505,14 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
     self.calibrated_[c.calibration] = {compute.encode, compute.decode, 0, 0};
   }
   compute = self.with_shared_speeds(compute);
-  ModelInput mi = model_input(codec, n, all.sent, all.bytes, self.size_, self.network_, compute,
-                              c.opt.average, c.ef != nullptr);
-  mi.allow_uncompressed = c.opt.allow_uncompressed;
-  const Choice choice = self.choose_learned(c.group, mi);
+  const Choice choice = self.auto_choice({.codec = codec,
+                                          .n = n,
+                                          .sent = all.sent,
+                                          .bytes = all.bytes,
+                                          .compute = compute,
+                                          .average = c.opt.average,
+                                          .error_feedback = c.ef != nullptr,
+                                          .allow_uncompressed = c.opt.allow_uncompressed});
   c.job->skip_codec = !choice.compressed;
   return choice.algorithm;
 }

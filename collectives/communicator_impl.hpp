@@ -78,9 +78,21 @@ struct Communicator::Impl {
   ComputeModel measure_agreed(const Codec& codec, std::size_t n,
                               TensorView<const float> device_input, std::uint64_t key);
   ComputeModel with_shared_speeds(ComputeModel c) const;  // reduce and merge from creation
-  // The learner's next choice for the group; with_pending: also count the last call's own, not
-  // yet agreed, time (a rank's guess before the agreement).
-  Choice choose_learned(std::uint64_t group, const ModelInput& in, bool with_pending = false) const;
+  // What auto decides about a call: the one rule a call's expect and decide and the public
+  // choose() share. The model's seconds for every candidate (from these numbers: agreed ones,
+  // or before the agreement this rank's), weighed by what the learner measured of the group;
+  // with_pending: also count the last call's own, not yet agreed, time.
+  struct AutoQuery {
+    const Codec& codec;
+    std::size_t n;
+    std::uint64_t sent;   // entries a sparse payload holds (the codec's k, where not known)
+    std::uint64_t bytes;  // whole-tensor payload bytes
+    ComputeModel compute;
+    bool average = false;
+    bool error_feedback = false;
+    bool allow_uncompressed = false;
+  };
+  Choice auto_choice(const AutoQuery& q, bool with_pending = false) const;
 
   // ---- The call protocol (communicator.cpp) ----
   // One allreduce: `abandoned` set means this rank cannot take part and only tells the others;

@@ -1,7 +1,7 @@
 // The library's threading: a process-wide thread count (gcomp::set_num_threads, default from
 // GCOMP_NUM_THREADS, else 1) and parallel_for over independent chunks, on OpenMP when the build
 // has it. An exception thrown by a chunk is carried out of the parallel region and rethrown.
-// Also thread-local scratch vectors, so the hot paths do not allocate once warm.
+// Also the codecs' thread-local scratch vectors, so the hot paths do not allocate once warm.
 #pragma once
 
 #include <cstddef>
@@ -42,8 +42,12 @@ void parallel_for(std::size_t count, int threads, F&& f) {
   if (error) std::rethrow_exception(error);
 }
 
-// A thread-local vector for scratch use; Tag separates independent uses on one thread.
-template <class T, int Tag>
+// A thread-local vector for a codec's scratch use, named by Tag (a type declared beside its use,
+// `struct SelectSample;` ... `scratch_vector<std::uint32_t, SelectSample>()`): each name is one
+// vector per thread, kept at the capacity its largest use needed. Codecs keep their scratch per
+// thread because a codec is a value any thread may use; the collectives' scratch is the
+// Communicator's workspace (collectives/workspace.hpp).
+template <class T, class Tag>
 std::vector<T>& scratch_vector() {
   thread_local std::vector<T> v;
   return v;

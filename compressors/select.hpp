@@ -27,6 +27,11 @@
 
 namespace gcomp::detail {
 
+// The scratch vectors (parallel.hpp) the selection uses, named.
+struct SelectSample;
+struct SelectCandidates;
+struct SelectKeys;
+
 struct Candidate {
   std::uint64_t index;
   std::uint32_t key;
@@ -86,7 +91,7 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
   // ---- estimate a lower bound of the k-th key from a strided sample ----
   constexpr std::size_t kSample = 8192;
   const std::size_t samples = std::min(n, kSample);
-  std::vector<std::uint32_t>& sample = scratch_vector<std::uint32_t, 0>();
+  std::vector<std::uint32_t>& sample = scratch_vector<std::uint32_t, SelectSample>();
   sample.resize(samples);
   for (std::size_t j = 0; j < samples; ++j) {
     sample[j] = src.at(static_cast<std::size_t>((static_cast<unsigned __int128>(j) * n) / samples));
@@ -106,7 +111,7 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
       std::size_t{1} << 16);
 
   // ---- one pass: keys (with side effects) and candidates ----
-  auto& per_chunk = scratch_vector<std::vector<Candidate>, 0>();
+  auto& per_chunk = scratch_vector<std::vector<Candidate>, SelectCandidates>();
   if (per_chunk.size() < chunks) per_chunk.resize(chunks);
   std::atomic<std::size_t> total{0};
   std::atomic<bool> overflow{!use_fast};
@@ -130,7 +135,7 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
   if (res.nonfinite) return res;
 
   if (!overflow.load() && total.load() >= k) {
-    std::vector<std::uint32_t>& keys = scratch_vector<std::uint32_t, 1>();
+    std::vector<std::uint32_t>& keys = scratch_vector<std::uint32_t, SelectKeys>();
     keys.clear();
     for (std::size_t c = 0; c < chunks; ++c) {
       for (const Candidate& cd : per_chunk[c]) keys.push_back(cd.key);

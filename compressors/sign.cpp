@@ -20,6 +20,8 @@
 
 namespace gcomp::detail {
 
+struct SignBlockSums;  // a scratch vector (parallel.hpp): per-block sums of |v|
+
 namespace {
 
 constexpr std::size_t kChunk = std::size_t{1} << 16;  // a multiple of kReduceBlock
@@ -121,7 +123,7 @@ class SignCodec final : public CodecImpl {
     std::byte* data = write_header(out, CodecKind::sign, n, nullptr, {4, ceil_div(n, 8)});
     std::byte* bits = data + 4;
     const std::size_t blocks = static_cast<std::size_t>(ceil_div(n, kReduceBlock));
-    std::vector<double>& sums = scratch_vector<double, 2>();
+    std::vector<double>& sums = scratch_vector<double, SignBlockSums>();
     sums.resize(blocks);
     const float* src = e_old ? e_new : x;
     for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {

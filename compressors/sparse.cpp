@@ -24,6 +24,12 @@
 
 namespace gcomp::detail {
 
+// The scratch vectors (parallel.hpp) named: the selected indices, threshold's per-chunk
+// candidates, and the indices a decode unpacks (one vector for every decode on a thread).
+struct SelectedIndices;
+struct ThresholdChunks;
+struct DecodedIndices;
+
 namespace {
 
 enum class Mode { topk, randomk, threshold };
@@ -173,7 +179,7 @@ class SparseCodec final : public CodecImpl {
   std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
                      std::uint64_t seed, std::byte* out, std::size_t cap) const override {
     if (mode != Mode::threshold) require_capacity(max_bytes(n), cap);
-    std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 7>();
+    std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, SelectedIndices>();
     bool nonfinite = false;
     if (mode == Mode::topk) {
       if (e_old) {
@@ -202,7 +208,7 @@ class SparseCodec final : public CodecImpl {
                         std::vector<std::uint64_t>& idx) const {
     const std::uint32_t t = float_bits(static_cast<float>(tau));
     const std::size_t chunks = static_cast<std::size_t>(ceil_div(n, kSelectChunk));
-    auto& per_chunk = scratch_vector<std::vector<std::uint64_t>, 1>();
+    auto& per_chunk = scratch_vector<std::vector<std::uint64_t>, ThresholdChunks>();
     if (per_chunk.size() < chunks) per_chunk.resize(chunks);
     std::atomic<bool> bad{false};
     parallel_for(chunks, threads_for(n), [&](std::size_t c) {
@@ -384,7 +390,9 @@ void check_sparse(const Payload& p, std::vector<std::uint64_t>& idx) {
   }
 }
 
-void validate_sparse(const Payload& p) { check_sparse(p, scratch_vector<std::uint64_t, 8>()); }
+void validate_sparse(const Payload& p) {
+  check_sparse(p, scratch_vector<std::uint64_t, DecodedIndices>());
+}
 
 // acc += alpha * the entries, with the indices of a version 2 payload already in idx.
 void scatter_entries(const Payload& p, const std::vector<std::uint64_t>& idx, float* acc,
@@ -405,14 +413,14 @@ void scatter_entries(const Payload& p, const std::vector<std::uint64_t>& idx, fl
 }
 
 void decode_add_sparse(const Payload& p, float* acc, float alpha) {
-  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
+  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, DecodedIndices>();
   if (p.version >= 2) read_indices(p, idx);
   scatter_entries(p, idx, acc, alpha);
 }
 
 // validate_sparse and decode_add_sparse with the indices unpacked once.
 void validate_decode_add_sparse(const Payload& p, float* acc, float alpha) {
-  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, 8>();
+  std::vector<std::uint64_t>& idx = scratch_vector<std::uint64_t, DecodedIndices>();
   check_sparse(p, idx);
   scatter_entries(p, idx, acc, alpha);
 }

@@ -28,6 +28,11 @@
 
 namespace gcomp::detail {
 
+// The scratch vectors (parallel.hpp): per-block statistics and the two sums.
+struct TernGradBlocks;
+struct TernGradSums;
+struct TernGradSquares;
+
 namespace {
 
 constexpr std::size_t kChunk = std::size_t{1} << 16;  // multiple of kReduceBlock and of 64
@@ -248,7 +253,7 @@ class TernGradCodec final : public CodecImpl {
     require_capacity(need, cap);
     // Pass 1: v (into the new residual with error feedback) and per-block statistics.
     const std::size_t blocks = static_cast<std::size_t>(ceil_div(n, kReduceBlock));
-    std::vector<BlockStats>& stats = scratch_vector<BlockStats, 0>();
+    std::vector<BlockStats>& stats = scratch_vector<BlockStats, TernGradBlocks>();
     stats.resize(blocks);
     const float* src = e_old ? e_new : x;
     for_chunks(n, kChunk, [&](std::size_t b, std::size_t e) {
@@ -257,8 +262,8 @@ class TernGradCodec final : public CodecImpl {
       }
       stats_of_blocks(src, b, e, stats.data());
     });
-    std::vector<double>& s1 = scratch_vector<double, 0>();
-    std::vector<double>& s2 = scratch_vector<double, 1>();
+    std::vector<double>& s1 = scratch_vector<double, TernGradSums>();
+    std::vector<double>& s2 = scratch_vector<double, TernGradSquares>();
     s1.resize(blocks);
     s2.resize(blocks);
     std::uint32_t max_bits = 0;
