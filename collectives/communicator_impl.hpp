@@ -103,6 +103,17 @@ struct Communicator::Impl {
             ErrorFeedback* ef, const AllreduceOptions& opt, const Error* abandoned,
             std::uint64_t extra_signature, const detail::DeviceCall* device = nullptr);
 
+  // ---- allreduce_buckets' two kinds of call (bucketing.cpp) ----
+  // One bucket: its tensors (their residuals, and what the algorithms keep beside them) fused
+  // into the workspace, one call, everything copied back.
+  void reduce_bucket(std::span<const std::span<float>> tensors,
+                     std::span<const std::size_t> members, const Codec& codec,
+                     std::span<ErrorFeedback* const> efs, const AllreduceOptions& opt,
+                     std::uint64_t sig);
+  // The small tensors: one more bucket, summed uncompressed.
+  void reduce_small(std::span<const std::span<float>> tensors, std::span<const std::size_t> small,
+                    AllreduceOptions opt, std::uint64_t sig);
+
   struct Call;  // one call's state through the steps
   static void check_arguments(const Call& c, std::span<const float> in, std::span<float> out);
   static Algorithm resolve_algorithm(const Codec& codec, const AllreduceOptions& opt);

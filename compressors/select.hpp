@@ -56,39 +56,32 @@ inline std::uint32_t kth_largest(std::vector<std::uint32_t>& keys, std::size_t k
 
 }  // namespace select_impl
 
+namespace select_impl {
+
+// A pass for the keys' side effects and the non-finite check alone (k = 0 or k >= n); returns
+// whether a value was not finite.
 template <class Source>
-SelectResult select_top(Source& src, std::size_t n, std::size_t k,
-                        std::vector<std::uint64_t>& out) {
-  SelectResult res;
-  out.clear();
-  const std::size_t chunks = static_cast<std::size_t>(ceil_div(n, kSelectChunk));
+bool keys_only(Source& src, std::size_t n) {
   std::atomic<bool> bad{false};
+  for_chunks(n, kSelectChunk, [&](std::size_t b, std::size_t e) {
+    std::uint32_t keys[kKeyBlock];
+    for (std::size_t s = b; s < e; s += kKeyBlock) {
+      if (src.first(s, std::min(e, s + kKeyBlock), keys)) bad.store(true);
+    }
+  });
+  return bad.load();
+}
 
-  // Every element selected: a pass for the side effects and the non-finite check.
-  if (k >= n) {
-    for_chunks(n, kSelectChunk, [&](std::size_t b, std::size_t e) {
-      std::uint32_t keys[kKeyBlock];
-      for (std::size_t s = b; s < e; s += kKeyBlock) {
-        if (src.first(s, std::min(e, s + kKeyBlock), keys)) bad.store(true);
-      }
-    });
-    res.nonfinite = bad.load();
-    out.resize(n);
-    for (std::size_t i = 0; i < n; ++i) out[i] = i;
-    return res;
-  }
-  if (k == 0) {  // nothing to select (n > 0 only when a caller asks for k = 0)
-    for_chunks(n, kSelectChunk, [&](std::size_t b, std::size_t e) {
-      std::uint32_t keys[kKeyBlock];
-      for (std::size_t s = b; s < e; s += kKeyBlock) {
-        if (src.first(s, std::min(e, s + kKeyBlock), keys)) bad.store(true);
-      }
-    });
-    res.nonfinite = bad.load();
-    return res;
-  }
-
-  // ---- estimate a lower bound of the k-th key from a strided sample ----
+// The fast path's lower bound t_lo of the k-th key, from a strided sample of the keys, and how
+// many candidates are worth collecting; usable false when the bound would take about every
+// element.
+struct SampledBound {
+  std::uint32_t t_lo = 0;
+  std::size_t cap = 0;
+  bool usable = false;
+};
+template <class Source>
+SampledBound sampled_bound(Source& src, std::size_t n, std::size_t k) {
   constexpr std::size_t kSample = 8192;
   const std::size_t samples = std::min(n, kSample);
   std::vector<std::uint32_t>& sample = scratch_vector<std::uint32_t, SelectSample>();
@@ -100,21 +93,27 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
   const double expect =
       static_cast<double>(samples) * static_cast<double>(k) / static_cast<double>(n);
   const double rank_d = expect * 1.25 + 4.0 * std::sqrt(expect) + 8.0;
-  std::uint32_t t_lo = 0;
-  bool use_fast = rank_d < static_cast<double>(samples) * 0.5;  // else candidates ~ everything
-  if (use_fast) {
-    const auto rank = static_cast<std::size_t>(rank_d);
-    t_lo = select_impl::kth_largest(sample, rank);
-  }
-  const std::size_t cap = std::max<std::size_t>(
+  SampledBound b;
+  b.usable = rank_d < static_cast<double>(samples) * 0.5;  // else candidates ~ everything
+  if (b.usable) b.t_lo = kth_largest(sample, static_cast<std::size_t>(rank_d));
+  b.cap = std::max<std::size_t>(
       3 * static_cast<std::size_t>(rank_d / static_cast<double>(samples) * static_cast<double>(n)),
       std::size_t{1} << 16);
+  return b;
+}
 
-  // ---- one pass: keys (with side effects) and candidates ----
-  auto& per_chunk = scratch_vector<std::vector<Candidate>, SelectCandidates>();
+// The one pass of the fast path: every key computed (with its side effects), the elements with
+// key >= t_lo collected per chunk in index order, unless they overflow the bound's cap (or it
+// is unusable). Returns whether they did.
+template <class Source>
+bool collect_candidates(Source& src, std::size_t n, const SampledBound& bound,
+                        std::vector<std::vector<Candidate>>& per_chunk, std::size_t& total,
+                        bool& nonfinite) {
+  const std::size_t chunks = static_cast<std::size_t>(ceil_div(n, kSelectChunk));
   if (per_chunk.size() < chunks) per_chunk.resize(chunks);
-  std::atomic<std::size_t> total{0};
-  std::atomic<bool> overflow{!use_fast};
+  std::atomic<bool> bad{false};
+  std::atomic<std::size_t> count{0};
+  std::atomic<bool> overflow{!bound.usable};
   parallel_for(chunks, threads_for(n), [&](std::size_t c) {
     const std::size_t b = c * kSelectChunk;
     const std::size_t e = std::min(n, b + kSelectChunk);
@@ -126,38 +125,45 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
       const std::size_t l = std::min(e, s + kKeyBlock) - s;
       if (src.first(s, s + l, keys)) bad.store(true, std::memory_order_relaxed);
       if (overflow.load(std::memory_order_relaxed)) continue;
-      const std::size_t m = positions_at_least(keys, l, t_lo, pos);
+      const std::size_t m = positions_at_least(keys, l, bound.t_lo, pos);
       for (std::size_t j = 0; j < m; ++j) cand.push_back({s + pos[j], keys[pos[j]]});
     }
-    if (total.fetch_add(cand.size()) + cand.size() > cap) overflow.store(true);
+    if (count.fetch_add(cand.size()) + cand.size() > bound.cap) overflow.store(true);
   });
-  res.nonfinite = bad.load();
-  if (res.nonfinite) return res;
+  nonfinite = bad.load();
+  total = count.load();
+  return overflow.load();
+}
 
-  if (!overflow.load() && total.load() >= k) {
-    std::vector<std::uint32_t>& keys = scratch_vector<std::uint32_t, SelectKeys>();
-    keys.clear();
-    for (std::size_t c = 0; c < chunks; ++c) {
-      for (const Candidate& cd : per_chunk[c]) keys.push_back(cd.key);
-    }
-    const std::uint32_t t = select_impl::kth_largest(keys, k);
-    std::size_t greater = 0;
-    for (std::uint32_t key : keys) greater += key > t;
-    std::size_t ties = k - greater;
-    out.reserve(k);
-    for (std::size_t c = 0; c < chunks; ++c) {
-      for (const Candidate& cd : per_chunk[c]) {
-        if (cd.key > t || (cd.key == t && ties > 0)) {
-          if (cd.key == t) --ties;
-          out.push_back(cd.index);
-        }
+// The k largest among the candidates (at least k of them), ties to the lower index, into out.
+inline void take_from_candidates(const std::vector<std::vector<Candidate>>& per_chunk,
+                                 std::size_t chunks, std::size_t k,
+                                 std::vector<std::uint64_t>& out) {
+  std::vector<std::uint32_t>& keys = scratch_vector<std::uint32_t, SelectKeys>();
+  keys.clear();
+  for (std::size_t c = 0; c < chunks; ++c) {
+    for (const Candidate& cd : per_chunk[c]) keys.push_back(cd.key);
+  }
+  const std::uint32_t t = kth_largest(keys, k);
+  std::size_t greater = 0;
+  for (std::uint32_t key : keys) greater += key > t;
+  std::size_t ties = k - greater;
+  out.reserve(k);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    for (const Candidate& cd : per_chunk[c]) {
+      if (cd.key > t || (cd.key == t && ties > 0)) {
+        if (cd.key == t) --ties;
+        out.push_back(cd.index);
       }
     }
-    return res;
   }
+}
 
-  // ---- exact path: radix over 11 + 11 + 10 key bits, then one emitting pass ----
-  res.fast_path = false;
+// The exact path: radix over 11 + 11 + 10 key bits (keys recomputed without side effects), then
+// one emitting pass.
+template <class Source>
+void radix_select(Source& src, std::size_t n, std::size_t k, std::vector<std::uint64_t>& out) {
+  const std::size_t chunks = static_cast<std::size_t>(ceil_div(n, kSelectChunk));
   std::uint32_t prefix = 0;  // the key bits fixed so far
   std::size_t need = k;      // how many of the elements matching the prefix are still needed
   const int shifts[3] = {21, 10, 0};
@@ -209,6 +215,36 @@ SelectResult select_top(Source& src, std::size_t n, std::size_t k,
       }
     }
   }
+}
+
+}  // namespace select_impl
+
+template <class Source>
+SelectResult select_top(Source& src, std::size_t n, std::size_t k,
+                        std::vector<std::uint64_t>& out) {
+  SelectResult res;
+  out.clear();
+  if (k >= n || k == 0) {  // every element or none: the keys' side effects and check only
+    res.nonfinite = select_impl::keys_only(src, n);
+    if (k > 0) {
+      out.resize(n);
+      for (std::size_t i = 0; i < n; ++i) out[i] = i;
+    }
+    return res;
+  }
+  const select_impl::SampledBound bound = select_impl::sampled_bound(src, n, k);
+  auto& per_chunk = scratch_vector<std::vector<Candidate>, SelectCandidates>();
+  std::size_t total = 0;
+  const bool overflow =
+      select_impl::collect_candidates(src, n, bound, per_chunk, total, res.nonfinite);
+  if (res.nonfinite) return res;
+  if (!overflow && total >= k) {
+    select_impl::take_from_candidates(per_chunk,
+                                      static_cast<std::size_t>(ceil_div(n, kSelectChunk)), k, out);
+    return res;
+  }
+  res.fast_path = false;
+  select_impl::radix_select(src, n, k, out);
   return res;
 }
 
