@@ -720,11 +720,12 @@ PYBIND11_MODULE(_gcomp, m) {
         "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
         "set_wait_policy).");
 
-  py::class_<gcomp::Codec>(m, "Codec",
-                           "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"
-                           "Immutable; one Codec may be used by many threads at once. A bad spec\n"
-                           "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
-                           "the bad part.")
+  py::class_<gcomp::Codec>(
+      m, "Codec",
+      "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"
+      "Immutable; one Codec may be used by many threads at once. A bad spec\n"
+      "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
+      "the bad part.")
       .def(py::init<std::string_view>(), py::arg("spec"), "Codec(spec)")
       .def_property_readonly("spec", &gcomp::Codec::spec,
                              "The canonical spec, every key spelled out.")
@@ -737,11 +738,14 @@ PYBIND11_MODULE(_gcomp, m) {
             d["unbiased"] = p.unbiased;
             d["stochastic"] = p.stochastic;
             d["shared_support"] = p.shared_support;
+            d["contraction"] = p.contraction;
             d["bits_per_element"] = p.bits_per_element;
             return d;
           },
-          "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank selects\n"
-          "the same indices: random-k), bits_per_element (dense codecs).")
+          "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank\n"
+          "selects the same indices: random-k), contraction (its error |x - C(x)|^2 <=\n"
+          "(1 - delta) |x|^2, so error feedback applies by default; not QSGD, TernGrad, scaled\n"
+          "random-k, none), bits_per_element (dense codecs).")
       .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
            "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
       .def("selected", &gcomp::Codec::selected, py::arg("n"),

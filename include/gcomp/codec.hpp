@@ -44,6 +44,14 @@ struct CodecProperties {
   // Every rank selects the same indices (random-k: its index draw leaves the rank out of the
   // seed), so the sum of the ranks' payloads has as many entries as one.
   bool shared_support = false;
+  // Its error contracts: |x - C(x)|^2 <= (1 - delta) |x|^2 with 0 < delta <= 1 (top-k, delta >=
+  // k / n; unscaled random-k, k / n in expectation; sign, fp16, bf16; threshold, whose error is
+  // what falls below tau), which is what error feedback's analysis asks for: error feedback
+  // applies to it by default (gcomp.torch, gcomp-train, the interposer). False for the unbiased
+  // quantizers (QSGD, TernGrad, scaled random-k), whose error's variance is omega |x|^2 with
+  // omega >= 1 at useful compression, so that a residual fed back grows; and for none, which
+  // leaves nothing to feed back.
+  bool contraction = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
 };
 
