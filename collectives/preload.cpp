@@ -79,13 +79,13 @@ std::optional<bool> parse_switch(const std::string& s) {
   return std::nullopt;
 }
 
-// Error feedback where the codec's error contracts (top-k, threshold, sign, fp16, bf16,
-// unscaled random-k): the unbiased quantizers' residual grows (docs/interposer.md).
+// Error feedback where the codec's error contracts (CodecProperties::contraction: top-k,
+// threshold, sign, fp16, bf16, unscaled random-k): the unbiased quantizers' residual grows
+// (docs/interposer.md).
 bool feedback_for(const gcomp::Codec& c, const std::string& setting) {
   if (setting == "always") return true;
   if (setting == "off") return false;
-  const gcomp::CodecProperties p = c.properties();
-  return !(p.unbiased || (p.stochastic && !p.sparse));
+  return c.properties().contraction;
 }
 
 Settings read_settings() {

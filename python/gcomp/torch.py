@@ -68,10 +68,11 @@ def _codec_or_none(codec):
 
 def _feedback_wanted(codec, setting):
     """Whether error feedback applies: setting False, True (the codecs whose error is a
-    contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for) or
-    "always". The stochastic quantizers (QSGD, TernGrad) and scaled random-k are not: their
-    error's variance is omega |x|^2 with omega >= 1 at useful compression, a residual fed back
-    grows instead of shrinking, and training diverges (4-bit QSGD on the MLP of
+    contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for: the
+    codec's properties["contraction"], as the library's other users read it) or "always". The
+    stochastic quantizers (QSGD, TernGrad) and scaled random-k are not: their error's variance
+    is omega |x|^2 with omega >= 1 at useful compression, a residual fed back grows instead of
+    shrinking, and training diverges (4-bit QSGD on the MLP of
     python_examples/horovod_style.py does within 120 steps on 4 ranks). They are averaged
     without it unless setting is "always". Top-k, threshold, sign, fp16/bf16 and unscaled
     random-k get it."""
@@ -84,8 +85,7 @@ def _feedback_wanted(codec, setting):
     c = _codec_or_none(codec)
     if c is None:
         return True  # a bad spec: the first allreduce reports it, on every rank
-    p = c.properties
-    return not (p["unbiased"] or (p["stochastic"] and not p["sparse"]))
+    return c.properties["contraction"]
 
 
 def _splits(codec, per_parameter):
