@@ -659,12 +659,22 @@ py::dict last_stats(const PyCommunicator& self) {
   return d;
 }
 
-py::dict total_stats(const PyCommunicator& self) {
-  const gcomp::TotalStats& s = self.get().total_stats();
+py::dict totals_dict(const gcomp::TotalStats& s) {
   py::dict d = stats_dict(s);
   d["algorithm"] = by_algorithm(s.by_algorithm);
   d["compressed"] = s.compressed;
   return d;
+}
+
+py::dict total_stats(const PyCommunicator& self) { return totals_dict(self.get().total_stats()); }
+
+// Counts comm's last call into t with the library's own sum (TotalStats::add). Without
+// codec_applied (gcomp.torch's warm-up steps and small buckets, sent with codec none on purpose)
+// it adds no compressed calls, as allreduce_buckets' dense bucket adds none to last_stats.
+void add_last_call(gcomp::TotalStats& t, const PyCommunicator& comm, bool codec_applied) {
+  gcomp::CallStats s = comm.get().last_stats();
+  if (!codec_applied) s.compressed_calls = 0;
+  t.add(s);
 }
 
 }  // namespace
@@ -881,4 +891,23 @@ PYBIND11_MODULE(_gcomp, m) {
                              "Totals over this Communicator's collectives: calls, bytes_sent,\n"
                              "bytes_received, the four seconds, algorithm (calls per algorithm)\n"
                              "and compressed (calls that applied the codec).");
+
+  py::class_<gcomp::TotalStats>(
+      m, "TotalStats",
+      "TotalStats(): running totals of calls' statistics, zero at first, summed as the\n"
+      "Communicator sums its total_stats (by the library, one sum for both). For totals of a\n"
+      "part of a program's calls, such as gcomp.torch's per model.")
+      .def(py::init<>(), "TotalStats()")
+      .def("add", &add_last_call, py::arg("comm"), py::arg("codec_applied") = true,
+           "add(comm, codec_applied=True)\n\n"
+           "Counts comm's last call (comm.last_stats: one allreduce, or every bucket of an\n"
+           "allreduce_buckets) in. codec_applied=False counts none of its collectives as\n"
+           "compressed (a call that sent codec none on purpose, such as a warm-up step).")
+      .def("as_dict", &totals_dict,
+           "as_dict() -> dict\n\n"
+           "The totals, with the keys of Communicator.total_stats: calls, bytes_sent,\n"
+           "bytes_received, the four seconds, algorithm (calls per algorithm) and compressed.")
+      .def("__repr__", [](const gcomp::TotalStats& t) {
+        return "gcomp.TotalStats(calls=" + std::to_string(t.calls) + ")";
+      });
 }

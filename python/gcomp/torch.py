@@ -202,10 +202,10 @@ def init_process_group(backend="gloo", master_addr=None, master_port=None, **kwa
 class _Stats:
     def __init__(self):
         self.lock = threading.Lock()
-        self.calls = self.dense_calls = self.compressed = 0
-        self.bytes_sent = self.bytes_received = 0
-        self.encode_seconds = self.comm_seconds = self.decode_seconds = self.agree_seconds = 0.0
-        self.algorithm = {}
+        # The calls' statistics, summed by the library as it sums a Communicator's own totals;
+        # the dense calls (warm-up, small whole buckets) once more on their own, for dense_calls.
+        self.totals = gcomp.TotalStats()
+        self.dense = gcomp.TotalStats()
         # Where a step's communication time goes (docs/python.md, `state.stats()`):
         # the hook on the training thread; the hand-off (submitted -> started on the
         # communication thread); the job there, of which encode/comm/decode are the library's
@@ -228,25 +228,23 @@ class _Stats:
             self.tail_seconds += seconds
 
     def add(self, comm, dense):
-        """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets)."""
-        s = comm.last_stats
+        """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets); a
+        dense one counts as no compressed call."""
         with self.lock:
-            self.calls += s["calls"]
-            self.dense_calls += s["calls"] if dense else 0
-            self.compressed += 0 if dense else s["compressed_calls"]
-            self.bytes_sent += s["bytes_sent"]
-            self.bytes_received += s["bytes_received"]
-            self.encode_seconds += s["encode_seconds"]
-            self.comm_seconds += s["comm_seconds"]
-            self.decode_seconds += s["decode_seconds"]
-            self.agree_seconds += s["agree_seconds"]
-            for name, count in s["algorithms"].items():
-                self.algorithm[name] = self.algorithm.get(name, 0) + count
+            self.totals.add(comm, codec_applied=not dense)
+            if dense:
+                self.dense.add(comm)
 
     def snapshot(self, **extra):
         with self.lock:
-            d = {k: v for k, v in vars(self).items() if k != "lock"}
-            d["algorithm"] = dict(self.algorithm)
+            t = self.totals.as_dict()
+            d = {"calls": t["calls"], "dense_calls": self.dense.as_dict()["calls"],
+                 "compressed": t["compressed"]}
+            for k in ("bytes_sent", "bytes_received", "encode_seconds", "comm_seconds",
+                      "decode_seconds", "agree_seconds", "algorithm"):
+                d[k] = t[k]
+            for k in ("hook_seconds", "handoff_seconds", "job_seconds", "tail_seconds", "jobs"):
+                d[k] = getattr(self, k)
         d["python_seconds"] = max(0.0, d["job_seconds"] - d["encode_seconds"] - d["comm_seconds"]
                                   - d["decode_seconds"])
         d.update(extra)

@@ -157,6 +157,30 @@ def test_stats_count_the_bytes(comm):
     assert s["compressed_calls"] == 1  # the small tensors' bucket did not apply the codec
 
 
+def test_total_stats_sum_calls_as_the_communicator_does(comm):
+    t = gcomp.TotalStats()
+    assert t.as_dict() == {"calls": 0, "bytes_sent": 0, "bytes_received": 0,
+                           "encode_seconds": 0.0, "comm_seconds": 0.0, "decode_seconds": 0.0,
+                           "agree_seconds": 0.0, "algorithm": {}, "compressed": 0}
+    codec = gcomp.Codec("topk:ratio=0.01")
+    before = comm.total_stats
+    comm.allreduce(gradient(20000, comm.rank), codec, algorithm="sparse_allgather")
+    t.add(comm)
+    comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20,
+                           algorithm="sparse_allgather")
+    t.add(comm)
+    after, mine = comm.total_stats, t.as_dict()
+    for key in ("calls", "bytes_sent", "bytes_received"):
+        assert mine[key] == after[key] - before[key], key
+    for key in ("encode_seconds", "comm_seconds", "decode_seconds", "agree_seconds"):
+        assert mine[key] == pytest.approx(after[key] - before[key], abs=1e-9), key
+    assert mine["algorithm"] == {"sparse_allgather": 2, "dense": 1}
+    assert mine["compressed"] == 2  # the small tensors' bucket did not apply the codec
+    comm.allreduce(gradient(1000, 3), "none", algorithm="dense")
+    t.add(comm, codec_applied=False)  # sent uncompressed on purpose: no compressed call
+    assert t.as_dict()["calls"] == 4 and t.as_dict()["compressed"] == 2
+
+
 def expect_every_rank_raises(comm, call, culprit, error, status):
     """call() fails on rank `culprit` with `error` (and gcomp.Error `status` when that is it);
     the others raise gcomp.Error("mismatch") naming the culprit. Then a good call works."""
