@@ -254,4 +254,15 @@ std::string_view simd_level() noexcept;
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
                           std::uint64_t rank) noexcept;
 
+// The seed of one call of a training loop, from the user's seed, the step and the call's index
+// within the step (a bucket's): seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 +
+// index * 0x94D049BB133111EB, mod 2^64, so that the buckets of a step, and the steps, draw
+// differently. The Python module's allreduce and allreduce_buckets take their seed through it
+// when given a step (gcomp.torch passes its seed, step and bucket index so).
+constexpr std::uint64_t step_seed(std::uint64_t seed, std::uint64_t step,
+                                  std::uint64_t index) noexcept {
+  return seed * 0x9E3779B97F4A7C15ull + (step + 1) * 0xBF58476D1CE4E5B9ull +
+         index * 0x94D049BB133111EBull;
+}
+
 }  // namespace gcomp

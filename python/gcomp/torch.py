@@ -48,14 +48,6 @@ __all__ = [
     "init_process_group",
 ]
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(seed, step, index):
-    """A seed per (user seed, step, bucket): the draws of two buckets or steps never repeat."""
-    return (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK
-
-
 def _codec_or_none(codec):
     """The gcomp.Codec of a spec (or the Codec given), None for a bad spec."""
     if isinstance(codec, gcomp.Codec):
@@ -419,7 +411,7 @@ def compression_hook(state, bucket):
     last = bucket.is_last()
     per_parameter = state._split
     dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
-    seed = _mix(state.seed, step, index)
+    seed = state.seed  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
     ef = views = efs = velocities = None
@@ -443,10 +435,11 @@ def compression_hook(state, bucket):
                 # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
                 comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
                                        dense_below=dense_below, average=True, seed=seed,
-                                       algorithm=algorithm, allow_uncompressed=allow)
+                                       algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                       index=index)
             else:
                 comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
-                               allow_uncompressed=allow)
+                               allow_uncompressed=allow, step=step, index=index)
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
@@ -569,7 +562,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             velocities = self._accumulate_momentum(params, grads)
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
-        seed = _mix(self.seed, self.steps, self._buckets)
+        seed, step, index = self.seed, self.steps, self._buckets  # mixed by the library
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
@@ -579,7 +572,8 @@ class DistributedOptimizer(_PerParameterFeedback):
             started = time.perf_counter()
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
-                                   algorithm=algorithm, allow_uncompressed=allow)
+                                   algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                   index=index)
             stats.add(comm, dense)
             if velocities and not dense:
                 self._mask_momentum(velocities)
