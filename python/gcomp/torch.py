@@ -48,6 +48,9 @@ __all__ = [
     "init_process_group",
 ]
 
+_MASK = (1 << 64) - 1  # any int seed, as the library's 64 bits (the same seeds mod 2^64)
+
+
 def _codec_or_none(codec):
     """The gcomp.Codec of a spec (or the Codec given), None for a bad spec."""
     if isinstance(codec, gcomp.Codec):
@@ -411,7 +414,7 @@ def compression_hook(state, bucket):
     last = bucket.is_last()
     per_parameter = state._split
     dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
-    seed = state.seed  # the library mixes in step and index: a seed per bucket and step
+    seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
     ef = views = efs = velocities = None
@@ -562,7 +565,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             velocities = self._accumulate_momentum(params, grads)
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
-        seed, step, index = self.seed, self.steps, self._buckets  # mixed by the library
+        seed, step, index = self.seed & _MASK, self.steps, self._buckets  # the library mixes them
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
