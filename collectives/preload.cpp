@@ -79,13 +79,13 @@ std::optional<bool> parse_switch(const std::string& s) {
   return std::nullopt;
 }
 
-// Error feedback where the codec's error contracts (top-k, threshold, sign, fp16, bf16,
-// unscaled random-k): the unbiased quantizers' residual grows (docs/interposer.md).
+// Error feedback where the codec's error contracts (CodecProperties::contraction: top-k,
+// threshold, sign, fp16, bf16, unscaled random-k): the unbiased quantizers' residual grows
+// (docs/interposer.md).
 bool feedback_for(const gcomp::Codec& c, const std::string& setting) {
   if (setting == "always") return true;
   if (setting == "off") return false;
-  const gcomp::CodecProperties p = c.properties();
-  return !(p.unbiased || (p.stochastic && !p.sparse));
+  return c.properties().contraction;
 }
 
 Settings read_settings() {
@@ -142,10 +142,10 @@ struct CommState {
 };
 
 struct Totals {
-  std::uint64_t taken = 0, bytes_sent = 0, bytes_uncompressed = 0;
+  gcomp::TotalStats taken;  // the taken calls' statistics, summed as a Communicator sums its own
+  std::uint64_t bytes_uncompressed = 0;
   std::atomic<std::uint64_t> passed{0};  // from any thread
   double seconds = 0;
-  std::map<std::string, std::uint64_t> algorithms;  // taken calls per algorithm
 };
 
 struct Interposer {
@@ -311,9 +311,7 @@ int taken_allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Comm comm
     if (s.algorithm != "auto") opt.algorithm = gcomp::parse_algorithm(s.algorithm);
     c.allreduce({in, n}, {out, n}, *s.codec, ef, opt);
     Totals& t = st.totals;
-    ++t.taken;
-    t.bytes_sent += c.last_stats().bytes_sent;
-    ++t.algorithms[gcomp::algorithm_name(c.last_stats().algorithm)];
+    t.taken.add(c.last_stats());
     const double p = c.size();
     t.bytes_uncompressed += static_cast<std::uint64_t>(2 * (p - 1) / p * 4.0 * count);
     t.seconds +=
@@ -330,22 +328,25 @@ void print_stats() {
   PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return;
   const Totals& t = st.totals;
-  const double reduction =
-      t.bytes_sent > 0 ? static_cast<double>(t.bytes_uncompressed) / t.bytes_sent : 0.0;
+  const std::uint64_t sent = t.taken.bytes_sent;
+  const double reduction = sent > 0 ? static_cast<double>(t.bytes_uncompressed) / sent : 0.0;
   std::string algorithms;
-  for (const auto& [name, calls] : t.algorithms) {
-    algorithms += (algorithms.empty() ? "" : ",") + name + ":" + std::to_string(calls);
+  for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+    if (t.taken.by_algorithm[a] == 0) continue;
+    if (!algorithms.empty()) algorithms += ',';
+    algorithms += gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
+    algorithms += ':' + std::to_string(t.taken.by_algorithm[a]);
   }
-  std::fprintf(stderr,
-               "gcomp preload: rank 0: taken=%llu passed=%llu bytes_sent=%llu "
-               "bytes_uncompressed=%llu reduction=%.1fx seconds=%.3f codec=%s ef=%s "
-               "algorithms=%s\n",
-               static_cast<unsigned long long>(t.taken), static_cast<unsigned long long>(t.passed.load()),
-               static_cast<unsigned long long>(t.bytes_sent),
-               static_cast<unsigned long long>(t.bytes_uncompressed), reduction, t.seconds,
-               st.settings.codec ? st.settings.codec->spec().c_str() : "-",
-               st.settings.error_feedback ? "on" : "off",
-               algorithms.empty() ? "-" : algorithms.c_str());
+  std::fprintf(
+      stderr,
+      "gcomp preload: rank 0: taken=%llu passed=%llu bytes_sent=%llu "
+      "bytes_uncompressed=%llu reduction=%.1fx seconds=%.3f codec=%s ef=%s "
+      "algorithms=%s\n",
+      static_cast<unsigned long long>(t.taken.calls),
+      static_cast<unsigned long long>(t.passed.load()), static_cast<unsigned long long>(sent),
+      static_cast<unsigned long long>(t.bytes_uncompressed), reduction, t.seconds,
+      st.settings.codec ? st.settings.codec->spec().c_str() : "-",
+      st.settings.error_feedback ? "on" : "off", algorithms.empty() ? "-" : algorithms.c_str());
   std::fflush(stderr);
 }
 

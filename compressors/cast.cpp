@@ -26,6 +26,7 @@ class CastCodec final : public CodecImpl {
   CodecProperties properties() const override {
     CodecProperties p;
     p.unbiased = kind_ == CodecKind::none;
+    p.contraction = kind_ != CodecKind::none;  // fp16, bf16: a relative error of 2^-11, 2^-8
     p.bits_per_element = kind_ == CodecKind::none ? 32 : 16;
     return p;
   }

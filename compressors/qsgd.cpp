@@ -374,6 +374,7 @@ class QsgdCodec final : public CodecImpl {
     CodecProperties p;
     p.unbiased = true;
     p.stochastic = true;
+    p.contraction = false;  // its variance is min(D / s^2, sqrt(D) / s) |x|^2: 3.2 at 4 bits
     p.bits_per_element = bits + 32.0 / static_cast<double>(bucket);
     return p;
   }

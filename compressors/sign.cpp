@@ -109,6 +109,7 @@ class SignCodec final : public CodecImpl {
   std::string spec() const override { return "sign"; }
   CodecProperties properties() const override {
     CodecProperties p;
+    p.contraction = true;  // delta = |x|_1^2 / (n |x|^2) >= 1 / n
     p.bits_per_element = 1;
     return p;
   }

@@ -142,6 +142,7 @@ class SparseCodec final : public CodecImpl {
     p.unbiased = mode == Mode::randomk && scale;
     p.stochastic = mode == Mode::randomk;
     p.shared_support = mode == Mode::randomk;
+    p.contraction = !p.unbiased;  // scaled random-k's k / n scale is no contraction
     p.bits_per_element = 0;
     return p;
   }

@@ -235,6 +235,8 @@ class TernGradCodec final : public CodecImpl {
     CodecProperties p;
     p.unbiased = clip == 0;  // clipping biases large values towards zero
     p.stochastic = true;
+    // Unclipped, its variance is max |x| |x|_1 - |x|^2: up to (sqrt(n) - 1) |x|^2.
+    p.contraction = false;
     p.bits_per_element = 2;
     return p;
   }

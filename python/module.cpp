@@ -166,16 +166,17 @@ class Held {
   py::object numpy_view_;  // a torch tensor's .numpy(), kept for the call
 };
 
-std::uint64_t to_seed(py::handle seed) {
+std::uint64_t to_seed(py::handle seed, const std::string& what = "seed") {
   const py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(seed.ptr()));
   if (!v) {
     PyErr_Clear();
-    throw py::type_error("seed must be an int in 0..2**64-1, not " + type_name(seed));
+    throw py::type_error(what + " must be an int in 0..2**64-1, not " + type_name(seed));
   }
   const unsigned long long s = PyLong_AsUnsignedLongLong(v.ptr());
   if (s == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::value_error("seed must be an int in 0..2**64-1, not " + std::string(py::str(seed)));
+    throw py::value_error(what + " must be an int in 0..2**64-1, not " +
+                          std::string(py::str(seed)));
   }
   return s;
 }
@@ -516,8 +517,11 @@ auto prepared(PyCommunicator& self, F&& f) -> decltype(f()) {
   }
 }
 
+// The call's options. Its seed is seed as given, or with a step, gcomp::step_seed(seed, step,
+// index): a training loop's call index within the step mixed in here, not by each caller.
 gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py::handle seed,
-                                   py::handle allow_uncompressed) {
+                                   py::handle allow_uncompressed, py::handle step,
+                                   py::handle index) {
   gcomp::AllreduceOptions o;
   if (!py::isinstance<py::str>(algorithm)) {
     throw py::type_error("algorithm must be a str, not " + type_name(algorithm));
@@ -525,6 +529,12 @@ gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py:
   o.algorithm = gcomp::parse_algorithm(algorithm.cast<std::string>());
   o.average = average.cast<bool>();
   o.seed = to_seed(seed);
+  const std::uint64_t i = to_seed(index, "index");
+  if (!step.is_none()) {
+    o.seed = gcomp::step_seed(o.seed, to_seed(step, "step"), i);
+  } else if (i != 0) {
+    throw py::value_error("index " + std::to_string(i) + " without a step: pass step too");
+  }
   o.allow_uncompressed = allow_uncompressed.cast<bool>();
   return o;
 }
@@ -537,7 +547,7 @@ const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made
 
 py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::handle ef,
                      py::handle algorithm, py::handle average, py::handle seed,
-                     py::handle allow_uncompressed) {
+                     py::handle allow_uncompressed, py::handle step, py::handle index) {
   std::optional<Held> buf;
   std::optional<gcomp::Codec> made;
   const gcomp::Codec* c = nullptr;
@@ -549,7 +559,7 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
     c = &codec_of(codec, made);
     e = to_ef(ef, buf->size(), "ef");
     using_ef.emplace(e);
-    options = options_of(algorithm, average, seed, allow_uncompressed);
+    options = options_of(algorithm, average, seed, allow_uncompressed, step, index);
   });
   {
     py::gil_scoped_release nogil;
@@ -578,7 +588,7 @@ py::dict choose(PyCommunicator& self, py::handle codec, std::size_t n, bool allo
 py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handle codec,
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
                              py::handle average, py::handle seed, py::handle algorithm,
-                             py::handle allow_uncompressed) {
+                             py::handle allow_uncompressed, py::handle step, py::handle index) {
   std::deque<Held> bufs;
   std::vector<std::span<float>> spans;
   std::vector<gcomp::ErrorFeedback*> memories;
@@ -615,7 +625,7 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
     }
     options.bucket_bytes = to_count(bucket_bytes, "bucket_bytes");
     options.dense_below = to_count(dense_below, "dense_below");
-    options.allreduce = options_of(algorithm, average, seed, allow_uncompressed);
+    options.allreduce = options_of(algorithm, average, seed, allow_uncompressed, step, index);
   });
   {
     py::gil_scoped_release nogil;
@@ -659,12 +669,22 @@ py::dict last_stats(const PyCommunicator& self) {
   return d;
 }
 
-py::dict total_stats(const PyCommunicator& self) {
-  const gcomp::TotalStats& s = self.get().total_stats();
+py::dict totals_dict(const gcomp::TotalStats& s) {
   py::dict d = stats_dict(s);
   d["algorithm"] = by_algorithm(s.by_algorithm);
   d["compressed"] = s.compressed;
   return d;
+}
+
+py::dict total_stats(const PyCommunicator& self) { return totals_dict(self.get().total_stats()); }
+
+// Counts comm's last call into t with the library's own sum (TotalStats::add). Without
+// codec_applied (gcomp.torch's warm-up steps and small buckets, sent with codec none on purpose)
+// it adds no compressed calls, as allreduce_buckets' dense bucket adds none to last_stats.
+void add_last_call(gcomp::TotalStats& t, const PyCommunicator& comm, bool codec_applied) {
+  gcomp::CallStats s = comm.get().last_stats();
+  if (!codec_applied) s.compressed_calls = 0;
+  t.add(s);
 }
 
 }  // namespace
@@ -720,11 +740,12 @@ PYBIND11_MODULE(_gcomp, m) {
         "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
         "set_wait_policy).");
 
-  py::class_<gcomp::Codec>(m, "Codec",
-                           "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"
-                           "Immutable; one Codec may be used by many threads at once. A bad spec\n"
-                           "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
-                           "the bad part.")
+  py::class_<gcomp::Codec>(
+      m, "Codec",
+      "A codec, made from a spec \"name[:key=value,...]\" (see gcomp.codecs()).\n\n"
+      "Immutable; one Codec may be used by many threads at once. A bad spec\n"
+      "raises gcomp.Error (status \"invalid_argument\") naming the spec and\n"
+      "the bad part.")
       .def(py::init<std::string_view>(), py::arg("spec"), "Codec(spec)")
       .def_property_readonly("spec", &gcomp::Codec::spec,
                              "The canonical spec, every key spelled out.")
@@ -737,11 +758,14 @@ PYBIND11_MODULE(_gcomp, m) {
             d["unbiased"] = p.unbiased;
             d["stochastic"] = p.stochastic;
             d["shared_support"] = p.shared_support;
+            d["contraction"] = p.contraction;
             d["bits_per_element"] = p.bits_per_element;
             return d;
           },
-          "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank selects\n"
-          "the same indices: random-k), bits_per_element (dense codecs).")
+          "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank\n"
+          "selects the same indices: random-k), contraction (its error |x - C(x)|^2 <=\n"
+          "(1 - delta) |x|^2, so error feedback applies by default; not QSGD, TernGrad, scaled\n"
+          "random-k, none), bits_per_element (dense codecs).")
       .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
            "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
       .def("selected", &gcomp::Codec::selected, py::arg("n"),
@@ -815,10 +839,10 @@ PYBIND11_MODULE(_gcomp, m) {
       "rank that disagrees or fails (a bad argument, NaN in its input) makes every rank raise\n"
       "instead of hang. One call at a time per Communicator (calls from other threads wait).")
       .def(py::init<>(), "Communicator()")
-      .def_property_readonly("rank", [](const PyCommunicator& c) { return c.get().rank(); },
-                             "This process's rank.")
-      .def_property_readonly("size", [](const PyCommunicator& c) { return c.get().size(); },
-                             "The number of ranks.")
+      .def_property_readonly(
+          "rank", [](const PyCommunicator& c) { return c.get().rank(); }, "This process's rank.")
+      .def_property_readonly(
+          "size", [](const PyCommunicator& c) { return c.get().size(); }, "The number of ranks.")
       .def_property_readonly(
           "network",
           [](const PyCommunicator& c) {
@@ -835,9 +859,9 @@ PYBIND11_MODULE(_gcomp, m) {
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
       .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
            py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
-           py::arg("allow_uncompressed") = true,
+           py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
            "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
-           "          allow_uncompressed=True) -> x\n\n"
+           "          allow_uncompressed=True, step=None, index=0) -> x\n\n"
            "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
            "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
            "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
@@ -845,22 +869,28 @@ PYBIND11_MODULE(_gcomp, m) {
            "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
            "the codec) or one of \"dense\", \"sparse_allgather\",\n"
            "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
-           "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\". The GIL is released while it\n"
-           "runs.")
+           "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\". step, index: a training\n"
+           "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
+           "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
+           "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
+           "differently; step=None uses seed as given (index must then be 0). The GIL is\n"
+           "released while it runs.")
       .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
            py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
            py::arg("algorithm") = "auto", py::arg("allow_uncompressed") = true,
+           py::arg("step") = py::none(), py::arg("index") = 0,
            "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
            "                  average=False, seed=0, algorithm=\"auto\",\n"
-           "                  allow_uncompressed=True) -> tensors\n\n"
+           "                  allow_uncompressed=True, step=None, index=0) -> tensors\n\n"
            "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
            "of float32, one collective each; tensors of fewer than dense_below elements are\n"
            "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.\n"
            "A tensor larger than bucket_bytes is a bucket of its own (bucket_bytes=1: one\n"
-           "collective per tensor, each compressed on its own).")
+           "collective per tensor, each compressed on its own). step, index: as allreduce's.")
       .def("choose", &choose, py::arg("codec"), py::arg("n"), py::arg("allow_uncompressed") = true,
-           "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": bool}\n\n"
+           "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": "
+           "bool}\n\n"
            "What the next allreduce with algorithm=\"auto\" of n float32 elements with this codec\n"
            "(no error feedback, not averaged) would do: the cost model's choice first, then what\n"
            "it learns from its own calls (docs/algorithms.md). compressed=False: it would send x\n"
@@ -877,4 +907,23 @@ PYBIND11_MODULE(_gcomp, m) {
                              "Totals over this Communicator's collectives: calls, bytes_sent,\n"
                              "bytes_received, the four seconds, algorithm (calls per algorithm)\n"
                              "and compressed (calls that applied the codec).");
+
+  py::class_<gcomp::TotalStats>(
+      m, "TotalStats",
+      "TotalStats(): running totals of calls' statistics, zero at first, summed as the\n"
+      "Communicator sums its total_stats (by the library, one sum for both). For totals of a\n"
+      "part of a program's calls, such as gcomp.torch's per model.")
+      .def(py::init<>(), "TotalStats()")
+      .def("add", &add_last_call, py::arg("comm"), py::arg("codec_applied") = true,
+           "add(comm, codec_applied=True)\n\n"
+           "Counts comm's last call (comm.last_stats: one allreduce, or every bucket of an\n"
+           "allreduce_buckets) in. codec_applied=False counts none of its collectives as\n"
+           "compressed (a call that sent codec none on purpose, such as a warm-up step).")
+      .def("as_dict", &totals_dict,
+           "as_dict() -> dict\n\n"
+           "The totals, with the keys of Communicator.total_stats: calls, bytes_sent,\n"
+           "bytes_received, the four seconds, algorithm (calls per algorithm) and compressed.")
+      .def("__repr__", [](const gcomp::TotalStats& t) {
+        return "gcomp.TotalStats(calls=" + std::to_string(t.calls) + ")";
+      });
 }

@@ -82,5 +82,15 @@ TEST(Philox, DeriveSeedMixesEveryInput) {
   EXPECT_NE(derive_seed(1, 0, 0, 1ull << 40), derive_seed(1, 0, 0, 0));
 }
 
+// A training loop's seed per (seed, step, index), gcomp.torch's through the Python module: the
+// documented sum, wrapping mod 2^64 (step 2^64 - 1 wraps its step + 1 to 0).
+TEST(Philox, StepSeedIsTheDocumentedSum) {
+  static_assert(step_seed(0, 0, 0) == 0xbf58476d1ce4e5b9ull);
+  EXPECT_EQ(step_seed(1, 2, 3), 0x9ab12d320f8c6301ull);
+  EXPECT_EQ(step_seed(5, 0, 0), 0xd66da80c99595222ull);
+  EXPECT_EQ(step_seed(~0ull, ~0ull, 1), 0xf698d00193e695d6ull);
+  EXPECT_NE(step_seed(7, 1, 0), step_seed(7, 0, 1));
+}
+
 }  // namespace
 }  // namespace gcomp::detail

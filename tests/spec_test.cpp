@@ -46,6 +46,26 @@ TEST(Spec, OnlyRandomKSharesItsSupport) {
   EXPECT_TRUE(Codec("randomk:ratio=0.1,scale=true").properties().shared_support);
 }
 
+// Whether error feedback applies by default is one property of the codec, which gcomp.torch,
+// gcomp-train and the interposer read: true for the codecs whose error contracts, false for the
+// unbiased quantizers and none. It agrees with what the other properties imply: a codec that is
+// neither unbiased nor a stochastic dense quantizer.
+TEST(Spec, ContractionIsTheCodecsProperty) {
+  for (const auto& s : test::all_specs()) {
+    const CodecProperties p = Codec(s).properties();
+    EXPECT_EQ(p.contraction, !(p.unbiased || (p.stochastic && !p.sparse))) << s;
+  }
+  for (const char* s :
+       {"fp16", "bf16", "topk:ratio=0.01", "topk:k=7,values=fp16", "randomk:ratio=0.05",
+        "threshold:tau=1.5", "threshold:tau=1,values=fp16", "sign"}) {
+    EXPECT_TRUE(Codec(s).properties().contraction) << s;
+  }
+  for (const char* s : {"none", "randomk:ratio=0.1,scale=true", "qsgd", "qsgd:bits=8",
+                        "qsgd:bits=2,bucket=64", "terngrad", "terngrad:clip=0"}) {
+    EXPECT_FALSE(Codec(s).properties().contraction) << s;
+  }
+}
+
 TEST(Spec, KFromRatio) {
   const Codec c("topk:ratio=0.01");
   EXPECT_EQ(c.selected(0), 0u);

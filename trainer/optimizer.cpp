@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 
+#include "gcomp/momentum.hpp"
+
 namespace gcomp::train {
 
 namespace {
@@ -76,9 +78,10 @@ Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
   }
   for (auto& m : memories_) efs_.push_back(&m);
   if (dgc_.on) {
-    dgc_v_.resize(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      dgc_v_[i].assign(params_[i]->value.size(), 0.0f);
+    for (Param* q : params_) {
+      const std::size_t n = q->value.size();
+      dgc_memories_.emplace_back(n < c.dense_below ? 0 : n);  // the small ones go dense
+    }
   }
   velocity_ef_ = !memories_.empty() && c.ef_on_velocity;
   for (Param* q : params_) grads_.emplace_back(q->grad);
@@ -188,34 +191,26 @@ void Optimizer::dgc_step(Communicator& comm, double lr_now, double density,
   t0 = now();
   for (std::size_t i : small_ids) momentum_update(i, lr);
   total.compute_seconds += now() - t0;
-  // Large tensors: momentum correction, accumulation, top-k, masking.
+  // Large tensors: momentum correction (gcomp/momentum.hpp). The velocity u = mu u + g is sent
+  // by top-k with error feedback, so the residual is where the velocities accumulate and top-k
+  // selects on the accumulation; wherever the residual is then 0 (sent) the velocity is zeroed
+  // (momentum factor masking); the average of what was sent is the step.
+  const auto mu = static_cast<float>(c_.momentum);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Param& q = *params_[i];
     if (q.value.size() < c_.dense_below) continue;
     t0 = now();
-    std::vector<float>& u = velocity_[i];
-    std::vector<float>& v = dgc_v_[i];
-    const auto mu = static_cast<float>(c_.momentum);
-    for (std::size_t k = 0; k < u.size(); ++k) {
-      u[k] = mu * u[k] + q.grad[k];
-      v[k] += u[k];
-    }
+    momentum_correct(velocity_[i], q.grad, mu);
     const auto k = std::max<std::size_t>(
-        1, static_cast<std::size_t>(std::llround(density * static_cast<double>(v.size()))));
+        1, static_cast<std::size_t>(std::llround(density * static_cast<double>(q.grad.size()))));
     const Codec select("topk:k=" + std::to_string(k));
-    SparseEntries e;
-    sparse_entries(select.encode(v, 0), e);
-    std::fill(q.grad.begin(), q.grad.end(), 0.0f);  // reused as the sent tensor
-    for (std::size_t j = 0; j < e.indices.size(); ++j) {
-      const auto at = static_cast<std::size_t>(e.indices[j]);
-      q.grad[at] = v[at];
-      v[at] = 0.0f;
-      u[at] = 0.0f;
-    }
     total.compute_seconds += now() - t0;
-    comm.allreduce(q.grad, select, nullptr, opt);
+    comm.allreduce(q.grad, select, &dgc_memories_[i], opt);
     add_stats(total, comm.last_stats());
+    t0 = now();
+    mask_momentum(velocity_[i], dgc_memories_[i].residual());
     for (std::size_t j = 0; j < q.value.size(); ++j) q.value[j] -= lr * q.grad[j];
+    total.compute_seconds += now() - t0;
   }
 }
 

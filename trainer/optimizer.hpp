@@ -48,7 +48,9 @@ class Optimizer {
   std::vector<std::vector<float>> velocity_;
   std::vector<ErrorFeedback> memories_;
   std::vector<ErrorFeedback*> efs_;
-  std::vector<std::vector<float>> dgc_v_;  // DGC accumulation
+  // DGC: each large tensor's error feedback, where its velocities accumulate (empty for the
+  // tensors below dense_below, which go dense).
+  std::vector<ErrorFeedback> dgc_memories_;
   std::vector<std::span<float>> grads_;
   Codec none_;
   Codec codec_;

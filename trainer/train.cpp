@@ -69,6 +69,7 @@ Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks) {
 std::string feedback_warning(const Config& c) {
   if (!c.error_feedback || parse_dgc(c.codec).on) return {};
   const Codec k(c.codec);
+  if (k.properties().contraction) return {};  // what error feedback is for
   if (k.kind() != CodecKind::qsgd) return {};
   // The canonical spec spells every key: "qsgd:bits=B,bucket=D".
   const std::string spec = k.spec();

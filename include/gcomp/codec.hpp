@@ -44,6 +44,14 @@ struct CodecProperties {
   // Every rank selects the same indices (random-k: its index draw leaves the rank out of the
   // seed), so the sum of the ranks' payloads has as many entries as one.
   bool shared_support = false;
+  // Its error contracts: |x - C(x)|^2 <= (1 - delta) |x|^2 with 0 < delta <= 1 (top-k, delta >=
+  // k / n; unscaled random-k, k / n in expectation; sign, fp16, bf16; threshold, whose error is
+  // what falls below tau), which is what error feedback's analysis asks for: error feedback
+  // applies to it by default (gcomp.torch, gcomp-train, the interposer). False for the unbiased
+  // quantizers (QSGD, TernGrad, scaled random-k), whose error's variance is omega |x|^2 with
+  // omega >= 1 at useful compression, so that a residual fed back grows; and for none, which
+  // leaves nothing to feed back.
+  bool contraction = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
 };
 
@@ -243,5 +251,16 @@ std::string_view simd_level() noexcept;
 // A seed for one (tensor, step, rank) from a user seed, so that every draw is keyed by all of them.
 std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t tensor, std::uint64_t step,
                           std::uint64_t rank) noexcept;
+
+// The seed of one call of a training loop, from the user's seed, the step and the call's index
+// within the step (a bucket's): seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 +
+// index * 0x94D049BB133111EB, mod 2^64, so that the buckets of a step, and the steps, draw
+// differently. The Python module's allreduce and allreduce_buckets take their seed through it
+// when given a step (gcomp.torch passes its seed, step and bucket index so).
+constexpr std::uint64_t step_seed(std::uint64_t seed, std::uint64_t step,
+                                  std::uint64_t index) noexcept {
+  return seed * 0x9E3779B97F4A7C15ull + (step + 1) * 0xBF58476D1CE4E5B9ull +
+         index * 0x94D049BB133111EBull;
+}
 
 }  // namespace gcomp

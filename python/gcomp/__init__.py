@@ -30,6 +30,7 @@ from ._gcomp import (
     Communicator,
     Error,
     ErrorFeedback,
+    TotalStats,
     codecs,
     decode_add,
     inspect,
@@ -43,7 +44,7 @@ from ._gcomp import (
 )
 
 Error.__module__ = "gcomp"
-for _cls in (Codec, Communicator, ErrorFeedback):
+for _cls in (Codec, Communicator, ErrorFeedback, TotalStats):
     _cls.__module__ = "gcomp"
 del _cls
 
@@ -52,6 +53,7 @@ __all__ = [
     "Communicator",
     "Error",
     "ErrorFeedback",
+    "TotalStats",
     "codecs",
     "decode_add",
     "inspect",

@@ -48,12 +48,7 @@ __all__ = [
     "init_process_group",
 ]
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(seed, step, index):
-    """A seed per (user seed, step, bucket): the draws of two buckets or steps never repeat."""
-    return (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK
+_MASK = (1 << 64) - 1  # any int seed, as the library's 64 bits (the same seeds mod 2^64)
 
 
 def _codec_or_none(codec):
@@ -68,10 +63,11 @@ def _codec_or_none(codec):
 
 def _feedback_wanted(codec, setting):
     """Whether error feedback applies: setting False, True (the codecs whose error is a
-    contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for) or
-    "always". The stochastic quantizers (QSGD, TernGrad) and scaled random-k are not: their
-    error's variance is omega |x|^2 with omega >= 1 at useful compression, a residual fed back
-    grows instead of shrinking, and training diverges (4-bit QSGD on the MLP of
+    contraction, |x - C(x)|^2 <= (1 - delta) |x|^2, which error feedback's theory asks for: the
+    codec's properties["contraction"], as the library's other users read it) or "always". The
+    stochastic quantizers (QSGD, TernGrad) and scaled random-k are not: their error's variance
+    is omega |x|^2 with omega >= 1 at useful compression, a residual fed back grows instead of
+    shrinking, and training diverges (4-bit QSGD on the MLP of
     python_examples/horovod_style.py does within 120 steps on 4 ranks). They are averaged
     without it unless setting is "always". Top-k, threshold, sign, fp16/bf16 and unscaled
     random-k get it."""
@@ -84,8 +80,7 @@ def _feedback_wanted(codec, setting):
     c = _codec_or_none(codec)
     if c is None:
         return True  # a bad spec: the first allreduce reports it, on every rank
-    p = c.properties
-    return not (p["unbiased"] or (p["stochastic"] and not p["sparse"]))
+    return c.properties["contraction"]
 
 
 def _splits(codec, per_parameter):
@@ -202,10 +197,10 @@ def init_process_group(backend="gloo", master_addr=None, master_port=None, **kwa
 class _Stats:
     def __init__(self):
         self.lock = threading.Lock()
-        self.calls = self.dense_calls = self.compressed = 0
-        self.bytes_sent = self.bytes_received = 0
-        self.encode_seconds = self.comm_seconds = self.decode_seconds = self.agree_seconds = 0.0
-        self.algorithm = {}
+        # The calls' statistics, summed by the library as it sums a Communicator's own totals;
+        # the dense calls (warm-up, small whole buckets) once more on their own, for dense_calls.
+        self.totals = gcomp.TotalStats()
+        self.dense = gcomp.TotalStats()
         # Where a step's communication time goes (docs/python.md, `state.stats()`):
         # the hook on the training thread; the hand-off (submitted -> started on the
         # communication thread); the job there, of which encode/comm/decode are the library's
@@ -228,25 +223,23 @@ class _Stats:
             self.tail_seconds += seconds
 
     def add(self, comm, dense):
-        """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets)."""
-        s = comm.last_stats
+        """Adds comm's last call (one allreduce, or all the buckets of an allreduce_buckets); a
+        dense one counts as no compressed call."""
         with self.lock:
-            self.calls += s["calls"]
-            self.dense_calls += s["calls"] if dense else 0
-            self.compressed += 0 if dense else s["compressed_calls"]
-            self.bytes_sent += s["bytes_sent"]
-            self.bytes_received += s["bytes_received"]
-            self.encode_seconds += s["encode_seconds"]
-            self.comm_seconds += s["comm_seconds"]
-            self.decode_seconds += s["decode_seconds"]
-            self.agree_seconds += s["agree_seconds"]
-            for name, count in s["algorithms"].items():
-                self.algorithm[name] = self.algorithm.get(name, 0) + count
+            self.totals.add(comm, codec_applied=not dense)
+            if dense:
+                self.dense.add(comm)
 
     def snapshot(self, **extra):
         with self.lock:
-            d = {k: v for k, v in vars(self).items() if k != "lock"}
-            d["algorithm"] = dict(self.algorithm)
+            t = self.totals.as_dict()
+            d = {"calls": t["calls"], "dense_calls": self.dense.as_dict()["calls"],
+                 "compressed": t["compressed"]}
+            for k in ("bytes_sent", "bytes_received", "encode_seconds", "comm_seconds",
+                      "decode_seconds", "agree_seconds", "algorithm"):
+                d[k] = t[k]
+            for k in ("hook_seconds", "handoff_seconds", "job_seconds", "tail_seconds", "jobs"):
+                d[k] = getattr(self, k)
         d["python_seconds"] = max(0.0, d["job_seconds"] - d["encode_seconds"] - d["comm_seconds"]
                                   - d["decode_seconds"])
         d.update(extra)
@@ -421,7 +414,7 @@ def compression_hook(state, bucket):
     last = bucket.is_last()
     per_parameter = state._split
     dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
-    seed = _mix(state.seed, step, index)
+    seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
     ef = views = efs = velocities = None
@@ -445,10 +438,11 @@ def compression_hook(state, bucket):
                 # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
                 comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
                                        dense_below=dense_below, average=True, seed=seed,
-                                       algorithm=algorithm, allow_uncompressed=allow)
+                                       algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                       index=index)
             else:
                 comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
-                               allow_uncompressed=allow)
+                               allow_uncompressed=allow, step=step, index=index)
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
@@ -571,7 +565,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             velocities = self._accumulate_momentum(params, grads)
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
-        seed = _mix(self.seed, self.steps, self._buckets)
+        seed, step, index = self.seed & _MASK, self.steps, self._buckets  # the library mixes them
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
@@ -581,7 +575,8 @@ class DistributedOptimizer(_PerParameterFeedback):
             started = time.perf_counter()
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
-                                   algorithm=algorithm, allow_uncompressed=allow)
+                                   algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                   index=index)
             stats.add(comm, dense)
             if velocities and not dense:
                 self._mask_momentum(velocities)

@@ -97,6 +97,11 @@ def test_codec_spec_and_bounds():
     assert gcomp.Codec(c.spec).spec == c.spec
     assert gcomp.Codec("topk:ratio=0.01").properties["sparse"]
     assert gcomp.Codec("qsgd").properties["unbiased"]
+    for spec in SPECS:  # error feedback's default: the codec's property, as in C++
+        p = gcomp.Codec(spec).properties
+        assert p["contraction"] == (not (p["unbiased"] or (p["stochastic"] and not p["sparse"])))
+    assert gcomp.Codec("topk:ratio=0.01").properties["contraction"]
+    assert not gcomp.Codec("qsgd").properties["contraction"]
     for spec in SPECS:
         c = gcomp.Codec(spec)
         for n in (0, 1, 1000, 70001):

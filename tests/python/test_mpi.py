@@ -157,6 +157,57 @@ def test_stats_count_the_bytes(comm):
     assert s["compressed_calls"] == 1  # the small tensors' bucket did not apply the codec
 
 
+def test_a_step_and_an_index_seed_the_call_as_the_documented_sum(comm):
+    def mixed(seed, step, index):
+        return (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9
+                + index * 0x94D049BB133111EB) % 2**64
+
+    codec = gcomp.Codec("qsgd")  # stochastic: its bytes follow the seed
+    for seed, step, index in ((0, 0, 0), (3, 5, 2), (2**64 - 1, 7, 1)):
+        a, b = gradient(5000, comm.rank), gradient(5000, comm.rank)
+        comm.allreduce(a, codec, algorithm="allgather", seed=seed, step=step, index=index)
+        comm.allreduce(b, codec, algorithm="allgather", seed=mixed(seed, step, index))
+        assert a.tobytes() == b.tobytes()
+        a = [gradient(5000, comm.rank), gradient(7, 1)]
+        b = [t.copy() for t in a]
+        comm.allreduce_buckets(a, codec, algorithm="allgather", seed=seed, step=step, index=index)
+        comm.allreduce_buckets(b, codec, algorithm="allgather", seed=mixed(seed, step, index))
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
+    a, b = gradient(5000, comm.rank), gradient(5000, comm.rank)
+    comm.allreduce(a, codec, algorithm="allgather", seed=3, step=0)
+    comm.allreduce(b, codec, algorithm="allgather", seed=3, step=1)
+    assert a.tobytes() != b.tobytes()
+    x = gradient(5000, 0)
+    with pytest.raises(ValueError, match="without a step"):
+        comm.allreduce(x, codec, index=1)
+    with pytest.raises(TypeError, match="step"):
+        comm.allreduce_buckets([x], codec, step=1.5)
+
+
+def test_total_stats_sum_calls_as_the_communicator_does(comm):
+    t = gcomp.TotalStats()
+    assert t.as_dict() == {"calls": 0, "bytes_sent": 0, "bytes_received": 0,
+                           "encode_seconds": 0.0, "comm_seconds": 0.0, "decode_seconds": 0.0,
+                           "agree_seconds": 0.0, "algorithm": {}, "compressed": 0}
+    codec = gcomp.Codec("topk:ratio=0.01")
+    before = comm.total_stats
+    comm.allreduce(gradient(20000, comm.rank), codec, algorithm="sparse_allgather")
+    t.add(comm)
+    comm.allreduce_buckets([gradient(5000, 1), gradient(10, 2)], codec, bucket_bytes=1 << 20,
+                           algorithm="sparse_allgather")
+    t.add(comm)
+    after, mine = comm.total_stats, t.as_dict()
+    for key in ("calls", "bytes_sent", "bytes_received"):
+        assert mine[key] == after[key] - before[key], key
+    for key in ("encode_seconds", "comm_seconds", "decode_seconds", "agree_seconds"):
+        assert mine[key] == pytest.approx(after[key] - before[key], abs=1e-9), key
+    assert mine["algorithm"] == {"sparse_allgather": 2, "dense": 1}
+    assert mine["compressed"] == 2  # the small tensors' bucket did not apply the codec
+    comm.allreduce(gradient(1000, 3), "none", algorithm="dense")
+    t.add(comm, codec_applied=False)  # sent uncompressed on purpose: no compressed call
+    assert t.as_dict()["calls"] == 4 and t.as_dict()["compressed"] == 2
+
+
 def expect_every_rank_raises(comm, call, culprit, error, status):
     """call() fails on rank `culprit` with `error` (and gcomp.Error `status` when that is it);
     the others raise gcomp.Error("mismatch") naming the culprit. Then a good call works."""
