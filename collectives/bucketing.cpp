@@ -140,7 +140,10 @@ void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
   opt.algorithm = Algorithm::dense;
   opt.majority_vote = false;
   impl.call(fused, fused, &none, nullptr, opt, nullptr, sig);
-  impl.last_.compressed_calls = 0;  // summed as they are: the codec was not applied
+  // Summed as they are: the codec was not applied (in the running total too, which the call
+  // has counted already).
+  impl.total_.compressed -= impl.last_.compressed_calls;
+  impl.last_.compressed_calls = 0;
   off = 0;
   for (std::size_t t : small) {
     std::memcpy(tensors[t].data(), fused.data() + off, 4 * tensors[t].size());

@@ -476,6 +476,22 @@ TEST(Buckets, OwnerMemoryLivesInTheTensorsFeedback) {
   EXPECT_NE(c.step(sizes, codec, opt), a2);
 }
 
+// The bucket of small tensors is summed uncompressed: neither the call's statistics nor the
+// running totals count it as compressed.
+TEST(Buckets, TotalsCountTheSmallTensorsUncompressed) {
+  std::vector<float> big = test::input(20000, 3), small = test::input(100, 4);
+  std::vector<std::span<float>> spans = {big, small};
+  BucketOptions opt;
+  opt.dense_below = 1000;
+  const Codec codec("topk:ratio=0.01");
+  const TotalStats before = world().total_stats();
+  world().allreduce_buckets(spans, codec, {}, opt);
+  EXPECT_EQ(world().last_stats().calls, 2u);
+  EXPECT_EQ(world().last_stats().compressed_calls, 1u);
+  EXPECT_EQ(world().total_stats().calls, before.calls + 2);
+  EXPECT_EQ(world().total_stats().compressed, before.compressed + 1);
+}
+
 TEST(Buckets, MismatchedLayoutsFailEveryRank) {
   if (size() < 2) GTEST_SKIP() << "needs two ranks";
   std::vector<std::vector<float>> data = {test::input(5000, 1),
