@@ -483,6 +483,7 @@ TEST(Buckets, TotalsCountTheSmallTensorsUncompressed) {
   std::vector<std::span<float>> spans = {big, small};
   BucketOptions opt;
   opt.dense_below = 1000;
+  opt.allreduce.algorithm = Algorithm::sparse_allgather;  // compressed, whatever auto would say
   const Codec codec("topk:ratio=0.01");
   const TotalStats before = world().total_stats();
   world().allreduce_buckets(spans, codec, {}, opt);
