@@ -21,17 +21,13 @@ extern const AlgorithmRow kSparseSplitRow;
 extern const AlgorithmRow kAllgatherRow;
 extern const AlgorithmRow kCompressedReduceScatterRow;
 extern const AlgorithmRow kSparseReduceScatterRow;
+extern const AlgorithmRow kLowRankRow;
 
 namespace {
 
 constexpr std::array<const AlgorithmRow*, kAlgorithmCount - 1> kRows = {
-    &kDenseRow,
-    &kSparseAllgatherRow,
-    &kSparseRecursiveDoublingRow,
-    &kSparseSplitRow,
-    &kAllgatherRow,
-    &kCompressedReduceScatterRow,
-    &kSparseReduceScatterRow,
+    &kDenseRow,     &kSparseAllgatherRow,         &kSparseRecursiveDoublingRow, &kSparseSplitRow,
+    &kAllgatherRow, &kCompressedReduceScatterRow, &kSparseReduceScatterRow,     &kLowRankRow,
 };
 
 }  // namespace

@@ -47,6 +47,8 @@ struct AlgorithmRow {
   // Runs only sparse codecs (top-k, random-k, threshold): its streams are (index, value)
   // entries. The others run every codec.
   bool sparse_only;
+  // Runs only the low-rank codecs (powersgd: CodecProperties::low_rank), which run nothing else.
+  bool low_rank = false;
   // Whether auto weighs it for the codec ModelInput describes (in.sparse, in.codec_none).
   bool (*candidate)(const ModelInput& in);
   // The model's seconds (docs/algorithms.md derives each formula); kNotApplicable where it does
@@ -103,8 +105,19 @@ const AlgorithmRow& algorithm_row(Algorithm a);
 // (and join_memory and split_memory both or neither).
 void check_algorithm_table(std::span<const AlgorithmRow* const> rows);
 
+// Whether a row runs a codec of these properties (sparse_only rows sparse codecs; low_rank rows
+// the low-rank codecs and the others everything else).
+inline bool row_suits(const AlgorithmRow& row, const CodecProperties& p) {
+  return row.low_rank == p.low_rank && (!row.sparse_only || p.sparse);
+}
+inline bool row_suits(const AlgorithmRow& row, const ModelInput& in) {
+  return row.low_rank == in.low_rank && (!row.sparse_only || in.sparse);
+}
+
 // Candidate rules shared by rows.
 inline bool for_sparse_codecs(const ModelInput& in) { return in.sparse && !in.codec_none; }
-inline bool for_dense_codecs(const ModelInput& in) { return !in.sparse && !in.codec_none; }
+inline bool for_dense_codecs(const ModelInput& in) {
+  return !in.sparse && !in.codec_none && !in.low_rank;
+}
 
 }  // namespace gcomp::detail

@@ -16,6 +16,7 @@
 
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
+#include "gcomp/cost_model.hpp"
 #include "mpi_util.hpp"
 #include "workspace.hpp"
 
@@ -39,6 +40,14 @@ struct DeviceStage {
   ~DeviceStage();
 };
 
+// A tensor of the call as a matrix (low-rank codecs): elements [begin, begin + rows * cols) of
+// the call's tensor, the blocks in order and covering it.
+struct MatrixBlock {
+  std::uint64_t begin = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 1;
+};
+
 // What the call is, fixed once every rank has agreed on it (same codec, size, options and
 // algorithm, and no rank failed).
 struct CallSpec {
@@ -48,8 +57,10 @@ struct CallSpec {
   const Codec* codec = nullptr;
   std::uint64_t seed = 0;        // this rank's seed for the codec (rank mixed in where it should)
   std::uint64_t owner_seed = 0;  // for re-encoding a reduced chunk
+  std::uint64_t shared_seed = 0;  // the same on every rank (powersgd's random start of Q)
   bool average = false;
   bool majority_vote = false;
+  std::span<const MatrixBlock> matrices;  // the tensors' shapes (empty: none given)
 };
 
 // The call's memory. Host tensors: in and out. Device tensors (dev set): the codec runs on the
@@ -121,6 +132,9 @@ struct Job {
   // The running algorithm's memory of this tensor (its row's make_memory; agreed equal on
   // every rank), or null.
   TensorMemory* memory = nullptr;
+  // Agreed: the ranks' states in their ErrorFeedback slots differ (low_rank: one was reset), so
+  // every rank starts from none.
+  bool fresh_state = false;
   Meter meter;
 };
 
@@ -174,6 +188,11 @@ struct SparseVector;
 void payload_vector(Job& job, SparseVector& out);
 // Whether the sparse algorithms' vectors carry binary16 values (the codec's values=fp16).
 bool half_values(const Job& job);
+
+// low_rank (low_rank.cpp): a hash of the state a bucket's ErrorFeedback slot holds (0: none), which
+// the ranks agree on; and what its matrices make of the call, for the cost model.
+std::uint64_t low_rank_state_signature(const ErrorFeedback& ef);
+void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
 // this rank's payload as a sparse vector (into mine), its part j, [bound[j], bound[j+1]), to rank j

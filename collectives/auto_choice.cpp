@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <string>
 
 #include "codec_impl.hpp"
@@ -122,10 +123,19 @@ Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) co
   ModelInput in = model_input(q.codec, q.n, q.sent, q.bytes, size_, network_, q.compute, q.average,
                               q.error_feedback);
   in.allow_uncompressed = q.allow_uncompressed;
+  if (q.codec.properties().low_rank) {
+    // Without shapes (choose, predict): the tensor as one square matrix.
+    const auto side = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(q.n)));
+    const detail::MatrixBlock square{0, side, side ? q.n / side : 1};
+    detail::low_rank_model(
+        q.codec, q.matrices.empty() ? std::span<const detail::MatrixBlock>(&square, 1) : q.matrices,
+        in);
+  }
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
   std::size_t m = 0;
-  options[m++] = {{Algorithm::dense, true}, t[static_cast<int>(Algorithm::dense)]};
+  if (!in.low_rank)
+    options[m++] = {{Algorithm::dense, true}, t[static_cast<int>(Algorithm::dense)]};
   for (int a = 2; a < kAlgorithmCount; ++a) {
     if (auto_candidate(static_cast<Algorithm>(a), in)) {
       options[m++] = {{static_cast<Algorithm>(a), true}, t[a]};

@@ -29,16 +29,21 @@ struct Plan {
   std::uint64_t sig = 0;
 };
 
-Plan plan(std::span<const std::span<float>> tensors, std::size_t memories,
-          const BucketOptions& options) {
+Plan plan(std::span<const std::span<float>> tensors, std::span<const MatrixShape> shapes,
+          std::size_t memories, const BucketOptions& options) {
   Plan p;
   std::string layout = "buckets|" + std::to_string(options.bucket_bytes) + "|" +
-                       std::to_string(options.dense_below) + "|" + std::to_string(memories);
+                       std::to_string(options.dense_below) + "|" + std::to_string(memories) +
+                       (shapes.empty() ? "" : "|shaped");
   std::size_t fill = 0;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const std::size_t n = tensors[t].size();
     layout += '|';
     layout += std::to_string(n);
+    if (t < shapes.size()) {
+      layout += 'x';
+      layout += std::to_string(shapes[t].cols);
+    }
     if (n < options.dense_below) {
       p.small.push_back(t);
       continue;
@@ -55,9 +60,27 @@ Plan plan(std::span<const std::span<float>> tensors, std::size_t memories,
   return p;
 }
 
-// What is wrong with the memories on this rank ("" when nothing).
+// What is wrong with the memories (or the shapes, where given) on this rank ("" when nothing).
 std::string bad_memories(std::span<const std::span<float>> tensors,
-                         std::span<ErrorFeedback* const> efs) {
+                         std::span<ErrorFeedback* const> efs, std::span<const MatrixShape> shapes,
+                         bool shaped, const Codec& codec) {
+  if (!shaped && codec.properties().low_rank) {
+    return codec.spec() +
+           " needs each tensor's shape: use Communicator::allreduce_buckets with shapes (the C "
+           "API's gcomp_allreduce_buckets_shaped, the module's allreduce_buckets with shapes=)";
+  }
+  if (shaped && shapes.size() != tensors.size()) {
+    return std::to_string(shapes.size()) + " shapes for " + std::to_string(tensors.size()) +
+           " tensors";
+  }
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    const MatrixShape& s = shapes[t];
+    if (s.cols == 0 ? tensors[t].size() != 0 || s.rows != 0
+                    : s.rows != tensors[t].size() / s.cols || tensors[t].size() % s.cols != 0) {
+      return "tensor " + std::to_string(t) + " of " + std::to_string(tensors[t].size()) +
+             " elements has shape " + std::to_string(s.rows) + " x " + std::to_string(s.cols);
+    }
+  }
   if (!efs.empty() && efs.size() != tensors.size()) {
     return std::to_string(efs.size()) + " error-feedback memories for " +
            std::to_string(tensors.size()) + " tensors";
@@ -77,15 +100,18 @@ std::string bad_memories(std::span<const std::span<float>> tensors,
 void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors,
                                        std::span<const std::size_t> members, const Codec& codec,
                                        std::span<ErrorFeedback* const> efs,
-                                       const AllreduceOptions& opt, std::uint64_t sig) {
+                                       const AllreduceOptions& opt, std::uint64_t sig,
+                                       std::span<const MatrixShape> shapes) {
   Impl& impl = *this;
   std::vector<float>& fused = impl.ws_.fused;
   ErrorFeedback& bucket_ef = impl.ws_.bucket_feedback;
   const bool with_ef = !efs.empty();
   std::vector<std::uint64_t> begin, count;
   std::vector<ErrorFeedback*> parts_efs;
+  std::vector<detail::MatrixBlock> matrices;
   std::size_t len = 0;
   for (std::size_t t : members) {
+    if (!shapes.empty()) matrices.push_back({len, shapes[t].rows, shapes[t].cols});
     begin.push_back(len);
     count.push_back(tensors[t].size());
     parts_efs.push_back(with_ef ? efs[t] : nullptr);
@@ -102,15 +128,19 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
     }
   }
   const detail::BucketParts parts{impl.rank_, impl.size_, len, begin, count, parts_efs};
+  // The memories of the rows that run this codec (a low-rank codec's and the others' slots
+  // hold different things).
+  const CodecProperties props = codec.properties();
   if (with_ef) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->join_memory) row->join_memory(parts, bucket_ef);
+      if (row->join_memory && detail::row_suits(*row, props)) row->join_memory(parts, bucket_ef);
     }
   }
-  impl.call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, sig);
+  impl.call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, sig, nullptr,
+            matrices);
   if (with_ef) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->split_memory) row->split_memory(parts, bucket_ef);
+      if (row->split_memory && detail::row_suits(*row, props)) row->split_memory(parts, bucket_ef);
     }
   }
   for (std::size_t j = 0; j < members.size(); ++j) {
@@ -154,20 +184,36 @@ void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
 void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors, const Codec& codec,
                                      std::span<ErrorFeedback* const> efs,
                                      const BucketOptions& options) {
-  const Plan p = plan(tensors, efs.size(), options);
+  impl_->buckets(tensors, {}, false, codec, efs, options);
+}
+
+void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
+                                     std::span<const MatrixShape> shapes, const Codec& codec,
+                                     std::span<ErrorFeedback* const> efs,
+                                     const BucketOptions& options) {
+  impl_->buckets(tensors, shapes, true, codec, efs, options);
+}
+
+void Communicator::Impl::buckets(std::span<const std::span<float>> tensors,
+                                 std::span<const MatrixShape> shapes, bool shaped,
+                                 const Codec& codec, std::span<ErrorFeedback* const> efs,
+                                 const BucketOptions& options) {
+  const std::span<const MatrixShape> given = shapes;
+  if (shapes.size() != tensors.size()) shapes = {};  // reported below
+  const Plan p = plan(tensors, shapes, efs.size(), options);
   // Arguments that are wrong on this rank still take part, so that no rank waits.
-  if (const std::string bad = bad_memories(tensors, efs); !bad.empty()) {
+  if (const std::string bad = bad_memories(tensors, efs, given, shaped, codec); !bad.empty()) {
     const Error e(Status::invalid_argument, bad);
-    impl_->call({}, {}, &codec, nullptr, options.allreduce, &e, p.sig);
+    call({}, {}, &codec, nullptr, options.allreduce, &e, p.sig);
     throw e;
   }
   CallStats sum;
   for (std::size_t b = 0; b < p.buckets.size(); ++b) {
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
-    impl_->reduce_bucket(tensors, p.buckets[b], codec, efs, opt,
-                         p.sig ^ (0x9e3779b97f4a7c15ull * (b + 1)));
-    sum.add(impl_->last_);
+    reduce_bucket(tensors, p.buckets[b], codec, efs, opt, p.sig ^ (0x9e3779b97f4a7c15ull * (b + 1)),
+                  shapes);
+    sum.add(last_);
   }
   if (p.buckets.empty() && p.small.empty()) {
     // Nothing to sum, but still one agreement: a rank whose list differs must not be left alone.
@@ -175,14 +221,14 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors, 
     AllreduceOptions opt = options.allreduce;
     opt.algorithm = Algorithm::dense;
     opt.majority_vote = false;
-    impl_->call({}, {}, &none, nullptr, opt, nullptr, p.sig);
+    call({}, {}, &none, nullptr, opt, nullptr, p.sig);
     return;
   }
   if (!p.small.empty()) {
-    impl_->reduce_small(tensors, p.small, options.allreduce, p.sig ^ 0x5bd1e995ull);
-    sum.add(impl_->last_);
+    reduce_small(tensors, p.small, options.allreduce, p.sig ^ 0x5bd1e995ull);
+    sum.add(last_);
   }
-  impl_->last_ = sum;
+  last_ = sum;
 }
 
 }  // namespace gcomp

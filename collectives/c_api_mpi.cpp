@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "c_handles.hpp"
 #include "communicator_for.hpp"
@@ -13,6 +14,16 @@
 namespace {
 
 thread_local gcomp_stats last_stats{};
+
+void keep_stats(const gcomp::CallStats& s) {
+  last_stats.bytes_sent = s.bytes_sent;
+  last_stats.bytes_received = s.bytes_received;
+  last_stats.encode_seconds = s.encode_seconds;
+  last_stats.comm_seconds = s.comm_seconds;
+  last_stats.decode_seconds = s.decode_seconds;
+  std::strncpy(last_stats.algorithm, gcomp::algorithm_name(s.algorithm),
+               sizeof last_stats.algorithm - 1);
+}
 
 int delete_communicator(MPI_Comm, int, void* value, void*) {
   delete static_cast<gcomp::Communicator*>(value);
@@ -63,8 +74,10 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
     gcomp::Communicator& c = gcomp::detail::communicator_for(comm);
     // Bad arguments still take part in the call, so that the other ranks do not wait.
     std::string bad;
-    if (!codec) bad = "codec is NULL";
-    else if ((!sendbuf || !recvbuf) && count > 0) bad = "sendbuf or recvbuf is NULL";
+    if (!codec)
+      bad = "codec is NULL";
+    else if ((!sendbuf || !recvbuf) && count > 0)
+      bad = "sendbuf or recvbuf is NULL";
     else if (ef && ef->ef.size() != count) {
       bad = "ef holds " + std::to_string(ef->ef.size()) + " elements, count is " + std::to_string(count);
     }
@@ -76,14 +89,55 @@ gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count,
     opt.seed = seed;
     opt.allow_uncompressed = false;  // the codec is always applied, as gcomp_mpi.h documents
     c.allreduce({sendbuf, count}, {recvbuf, count}, codec->codec, ef ? &ef->ef : nullptr, opt);
-    const gcomp::CallStats& s = c.last_stats();
-    last_stats.bytes_sent = s.bytes_sent;
-    last_stats.bytes_received = s.bytes_received;
-    last_stats.encode_seconds = s.encode_seconds;
-    last_stats.comm_seconds = s.comm_seconds;
-    last_stats.decode_seconds = s.decode_seconds;
-    std::strncpy(last_stats.algorithm, gcomp::algorithm_name(s.algorithm),
-                 sizeof last_stats.algorithm - 1);
+    keep_stats(c.last_stats());
+    return GCOMP_OK;
+  });
+}
+
+gcomp_status gcomp_allreduce_buckets_shaped(float* const* tensors, const size_t* rows,
+                                            const size_t* cols, size_t ntensors, gcomp_codec codec,
+                                            const gcomp_ef* efs, uint64_t seed, MPI_Comm comm) {
+  using gcomp::detail::set_last_error;
+  last_stats = gcomp_stats{};
+  const char* const name = "gcomp_allreduce_buckets_shaped: ";
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    return set_last_error(GCOMP_ERR_MPI, std::string(name) + "MPI is not initialized");
+  if (comm == MPI_COMM_NULL) {
+    return set_last_error(GCOMP_ERR_INVALID_ARGUMENT, std::string(name) + "comm is MPI_COMM_NULL");
+  }
+  return gcomp::detail::guarded([&]() -> gcomp_status {
+    gcomp::Communicator& c = gcomp::detail::communicator_for(comm);
+    std::string bad;
+    if (!codec)
+      bad = "codec is NULL";
+    else if (ntensors > 0 && (!tensors || !rows || !cols))
+      bad = "tensors, rows or cols is NULL";
+    std::vector<std::span<float>> views;
+    std::vector<gcomp::MatrixShape> shapes;
+    std::vector<gcomp::ErrorFeedback*> memories;
+    for (size_t t = 0; bad.empty() && t < ntensors; ++t) {
+      const size_t n = rows[t] * cols[t];
+      if (cols[t] != 0 && n / cols[t] != rows[t]) {
+        bad = "tensor " + std::to_string(t) + "'s rows x cols overflows";
+      } else if (!tensors[t] && n > 0) {
+        bad = "tensor " + std::to_string(t) + " is NULL";
+      } else {
+        views.emplace_back(tensors[t], n);
+        shapes.push_back({rows[t], cols[t]});
+        if (efs) memories.push_back(efs[t] ? &efs[t]->ef : nullptr);
+      }
+    }
+    if (!bad.empty()) {
+      c.abandon(gcomp::Status::invalid_argument, name + bad);
+      return set_last_error(GCOMP_ERR_INVALID_ARGUMENT, name + bad);
+    }
+    gcomp::BucketOptions opt;
+    opt.allreduce.seed = seed;
+    opt.allreduce.allow_uncompressed = false;  // the codec is always applied, as gcomp_allreduce
+    c.allreduce_buckets(views, shapes, codec->codec, memories, opt);
+    keep_stats(c.last_stats());
     return GCOMP_OK;
   });
 }

@@ -147,8 +147,8 @@ void Communicator::Impl::init(MPI_Comm comm, const NetworkModel* given,
 namespace {
 
 bool suits(Algorithm a, const Codec& codec) {
-  return a == Algorithm::automatic || !detail::algorithm_row(a).sparse_only ||
-         codec.properties().sparse;
+  return a == Algorithm::automatic ||
+         detail::row_suits(detail::algorithm_row(a), codec.properties());
 }
 
 }  // namespace
@@ -193,6 +193,8 @@ struct Communicator::Impl::Call {
   const AllreduceOptions& opt;
   std::uint64_t extra_signature;
   const detail::DeviceCall* device = nullptr;  // set for a call on device tensors
+  std::span<const detail::MatrixBlock> matrices;  // the tensors' shapes, where given
+  std::uint64_t state_signature = 0;              // low-rank codecs: of the state in ef's slot
   double start = MPI_Wtime();
   std::optional<detail::Job> job;                     // made by make_job
   detail::MemoryStore::Memories* memories = nullptr;  // the algorithms' of this tensor, or null
@@ -210,11 +212,13 @@ struct Communicator::Impl::Call {
 
 void Communicator::Impl::call(std::span<const float> in, std::span<float> out, const Codec* codec,
                               ErrorFeedback* ef, const AllreduceOptions& opt,
-                             const Error* abandoned, std::uint64_t extra_signature,
-                             const detail::DeviceCall* device) {
+                              const Error* abandoned, std::uint64_t extra_signature,
+                              const detail::DeviceCall* device,
+                              std::span<const detail::MatrixBlock> matrices) {
   Impl& self = *this;
   Call c{self, codec, ef, opt, extra_signature};
   c.device = device;
+  c.matrices = matrices;
   // 1. Local work that may fail: a failure is this rank's part of the agreement.
   std::exception_ptr local;
   try {
@@ -283,6 +287,13 @@ void Communicator::Impl::check_arguments(const Call& c, std::span<const float> i
     throw Error(Status::invalid_argument,
                 "a host tensor needs its error-feedback memory in host memory");
   }
+  if (c.codec->properties().low_rank && c.matrices.empty()) {
+    throw Error(Status::invalid_argument,
+                c.codec->spec() +
+                    " needs each tensor's shape: use Communicator::allreduce_buckets with shapes "
+                    "(the C API's gcomp_allreduce_buckets_shaped, the module's allreduce_buckets "
+                    "with shapes=)");
+  }
 }
 
 // 2. The algorithm asked for: the option's, or for auto GCOMP_ALGORITHM's (the reader the
@@ -294,11 +305,15 @@ Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const Allred
     requested = detail::algorithm_setting().value_or(requested);
   }
   if (!suits(requested, codec)) {
-    throw Error(Status::invalid_argument, std::string("algorithm ") +
-                                              algorithm_name(requested) +
-                                              " needs a sparse codec (topk, randomk, "
-                                              "threshold), not " +
-                                              codec.spec());
+    const detail::AlgorithmRow& row = detail::algorithm_row(requested);
+    throw Error(
+        Status::invalid_argument,
+        std::string("algorithm ") + algorithm_name(requested) +
+            (codec.properties().low_rank ? " does not run the low-rank codec " + codec.spec() +
+                                               ", which runs only on low_rank"
+             : row.low_rank
+                 ? " runs only the low-rank codecs (powersgd), not " + codec.spec()
+                 : " needs a sparse codec (topk, randomk, threshold), not " + codec.spec()));
   }
   if (opt.majority_vote) {
     if (codec.kind() != CodecKind::sign) {
@@ -340,8 +355,10 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
       .codec = codec,
       .seed = derive_seed(opt.seed, opt.tensor, 0, shared ? 0 : rank + 1),
       .owner_seed = derive_seed(opt.seed, opt.tensor, 1, rank),
+      .shared_seed = derive_seed(opt.seed, opt.tensor, 2, 0),
       .average = opt.average,
       .majority_vote = opt.majority_vote,
+      .matrices = c.matrices,
   };
   detail::CallBuffers buf{.in = in, .out = out, .ef = ef};
   if (const detail::DeviceCall* device = c.device) {
@@ -360,6 +377,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
     buf.ef_next = ef->scratch();
   }
   c.job.emplace(spec, buf, self.ws_);
+  if (ef && codec->properties().low_rank) c.state_signature = detail::low_rank_state_signature(*ef);
   // The algorithms' memories of this tensor: the same from step to step (the seed left out),
   // compared in the agreement.
   c.memories = &self.memories_.of(
@@ -393,7 +411,8 @@ bool Communicator::Impl::expect(Call& c) {
                             .compute = c.compute,
                             .average = c.opt.average,
                             .error_feedback = c.ef != nullptr,
-                            .allow_uncompressed = true},
+                            .allow_uncompressed = true,
+                            .matrices = c.matrices},
                            true)
               .compressed;
 }
@@ -467,7 +486,7 @@ Agreement Communicator::Impl::agree(Call& c) {
   c.mine.learned_seconds = dbits(self.pending_seconds_);
   self.pending_key_ = 0;
   c.mine.seal(c.sig);
-  c.mine.seal_memory(c.memories ? c.memories->signature() : 0);
+  c.mine.seal_memory((c.memories ? c.memories->signature() : 0) ^ c.state_signature);
   const double start = MPI_Wtime();
   const Agreement all = detail::agree(self.comm_, c.mine);
   c.agree_seconds = MPI_Wtime() - start;
@@ -480,7 +499,10 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
   Impl& self = c.self;
   if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
   // Ranks whose memories of the tensor differ (one missed a call) all start afresh.
-  if (c.memories && !all.same_memory()) c.memories->forget();
+  if (!all.same_memory()) {
+    if (c.memories) c.memories->forget();
+    c.job->fresh_state = true;
+  }
   c.job->agreed_sent = all.sent;
   if (!c.choosing) {
     return c.requested == Algorithm::automatic ? Algorithm::dense : c.requested;  // `none`
@@ -512,7 +534,8 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
                                           .compute = compute,
                                           .average = c.opt.average,
                                           .error_feedback = c.ef != nullptr,
-                                          .allow_uncompressed = c.opt.allow_uncompressed});
+                                          .allow_uncompressed = c.opt.allow_uncompressed,
+                                          .matrices = c.matrices});
   c.job->skip_codec = !choice.compressed;
   return choice.algorithm;
 }

@@ -91,6 +91,7 @@ struct Communicator::Impl {
     bool average = false;
     bool error_feedback = false;
     bool allow_uncompressed = false;
+    std::span<const detail::MatrixBlock> matrices = {};  // low-rank codecs: the tensors' shapes
   };
   Choice auto_choice(const AutoQuery& q, bool with_pending = false) const;
 
@@ -99,9 +100,10 @@ struct Communicator::Impl {
   // `device` set means a call on device tensors (in and out are then its host staging). Its
   // steps, in order: check_arguments, resolve_algorithm, prepare (make_job, expect, then the
   // local work), agree, decide, run, record.
-  void call(std::span<const float> in, std::span<float> out, const Codec* codec,
-            ErrorFeedback* ef, const AllreduceOptions& opt, const Error* abandoned,
-            std::uint64_t extra_signature, const detail::DeviceCall* device = nullptr);
+  void call(std::span<const float> in, std::span<float> out, const Codec* codec, ErrorFeedback* ef,
+            const AllreduceOptions& opt, const Error* abandoned, std::uint64_t extra_signature,
+            const detail::DeviceCall* device = nullptr,
+            std::span<const detail::MatrixBlock> matrices = {});
 
   // ---- allreduce_buckets' two kinds of call (bucketing.cpp) ----
   // One bucket: its tensors (their residuals, and what the algorithms keep beside them) fused
@@ -109,7 +111,12 @@ struct Communicator::Impl {
   void reduce_bucket(std::span<const std::span<float>> tensors,
                      std::span<const std::size_t> members, const Codec& codec,
                      std::span<ErrorFeedback* const> efs, const AllreduceOptions& opt,
-                     std::uint64_t sig);
+                     std::uint64_t sig, std::span<const MatrixShape> shapes);
+  // allreduce_buckets, with shapes (shaped) or without: the plan, then each bucket, then the
+  // small tensors.
+  void buckets(std::span<const std::span<float>> tensors, std::span<const MatrixShape> shapes,
+               bool shaped, const Codec& codec, std::span<ErrorFeedback* const> efs,
+               const BucketOptions& options);
   // The small tensors: one more bucket, summed uncompressed.
   void reduce_small(std::span<const std::span<float>> tensors, std::span<const std::size_t> small,
                     AllreduceOptions opt, std::uint64_t sig);

@@ -11,6 +11,7 @@
 #include "algorithm_table.hpp"
 #include "device_backend.hpp"
 #include "index_pack.hpp"
+#include "low_rank.hpp"
 #include "model_terms.hpp"
 #include "sparse_vector.hpp"
 
@@ -226,9 +227,43 @@ struct DeviceMemory {
 };
 }  // namespace
 
+namespace {
+// A low-rank codec's speeds: the product M Q (encode) and the reconstruction P Q^T (decode) of a
+// square matrix of about kN elements at the codec's rank, per element and rank.
+ComputeModel measure_low_rank(const Codec& codec, const std::vector<float>& x) {
+  const std::size_t rows = static_cast<std::size_t>(std::sqrt(static_cast<double>(x.size())));
+  const std::size_t cols = x.size() / rows;
+  const std::size_t r = std::min({detail::low_rank_spec(codec).rank, rows, cols});
+  std::vector<float> q(cols * r), p(rows * r), out(rows * cols);
+  std::vector<double> work(cols * r);
+  detail::lr_random(q.data(), q.size(), 1);
+  const double units = static_cast<double>(rows * cols * r);
+  ComputeModel c;
+  c.encode = mean_seconds(
+                 [&] {
+                   const auto start = std::chrono::steady_clock::now();
+                   detail::lr_multiply(x.data(), rows, cols, q.data(), r, p.data());
+                   return seconds_since(start);
+                 },
+                 0.02, 2) /
+             units;
+  c.decode = mean_seconds(
+                 [&] {
+                   const auto start = std::chrono::steady_clock::now();
+                   detail::lr_reconstruct(p.data(), q.data(), rows, cols, r, 1.0, out.data(), 1.0,
+                                          nullptr, nullptr, work.data());
+                   return seconds_since(start);
+                 },
+                 0.01, 2) /
+             units;
+  return c;
+}
+}  // namespace
+
 ComputeModel measure_compute(const Codec& codec, std::size_t n) {
   const std::size_t kN = calibration_size(n);
   const std::vector<float> x = calibration_input(kN);
+  if (codec.properties().low_rank) return measure_low_rank(codec, x);
   std::vector<std::byte> out(codec.max_bytes(kN));
   std::vector<float> acc(kN, 0.0f);
   return time_codec(
@@ -239,7 +274,8 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
 }
 
 ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const float> like) {
-  if (!like.on_device()) return measure_compute(codec, n);
+  // A low-rank codec runs on the host (collectives/low_rank.cpp).
+  if (!like.on_device() || codec.properties().low_rank) return measure_compute(codec, n);
   const detail::DeviceBackend* dev = like.backend();
   void* stream = like.stream();
   const std::size_t kN = calibration_size(n);
@@ -281,7 +317,7 @@ std::array<double, kAlgorithmCount> per_row(const ModelInput& in, F f) {
   std::array<double, kAlgorithmCount> t;
   t.fill(kNotApplicable);
   for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-    if (row->sparse_only && !in.sparse) continue;
+    if (!detail::row_suits(*row, in)) continue;
     t[static_cast<int>(row->id)] = f(*row);
   }
   return t;

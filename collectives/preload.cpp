@@ -96,6 +96,13 @@ Settings read_settings() {
     } catch (const gcomp::Error& e) {
       bad_setting("GCOMP_CODEC", v, e.what());
     }
+    if (s.codec->properties().low_rank) {
+      bad_setting("GCOMP_CODEC", v,
+                  "a low-rank codec needs each tensor's shape, which MPI_Allreduce does not "
+                  "give; use gcomp's allreduce_buckets with shapes (C++, the C API's "
+                  "gcomp_allreduce_buckets_shaped, Python, gcomp.torch) instead of the "
+                  "interposer");
+    }
   }
   if (const char* v = std::getenv("GCOMP_MIN_COUNT")) s.min_count = parse_count("GCOMP_MIN_COUNT", v);
   if (const char* v = std::getenv("GCOMP_EF")) {

@@ -84,6 +84,7 @@ const CodecEntry& threshold_entry();
 const CodecEntry& qsgd_entry();
 const CodecEntry& terngrad_entry();
 const CodecEntry& sign_entry();
+const CodecEntry& powersgd_entry();
 
 // The entries of a parsed sparse payload (sparse.cpp); throws for other codecs or bad payloads.
 // own: a payload this process just encoded, whose values need no second check.

@@ -12,9 +12,8 @@ namespace detail {
 
 const std::vector<const CodecEntry*>& codec_entries() {
   static const std::vector<const CodecEntry*> r = {
-      &cast_none_entry(), &cast_fp16_entry(), &cast_bf16_entry(),
-      &topk_entry(),       &randomk_entry(),    &threshold_entry(),
-      &qsgd_entry(),       &terngrad_entry(),   &sign_entry()};
+      &cast_none_entry(), &cast_fp16_entry(), &cast_bf16_entry(), &topk_entry(), &randomk_entry(),
+      &threshold_entry(), &qsgd_entry(),      &terngrad_entry(),  &sign_entry(), &powersgd_entry()};
   return r;
 }
 

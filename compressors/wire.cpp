@@ -42,6 +42,8 @@ bool layout_of(std::uint8_t codec_id, Layout* out) noexcept {
     case CodecKind::sign:
       *out = {0, 2};
       return true;
+    case CodecKind::powersgd:  // no payloads
+      return false;
   }
   return false;
 }

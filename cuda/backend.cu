@@ -109,6 +109,8 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
       case CodecKind::randomk:
       case CodecKind::threshold:
         return encode_sparse(c);
+      case CodecKind::powersgd:  // no payload: the CPU's refusal, touching nothing
+        return codec.encode(x, e_old, e_new, n, seed, out, cap);
     }
     throw Error(Status::internal, "no CUDA encoder for codec id " +
                                       std::to_string(static_cast<int>(codec.kind())));
@@ -155,6 +157,8 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
       case CodecKind::randomk:
       case CodecKind::threshold:
         return decode_sparse(d);
+      case CodecKind::powersgd:  // parse_payload_head has refused it already
+        break;
     }
     throw Error(Status::internal, "no CUDA decoder for codec id " +
                                       std::to_string(static_cast<int>(d.p.kind)));

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -585,11 +586,34 @@ py::dict choose(PyCommunicator& self, py::handle codec, std::size_t n, bool allo
   return d;
 }
 
+// A tensor's shape as a matrix: rows = its first dimension, cols = the product of the others (a
+// tuple, list or torch.Size of non-negative ints; () is 1 x 1).
+gcomp::MatrixShape matrix_shape(py::handle s, const std::string& what) {
+  if (!py::isinstance<py::sequence>(s) || py::isinstance<py::str>(s)) {
+    throw py::type_error(what + " must be a shape (a tuple of ints), not " + type_name(s));
+  }
+  const py::sequence dims = py::reinterpret_borrow<py::sequence>(s);
+  gcomp::MatrixShape m{1, 1};
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    const std::size_t v = to_count(dims[d], what + "[" + std::to_string(d) + "]");
+    if (d == 0) {
+      m.rows = v;
+    } else if (v != 0 && m.cols > std::numeric_limits<std::size_t>::max() / v) {
+      throw py::value_error(what + " is too large");
+    } else {
+      m.cols *= v;
+    }
+  }
+  return m;
+}
+
 py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handle codec,
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
                              py::handle average, py::handle seed, py::handle algorithm,
-                             py::handle allow_uncompressed, py::handle step, py::handle index) {
+                             py::handle allow_uncompressed, py::handle step, py::handle index,
+                             py::handle shapes) {
   std::deque<Held> bufs;
+  std::vector<gcomp::MatrixShape> matrices;
   std::vector<std::span<float>> spans;
   std::vector<gcomp::ErrorFeedback*> memories;
   std::deque<Using> using_efs;
@@ -623,6 +647,26 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
         if (e) using_efs.emplace_back(e);
       }
     }
+    if (!shapes.is_none()) {
+      if (!py::isinstance<py::sequence>(shapes) || py::isinstance<py::str>(shapes)) {
+        throw py::type_error("shapes must be None or a list of shapes (tuples of ints), not " +
+                             type_name(shapes));
+      }
+      const py::sequence ss = py::reinterpret_borrow<py::sequence>(shapes);
+      if (ss.size() != ts.size()) {
+        throw py::value_error(std::to_string(ss.size()) + " shapes for " +
+                              std::to_string(ts.size()) + " tensors");
+      }
+      for (std::size_t t = 0; t < ss.size(); ++t) {
+        matrices.push_back(matrix_shape(ss[t], "shapes[" + std::to_string(t) + "]"));
+        if (matrices.back().rows * matrices.back().cols != spans[t].size()) {
+          throw py::value_error("shapes[" + std::to_string(t) + "] holds " +
+                                std::to_string(matrices.back().rows * matrices.back().cols) +
+                                " elements, tensors[" + std::to_string(t) + "] " +
+                                std::to_string(spans[t].size()));
+        }
+      }
+    }
     options.bucket_bytes = to_count(bucket_bytes, "bucket_bytes");
     options.dense_below = to_count(dense_below, "dense_below");
     options.allreduce = options_of(algorithm, average, seed, allow_uncompressed, step, index);
@@ -630,7 +674,11 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
   {
     py::gil_scoped_release nogil;
     const Call call(self);
-    self.get().allreduce_buckets(spans, *c, memories, options);
+    if (shapes.is_none()) {
+      self.get().allreduce_buckets(spans, *c, memories, options);
+    } else {
+      self.get().allreduce_buckets(spans, matrices, *c, memories, options);
+    }
   }
   return py::reinterpret_borrow<py::object>(tensors);
 }
@@ -759,13 +807,15 @@ PYBIND11_MODULE(_gcomp, m) {
             d["stochastic"] = p.stochastic;
             d["shared_support"] = p.shared_support;
             d["contraction"] = p.contraction;
+            d["low_rank"] = p.low_rank;
             d["bits_per_element"] = p.bits_per_element;
             return d;
           },
           "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank\n"
           "selects the same indices: random-k), contraction (its error |x - C(x)|^2 <=\n"
           "(1 - delta) |x|^2, so error feedback applies by default; not QSGD, TernGrad, scaled\n"
-          "random-k, none), bits_per_element (dense codecs).")
+          "random-k, none), low_rank (powersgd: runs only in allreduce_buckets with shapes),\n"
+          "bits_per_element (dense codecs).")
       .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
            "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
       .def("selected", &gcomp::Codec::selected, py::arg("n"),
@@ -857,37 +907,45 @@ PYBIND11_MODULE(_gcomp, m) {
             return d;
           },
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
-      .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
-           py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
-           py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
-           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
-           "          allow_uncompressed=True, step=None, index=0) -> x\n\n"
-           "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
-           "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
-           "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
-           "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
-           "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
-           "the codec) or one of \"dense\", \"sparse_allgather\",\n"
-           "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
-           "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\". step, index: a training\n"
-           "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
-           "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
-           "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
-           "differently; step=None uses seed as given (index must then be 0). The GIL is\n"
-           "released while it runs.")
+      .def(
+          "allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
+          py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
+          py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
+          "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
+          "          allow_uncompressed=True, step=None, index=0) -> x\n\n"
+          "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
+          "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
+          "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
+          "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
+          "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
+          "the codec) or one of \"dense\", \"sparse_allgather\",\n"
+          "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
+          "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\", \"low_rank\". step, index: a\n"
+          "training "
+          "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
+          "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
+          "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
+          "differently; step=None uses seed as given (index must then be 0). The GIL is\n"
+          "released while it runs.")
       .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
            py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
            py::arg("algorithm") = "auto", py::arg("allow_uncompressed") = true,
-           py::arg("step") = py::none(), py::arg("index") = 0,
+           py::arg("step") = py::none(), py::arg("index") = 0, py::arg("shapes") = py::none(),
            "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
            "                  average=False, seed=0, algorithm=\"auto\",\n"
-           "                  allow_uncompressed=True, step=None, index=0) -> tensors\n\n"
+           "                  allow_uncompressed=True, step=None, index=0, shapes=None)\n"
+           "                  -> tensors\n\n"
            "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
            "of float32, one collective each; tensors of fewer than dense_below elements are\n"
            "summed uncompressed. efs: None or one gcomp.ErrorFeedback (or None) per tensor.\n"
            "A tensor larger than bucket_bytes is a bucket of its own (bucket_bytes=1: one\n"
-           "collective per tensor, each compressed on its own). step, index: as allreduce's.")
+           "collective per tensor, each compressed on its own). step, index: as allreduce's.\n"
+           "shapes: None, or each tensor's shape (a tuple of ints, torch.Size), viewed as a\n"
+           "matrix of rows = shape[0] and cols = the product of the rest, which a low-rank\n"
+           "codec needs (powersgd: each matrix sends its rank-r factors, with efs holding the\n"
+           "residual and warm-start Q per tensor; 1-D and small matrices go dense) and the\n"
+           "other codecs ignore. The tensors themselves may be flat.")
       .def("choose", &choose, py::arg("codec"), py::arg("n"), py::arg("allow_uncompressed") = true,
            "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": "
            "bool}\n\n"

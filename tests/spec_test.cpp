@@ -128,7 +128,7 @@ TEST(Spec, BadSpecsNameTheSpecAndThePart) {
 
 TEST(Spec, CatalogListsEveryCodec) {
   const auto& cat = codec_catalog();
-  ASSERT_EQ(cat.size(), 9u);
+  ASSERT_EQ(cat.size(), 10u);
   for (const auto& d : cat) {
     EXPECT_FALSE(d.summary.empty()) << d.name;
     EXPECT_NO_THROW(Codec(d.name == "topk" || d.name == "randomk" ? d.name + ":ratio=0.5"

@@ -31,6 +31,7 @@ enum class CodecKind : std::uint8_t {
   qsgd = 7,
   terngrad = 8,
   sign = 9,
+  powersgd = 10,  // no payload of its own: its factors travel as float32 or binary16 sums
 };
 
 // "topk", "qsgd", ...; "unknown" for a value outside the enum.
@@ -52,6 +53,10 @@ struct CodecProperties {
   // omega >= 1 at useful compression, so that a residual fed back grows; and for none, which
   // leaves nothing to feed back.
   bool contraction = false;
+  // A scheme across ranks rather than a payload per rank (powersgd): it runs only in the
+  // collectives' low_rank algorithm, which needs each tensor's shape (allreduce_buckets with
+  // shapes); its encode and decode refuse.
+  bool low_rank = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
 };
 

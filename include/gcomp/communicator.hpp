@@ -46,9 +46,10 @@ enum class Algorithm : int {
   allgather,                  // allgatherv of any codec's payloads, decode_add each
   compressed_reduce_scatter,  // encode chunks, all-to-all, reduce + re-encode, allgather
   sparse_reduce_scatter,      // regions all-to-all, owners keep a global top-k, allgather
+  low_rank,                   // PowerSGD: the factors P = M Q and Q = M^T P allreduced per bucket
   // A new algorithm goes here, last, and into kLastAlgorithm.
 };
-inline constexpr Algorithm kLastAlgorithm = Algorithm::sparse_reduce_scatter;
+inline constexpr Algorithm kLastAlgorithm = Algorithm::low_rank;
 // The number of Algorithm values, automatic included.
 inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 
@@ -160,6 +161,14 @@ struct TotalStats {
   void add(const CallStats& s) noexcept;
 };
 
+// A tensor's shape as a matrix, for the low-rank codecs (powersgd): rows = its first dimension,
+// cols = the product of the others (a conv weight out x in*k*k, as torch's view(shape[0], -1));
+// a 1-D tensor of n elements is n x 1. rows * cols is the tensor's element count.
+struct MatrixShape {
+  std::size_t rows = 0;
+  std::size_t cols = 1;
+};
+
 // Fusing many tensors (a model's layers) into buckets, one collective per bucket.
 struct BucketOptions {
   AllreduceOptions allreduce;
@@ -209,7 +218,9 @@ class Communicator {
   MPI_Comm comm() const noexcept;
   const NetworkModel& network() const noexcept;
 
-  // out = sum over ranks of decode(encode(in + e)); in and out may be the same memory.
+  // out = sum over ranks of decode(encode(in + e)); in and out may be the same memory. A
+  // low-rank codec (powersgd) needs shapes: every rank throws Error(invalid_argument) naming
+  // allreduce_buckets with shapes.
   // ef (may be null) is this rank's error-feedback memory for the tensor. Seeds: the codec's
   // draws use derive_seed(seed, tensor, 0, rank), except random-k's index draw, which leaves the
   // rank out so that every rank selects the same indices (their sum stays k-sparse).
@@ -236,6 +247,19 @@ class Communicator {
   // holds one memory per tensor (null entries allowed). Tensors with fewer than dense_below
   // elements are summed uncompressed. Stats: last_stats() sums the call's buckets.
   void allreduce_buckets(std::span<const std::span<float>> tensors, const Codec& codec,
+                         std::span<ErrorFeedback* const> efs = {},
+                         const BucketOptions& options = {});
+  // The same with each tensor's shape (shapes[t].rows * shapes[t].cols == tensors[t].size(),
+  // else every rank throws Error(invalid_argument) or Error(mismatch)), which a low-rank codec
+  // (powersgd, CodecProperties::low_rank) needs and the other codecs ignore. powersgd runs the
+  // low_rank algorithm on each bucket (docs/algorithms.md): the matrices it compresses go as
+  // their factors, 1-D tensors and matrices below its min_compression_rate dense in the same
+  // collective. Its state (the residual, and Q or P per matrix for warm start and alternating)
+  // lives in each tensor's ErrorFeedback; a tensor without one keeps nothing (a random Q every
+  // step, no residual, and with start = s it stays dense). The shapes and the states' bits are
+  // part of what ranks agree on: ranks whose states differ (one was reset) all start afresh.
+  void allreduce_buckets(std::span<const std::span<float>> tensors,
+                         std::span<const MatrixShape> shapes, const Codec& codec,
                          std::span<ErrorFeedback* const> efs = {},
                          const BucketOptions& options = {});
 

@@ -27,6 +27,15 @@ struct ModelInput {
   bool average = false;
   bool error_feedback = false;   // for the uncompressed path: forming x + e costs a pass
   bool allow_uncompressed = true;
+  // A low-rank codec (powersgd, the low_rank algorithm): what its matrices make of the call.
+  // compute.encode is then seconds per element and rank of one product (M Q or M^T P),
+  // compute.decode of the reconstruction P Q^T.
+  bool low_rank = false;
+  double dense_elements = 0;    // of n, the elements that go dense (1-D, small, start steps)
+  double p_elements = 0;        // the compressed matrices' P factors, rows x r summed
+  double q_elements = 0;        // and their Q factors, cols x r
+  double product_elements = 0;  // rows x cols x r summed: one product's work
+  bool alternate = false;       // one factor a step (on average half of each)
 };
 
 inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();

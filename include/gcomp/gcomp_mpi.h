@@ -2,7 +2,7 @@
  * MPI_SUM, but each rank's contribution goes through a codec, and the algorithm that keeps the
  * payloads sparse or compressed on the wire is chosen by a cost model (or by the environment
  * variable GCOMP_ALGORITHM: dense, sparse_allgather, sparse_recursive_doubling, sparse_split,
- * allgather, compressed_reduce_scatter, sparse_reduce_scatter).
+ * allgather, compressed_reduce_scatter, sparse_reduce_scatter, low_rank).
  *
  * The first call on a communicator is collective setup too: gcomp duplicates the communicator
  * (attached to it as an attribute, freed with it) and measures the network once.
@@ -34,7 +34,19 @@ typedef struct {
 gcomp_status gcomp_allreduce(const float* sendbuf, float* recvbuf, size_t count, gcomp_codec codec,
                              gcomp_ef ef, uint64_t seed, MPI_Comm comm);
 
-gcomp_status gcomp_last_stats(gcomp_stats* out); /* of this thread's last gcomp_allreduce */
+/* Many tensors in place, fused into buckets, each with its shape as a matrix: tensors[t] holds
+   rows[t] x cols[t] floats (row-major: rows = the first dimension, cols = the product of the
+   others; a 1-D tensor is n x 1). efs is NULL or holds ntensors memories (NULL entries: no error
+   feedback for that tensor), each of its tensor's size. The low-rank codec (powersgd) needs this
+   form; the others ignore the shapes. Tensors under 1024 elements are summed uncompressed, in 25
+   MiB buckets otherwise (Communicator::allreduce_buckets with shapes). gcomp_last_stats sums
+   the buckets. */
+gcomp_status gcomp_allreduce_buckets_shaped(float* const* tensors, const size_t* rows,
+                                            const size_t* cols, size_t ntensors, gcomp_codec codec,
+                                            const gcomp_ef* efs, uint64_t seed, MPI_Comm comm);
+
+gcomp_status gcomp_last_stats(gcomp_stats* out); /* of this thread's last gcomp_allreduce or
+                                                    gcomp_allreduce_buckets_shaped */
 
 #ifdef __cplusplus
 } /* extern "C" */

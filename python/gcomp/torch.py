@@ -103,6 +103,15 @@ def _splits(codec, per_parameter):
     return name not in ("none", "fp16", "bf16", "threshold")
 
 
+def _low_rank(codec):
+    """Whether the codec is a low-rank one (powersgd), which needs each gradient's shape: the
+    bucket then goes to allreduce_buckets as one bucket of its parameters' views, with their
+    shapes and one ErrorFeedback each (which holds the residual and the warm-start Q, and so
+    follows the parameter through DDP's rebuild of its buckets)."""
+    c = _codec_or_none(codec)
+    return c is not None and c.properties["low_rank"]
+
+
 def _momentum_of(momentum, error_feedback):
     """The momentum-correction factor, checked: 0 <= momentum < 1, and only with error
     feedback (the residual is where the velocities accumulate)."""
@@ -331,6 +340,11 @@ class CompressionState(_PerParameterFeedback):
     accumulates velocities, top-k selects on them, and where a value is sent its velocity is
     zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
     momentum=0): the momentum is here. Needs error feedback.
+    A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
+    bucket.gradients() and sends the bucket's matrices as their factors in one collective
+    (per_parameter does not apply); its state (residual and warm-start Q) is per parameter,
+    so it works with DDP's default buckets and their rebuild. Without error feedback it keeps
+    no Q: every step starts cold.
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
@@ -345,6 +359,7 @@ class CompressionState(_PerParameterFeedback):
         self.synchronous = bool(synchronous)
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
+        self._shaped = _low_rank(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.momentum = _momentum_of(momentum, self.error_feedback)
         self._velocity = {}  # parameter id -> its velocity (momentum correction)
@@ -412,13 +427,20 @@ def compression_hook(state, bucket):
     tensor = bucket.buffer()
     step, index = state.step, bucket.index()
     last = bucket.is_last()
-    per_parameter = state._split
-    dense = step < state.warmup_steps or (not per_parameter and tensor.numel() < state.dense_below)
+    per_parameter, shaped = state._split, state._shaped
+    dense = step < state.warmup_steps or (not per_parameter and not shaped and
+                                          tensor.numel() < state.dense_below)
     seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
-    ef = views = efs = velocities = None
-    if per_parameter and not dense:
+    ef = views = efs = velocities = shapes = None
+    if shaped and not dense:
+        # Low-rank: the bucket's gradients as matrices, in one collective of their factors.
+        views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+        shapes = [tuple(g.shape) for g in bucket.gradients()]
+        if state.error_feedback:
+            efs = [state._feedback_of(p) for p in bucket.parameters()]
+    elif per_parameter and not dense:
         views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
         if state.error_feedback:
             efs = [state._feedback_of(p) for p in bucket.parameters()]
@@ -434,6 +456,12 @@ def compression_hook(state, bucket):
         try:
             if dense:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
+            elif shaped:
+                comm.allreduce_buckets(views, codec, efs=efs, shapes=shapes,
+                                       bucket_bytes=max(4 * tensor.numel(), 1),
+                                       dense_below=dense_below, average=True, seed=seed,
+                                       algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                       index=index)
             elif per_parameter:
                 # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
                 comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
@@ -483,7 +511,8 @@ class DistributedOptimizer(_PerParameterFeedback):
     gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
     feedback is per parameter, as in CompressionState (True: for the codecs whose error
     contracts). momentum: DGC's momentum correction, as CompressionState's (wrap an optimizer
-    without momentum). Every other attribute (param_groups, state_dict, ...) is the wrapped
+    without momentum). A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
+    CompressionState. Every other attribute (param_groups, state_dict, ...) is the wrapped
     optimizer's.
     """
 
@@ -512,6 +541,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         self.synchronous = bool(synchronous)
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
+        self._shaped = _low_rank(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.momentum = _momentum_of(momentum, self.error_feedback)
         self._velocity = {}  # parameter id -> its velocity (momentum correction)
@@ -568,15 +598,18 @@ class DistributedOptimizer(_PerParameterFeedback):
         seed, step, index = self.seed & _MASK, self.steps, self._buckets  # the library mixes them
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
-        # Per parameter, bucket_bytes=1 makes each gradient a collective of its own.
-        bucket_bytes = 1 if self._split and not dense else self.bucket_bytes
+        # Per parameter, bucket_bytes=1 makes each gradient a collective of its own; a low-rank
+        # codec gets the gradients' shapes.
+        shaped = self._shaped and not dense
+        bucket_bytes = 1 if self._split and not dense and not shaped else self.bucket_bytes
+        shapes = [tuple(p.shape) for p in params] if shaped else None
 
         def job(comm):
             started = time.perf_counter()
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
                                    algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                   index=index)
+                                   index=index, shapes=shapes)
             stats.add(comm, dense)
             if velocities and not dense:
                 self._mask_momentum(velocities)

@@ -282,6 +282,12 @@ def test_bad_arguments_on_one_rank_raise_on_every_rank(comm):
          None),
         (lambda: comm.allreduce_buckets([x], "fp16", bucket_bytes=-1 if mine else 1 << 20),
          ValueError, None),
+        (lambda: comm.allreduce_buckets([x], "powersgd", shapes=[] if mine else [(5000,)]),
+         ValueError, None),
+        (lambda: comm.allreduce_buckets([x], "powersgd", shapes=[(50, 99) if mine else (50, 100)]),
+         ValueError, None),
+        (lambda: comm.allreduce_buckets([x], "powersgd", shapes=None if mine else [(50, 100)]),
+         gcomp.Error, "invalid_argument"),
     ]
     for call, error, status in calls:
         expect_every_rank_raises(comm, call, culprit, error, status)
@@ -350,3 +356,20 @@ def test_allow_uncompressed_false_keeps_the_codec(comm):
     comm.allreduce_buckets(ts, codec, bucket_bytes=1, allow_uncompressed=False)
     assert comm.last_stats["calls"] == 3 and comm.last_stats["compressed"] is True
     assert all(np.all(t == exact) for t in ts)
+
+
+def test_powersgd_through_shaped_buckets(comm):
+    # A 60 x 40 matrix at rank 3, a 1-D tensor and a conv-like 8 x 2 x 3 x 3 weight (8 x 18:
+    # below the rate at rank 3, 26 x 3 x 2 > 144): the matrix comes back of rank 3 at most, the
+    # others as the float32 sum. Flat tensors, shapes given apart (torch.Size works too).
+    w, b, c = gradient(2400, 10 + comm.rank), gradient(40, 20 + comm.rank), gradient(144, 30)
+    dense_b, dense_c = comm.allreduce(b.copy(), "none"), comm.allreduce(c.copy(), "none")
+    efs = [gcomp.ErrorFeedback(2400), gcomp.ErrorFeedback(40), gcomp.ErrorFeedback(144)]
+    comm.allreduce_buckets([w, b, c], "powersgd:rank=3", efs=efs, shapes=[(60, 40), (40,),
+                           (8, 2, 3, 3)], dense_below=0, algorithm="low_rank", seed=4)
+    assert comm.last_stats["algorithms"] == {"low_rank": 1}
+    assert np.linalg.matrix_rank(w.reshape(60, 40).astype(np.float64), tol=1e-4) <= 3
+    np.testing.assert_allclose(b, dense_b, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(c, dense_c, rtol=0, atol=1e-5)
+    assert np.any(efs[0].residual != 0) and not np.any(efs[1].residual != 0)
+    assert gcomp.Codec("powersgd:rank=3").properties["low_rank"]

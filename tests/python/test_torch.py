@@ -463,3 +463,59 @@ def test_momentum_correction_needs_error_feedback():
     with pytest.raises(ValueError, match="momentum"):
         gt.CompressionState("topk:ratio=0.01", momentum=1.0)
     assert gt.CompressionState("topk:ratio=0.01", momentum=0.9).momentum == 0.9
+
+
+def wide_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 96), torch.nn.ReLU(), torch.nn.Linear(96, 80),
+                               torch.nn.ReLU(), torch.nn.Linear(80, 5))
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2", "powersgd:rank=2,values=fp16",
+                                  "powersgd:rank=1,alternate=true"])
+def test_powersgd_hook_on_ddps_buckets_keeps_ranks_identical(spec):
+    # Several buckets (and DDP's rebuild of them after the first step): each gradient goes as a
+    # matrix of its own shape, its residual and Q in the parameter's ErrorFeedback.
+    m = DDP(wide_model(), bucket_cap_mb=0.02)
+    state = gt.CompressionState(spec, algorithm="low_rank", seed=5)
+    m.register_comm_hook(state, gt.compression_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    train(m, opt, 6)
+    same_on_every_rank(list(m.parameters()))
+    st = state.stats()
+    assert st["steps"] == 6 and st["algorithm"].get("low_rank", 0) >= 6
+    # The matrices kept a residual; the biases went dense (nothing left).
+    for p in m.parameters():
+        r = state.residual(p)
+        assert r is not None
+        if p.dim() == 2 and p.numel() >= 1024:
+            assert np.any(r != 0)
+        if p.dim() == 1:
+            assert not np.any(r != 0)
+
+
+def test_powersgd_hook_is_a_rank_r_average():
+    # One step from the same weights: what the hook returns for the 80 x 96 weight is of rank 2
+    # at most, and the 1-D biases are DDP's own average.
+    a, b = DDP(wide_model()), DDP(wide_model())
+    b.register_comm_hook(gt.CompressionState("powersgd:rank=2", algorithm="low_rank"),
+                         gt.compression_hook)
+    backward(a, 0)
+    backward(b, 0)
+    pa, pb = list(a.parameters()), list(b.parameters())
+    g = pb[2].grad.double()
+    assert torch.linalg.matrix_rank(g, atol=1e-6 * g.abs().max().item()) <= 2
+    for qa, qb in zip(pa, pb):
+        if qa.dim() == 1:
+            assert torch.allclose(qa.grad, qb.grad, atol=1e-6)
+
+
+def test_powersgd_in_the_optimizer_keeps_ranks_identical():
+    m = wide_model()
+    opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+                                  named_parameters=m.named_parameters(),
+                                  codec="powersgd:rank=2", algorithm="low_rank", seed=2)
+    gt.broadcast_parameters(m.state_dict())
+    train(m, opt, 4)
+    same_on_every_rank(list(m.parameters()))
+    assert opt.stats()["algorithm"].get("low_rank", 0) >= 4

@@ -1,0 +1,460 @@
+// low_rank: PowerSGD (Vogels et al., NeurIPS 2019) on the matrices of one bucket, and its
+// alternating form (ACP-SGD), the only algorithm of the low-rank codecs (powersgd). Each tensor
+// of the bucket is a matrix M (its shape, MatrixBlock); the arithmetic is compressors/low_rank.hpp.
+//
+// Schedule, per bucket (M = x + e with error feedback; the tensors the codec does not compress,
+// 1-D or below min_compression_rate or still in their first `start` steps, go dense in the first
+// collective; P ranks):
+//   two allreduces (default):
+//     1. Q from the tensor's state (warm start) or drawn (uniform, the same on every rank); with
+//        values=fp16 its columns normalized; P = M Q
+//     2. allreduce [dense tensors, every P]
+//     3. P^ = orthonormalize(P); Q = M^T P^
+//     4. allreduce [every Q]
+//     5. out = P^ Q^T (/ P when averaging); e = M - P^ Q^T / P; Q kept (warm start)
+//   alternating (alternate=true), the state holding the factor allreduced last:
+//     Q kept (or none): Q^ = orthonormalize(Q); P = M Q^; allreduce [dense, every P];
+//                       out = P Q^^T; e = M - P Q^^T / P; P kept
+//     P kept:           P^ = orthonormalize(P); Q = M^T P^; allreduce [dense, every Q];
+//                       out = P^ Q^T; e = M - P^ Q^T / P; Q kept
+// Each allreduce is MPI_Allreduce of float32 (the dense algorithm's), or with values=fp16 the
+// dense part so and the factors through compressed_reduce_scatter with fp16 (sent as binary16,
+// summed in float32 by their owners, the sums sent as binary16). Bytes per rank: 2 (P-1)/P
+// (4 dense + b sum (rows + cols) r), b = 4 or 2; alternating, one factor a step. Independent of P.
+//
+// Every rank computes the orthonormalization and the products from the same allreduced bits in
+// the same order, so every rank's out is the same. The state (per tensor: Q or P, and a count of
+// steps) lives in the tensor's ErrorFeedback slot; a bucket's is its tensors' joined (join_memory,
+// split_memory), and the ranks agree on a hash of it (low_rank_state_signature): when they
+// differ, every rank starts afresh.
+#include "low_rank.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "algorithm_table.hpp"
+#include "feedback_slot.hpp"
+#include "fnv.hpp"
+#include "model_terms.hpp"
+
+namespace gcomp::detail {
+
+namespace {
+
+// ---- The state in the slots ----
+// A tensor's slot: [tag][steps][factor...], words as float bits; tag = kTag | kind << 16 | r.
+// A bucket's slot: [tensors][len_0][slot_0...][len_1][slot_1...]..., len 0 for a tensor without.
+constexpr std::uint32_t kTag = 0x4c500000u;  // "LP"
+enum Kept : std::uint32_t { kNothing = 0, kQ = 1, kP = 2 };
+
+float word(std::uint64_t v) { return std::bit_cast<float>(static_cast<std::uint32_t>(v)); }
+std::uint32_t word_of(float f) { return std::bit_cast<std::uint32_t>(f); }
+
+// One tensor's state as read from a bucket's slot.
+struct State {
+  Kept kept = kNothing;
+  std::uint32_t steps = 0;
+  const float* factor = nullptr;  // rows x r (P) or cols x r (Q)
+};
+
+// Tensor t's share [offset, offset + len) of a bucket slot, for every tensor; false when the
+// slot does not hold `tensors` tensors (empty: no state yet).
+bool shares(const std::vector<float>& slot, std::size_t tensors,
+            std::vector<std::pair<std::size_t, std::size_t>>& out) {
+  out.assign(tensors, {0, 0});
+  if (slot.empty() || word_of(slot[0]) != tensors) return false;
+  std::size_t at = 1;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    if (at >= slot.size()) return false;
+    const std::size_t len = word_of(slot[at++]);
+    if (len > slot.size() - at) return false;
+    out[t] = {at, len};
+    at += len;
+  }
+  return at == slot.size();
+}
+
+// Tensor t's state, if its share is one for this shape and rank (else nothing kept, 0 steps).
+State read_state(const std::vector<float>& slot, std::pair<std::size_t, std::size_t> share,
+                 const MatrixBlock& m, std::size_t r) {
+  State s;
+  const auto [at, len] = share;
+  if (len < 2 || r == 0) return s;
+  const std::uint32_t tag = word_of(slot[at]);
+  if ((tag & 0xfff00000u) != kTag || (tag & 0xffffu) != r) return s;
+  const auto kept = static_cast<Kept>((tag >> 16) & 0xfu);
+  const std::size_t want = kept == kQ ? m.cols * r : kept == kP ? m.rows * r : 0;
+  if (kept > kP || len != 2 + want) return s;
+  s.kept = kept;
+  s.steps = word_of(slot[at + 1]);
+  s.factor = want ? slot.data() + at + 2 : nullptr;
+  return s;
+}
+
+// ---- One bucket's plan ----
+enum class Step { dense, both, with_q, with_p };  // with_q: alternating, P sent; with_p: Q sent
+
+struct Matrix {
+  Step step = Step::dense;
+  std::size_t r = 0;
+  std::uint32_t steps = 0;  // after this call
+  std::size_t sent = 0;     // where its values (dense) or factor start in `first`
+  std::size_t second = 0;   // both: where its Q starts in `second`
+  std::size_t other = 0;    // where its other factor (Q, Q^ or P^) starts in `other`
+  bool in_state = false;    // has a state to keep (compressed, or counting start steps)
+  State st;                 // what its state held before the call
+};
+
+struct LowRankBuffers {
+  std::vector<std::pair<std::size_t, std::size_t>> share;
+  std::vector<Matrix> plan;
+  std::vector<float> first, second;  // the two collectives' values
+  std::vector<float> other;          // each compressed matrix's other factor
+  std::vector<double> work;          // orthonormalization, M^T P's accumulators, reconstruction
+  std::vector<float> slot;           // the bucket's new state
+};
+
+// The collective of values [0, dense) float32 and [dense, end) factors (binary16 with fp16).
+void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
+  static const Codec none("none");
+  static const Codec fp16("fp16");
+  const auto one = [&](std::span<float> v, const Codec& codec) {
+    if (v.empty()) return;
+    CallSpec spec;
+    spec.comm = job.call.comm;
+    spec.rank = job.call.rank;
+    spec.size = job.call.size;
+    spec.codec = &codec;
+    CallBuffers buf;
+    buf.in = v;
+    buf.out = v;
+    Job sub(spec, buf, job.ws);
+    if (&codec == &none) {
+      run_dense(sub);
+    } else {
+      algorithm_row(Algorithm::compressed_reduce_scatter).run(sub);
+    }
+    job.meter.traffic.sent += sub.meter.traffic.sent;
+    job.meter.traffic.received += sub.meter.traffic.received;
+    job.meter.traffic.seconds += sub.meter.traffic.seconds;
+    job.meter.encode_seconds += sub.meter.encode_seconds;
+    job.meter.decode_seconds += sub.meter.decode_seconds;
+  };
+  if (!half) return one(values, none);
+  one(values.first(dense), none);
+  one(values.subspan(dense), fp16);
+}
+
+// The plan: what each tensor does this step, and where its values go.
+void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
+  const std::span<const MatrixBlock> mats = job.call.matrices;
+  const std::vector<float>* slot = job.buf.ef ? &FeedbackSlot::of(*job.buf.ef) : nullptr;
+  const bool have = slot && !job.fresh_state && shares(*slot, mats.size(), b.share);
+  b.plan.assign(mats.size(), Matrix{});
+  std::size_t dense = 0, factors = 0, second = 0, other = 0;
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    Matrix& p = b.plan[t];
+    const MatrixBlock& m = mats[t];
+    p.r = low_rank_of(m.rows, m.cols, s);
+    const State st = have ? read_state(*slot, b.share[t], m, p.r) : State{};
+    p.st = st;
+    p.in_state = p.r > 0 && job.buf.ef;
+    p.steps = st.steps == UINT32_MAX ? st.steps : st.steps + 1;
+    if (p.r == 0 || st.steps < s.start) {
+      p.step = Step::dense;
+      dense += m.rows * m.cols;
+      continue;
+    }
+    p.step = !s.alternate ? Step::both : st.kept == kP ? Step::with_p : Step::with_q;
+    factors += (p.step == Step::with_p ? m.cols : m.rows) * p.r;
+    if (p.step == Step::both) second += m.cols * p.r;
+    other += std::max(m.rows, m.cols) * p.r;
+  }
+  b.first.resize(dense + factors);
+  b.second.resize(second);
+  b.other.resize(other);
+  dense = 0;
+  second = 0;
+  other = 0;
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    Matrix& p = b.plan[t];
+    if (p.step != Step::dense) continue;
+    p.sent = dense;
+    dense += mats[t].rows * mats[t].cols;
+  }
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    Matrix& p = b.plan[t];
+    const MatrixBlock& m = mats[t];
+    if (p.step == Step::dense) continue;
+    p.sent = dense;
+    dense += (p.step == Step::with_p ? m.cols : m.rows) * p.r;
+    p.other = other;
+    other += std::max(m.rows, m.cols) * p.r;
+    if (p.step == Step::both) {
+      p.second = second;
+      second += m.cols * p.r;
+    }
+  }
+}
+
+// Step 1: the values each tensor sends first (its own, or its first factor).
+void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const float* mbase) {
+  const std::span<const MatrixBlock> mats = job.call.matrices;
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    const Matrix& p = b.plan[t];
+    const MatrixBlock& m = mats[t];
+    const float* M = mbase + m.begin;
+    float* to = b.first.data() + p.sent;
+    if (p.step == Step::dense) {
+      std::copy(M, M + m.rows * m.cols, to);
+      continue;
+    }
+    const State& st = p.st;
+    float* other = b.other.data() + p.other;
+    b.work.resize(std::max(m.rows, m.cols) * p.r);
+    if (p.step == Step::with_p) {  // alternating, P kept: Q = M^T P^
+      std::copy(st.factor, st.factor + m.rows * p.r, other);
+      lr_orthonormalize(other, m.rows, p.r, b.work.data());
+      lr_multiply_t(M, m.rows, m.cols, other, p.r, to, b.work.data());
+      continue;
+    }
+    // P = M Q, Q kept (warm start, or alternating) or drawn.
+    const bool kept = st.kept == kQ && (s.warm_start || s.alternate);
+    if (kept) {
+      std::copy(st.factor, st.factor + m.cols * p.r, other);
+    } else {
+      lr_random(other, m.cols * p.r, derive_seed(job.call.shared_seed, t, p.steps, 0));
+    }
+    if (p.step == Step::with_q) {
+      lr_orthonormalize(other, m.cols, p.r, b.work.data());
+    } else if (s.fp16) {
+      lr_normalize_columns(other, m.cols, p.r);
+    }
+    lr_multiply(M, m.rows, m.cols, other, p.r, to);
+  }
+}
+
+// The new state of the bucket, into its slot.
+void keep_state(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
+  const std::span<const MatrixBlock> mats = job.call.matrices;
+  std::vector<float>& out = b.slot;
+  out.clear();
+  out.push_back(word(mats.size()));
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    const Matrix& p = b.plan[t];
+    const MatrixBlock& m = mats[t];
+    if (!p.in_state) {
+      out.push_back(word(0));
+      continue;
+    }
+    Kept kept = kNothing;
+    const float* f = nullptr;
+    std::size_t len = 0;
+    if (p.step == Step::both && s.warm_start) {
+      kept = kQ, f = b.second.data() + p.second, len = m.cols * p.r;
+    } else if (p.step == Step::with_q) {
+      kept = kP, f = b.first.data() + p.sent, len = m.rows * p.r;
+    } else if (p.step == Step::with_p) {
+      kept = kQ, f = b.first.data() + p.sent, len = m.cols * p.r;
+    }
+    out.push_back(word(2 + len));
+    out.push_back(word(kTag | kept << 16 | p.r));
+    out.push_back(word(p.steps));
+    out.insert(out.end(), f, f + len);
+  }
+  FeedbackSlot::of(*job.buf.ef) = out;  // copied: each keeps its capacity
+}
+
+void run_low_rank(Job& job) {
+  const LowRankSpec& s = low_rank_spec(*job.call.codec);
+  LowRankBuffers& b = job.ws.get<LowRankBuffers>();
+  const std::size_t n = job.buf.in.size();
+  const double world = job.call.size;
+  const double out_scale = job.call.average ? 1.0 / world : 1.0;
+  // M: x + e in the new residual's buffer (which becomes M - the share), or x itself.
+  const float* M = job.buf.in.data();
+  float* e = nullptr;
+  {
+    const auto timed = job.meter.encoding();
+    if (job.buf.ef) {
+      const std::span<const float> old = job.buf.ef->residual();
+      e = job.buf.ef_next.data();
+      for (std::size_t i = 0; i < n; ++i) e[i] = job.buf.in[i] + old[i];
+      M = e;
+    }
+    make_plan(job, b, s);
+    first_products(job, b, s, M);
+  }
+  const std::span<const MatrixBlock> mats = job.call.matrices;
+  std::size_t dense_len = 0;
+  for (std::size_t t = 0; t < mats.size(); ++t) {
+    if (b.plan[t].step == Step::dense) dense_len += mats[t].rows * mats[t].cols;
+  }
+  exchange(job, b.first, dense_len, s.fp16);
+  {
+    const auto timed = job.meter.decoding();
+    for (std::size_t t = 0; t < mats.size(); ++t) {
+      const Matrix& p = b.plan[t];
+      const MatrixBlock& m = mats[t];
+      const std::size_t len = m.rows * m.cols;
+      const float* got = b.first.data() + p.sent;
+      float* out = job.buf.out.data() + m.begin;
+      float* other = b.other.data() + p.other;
+      b.work.resize(std::max(m.rows, m.cols) * std::max<std::size_t>(p.r, 1));
+      switch (p.step) {
+        case Step::dense:
+          for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<float>(got[i] * out_scale);
+          if (e) std::fill(e + m.begin, e + m.begin + len, 0.0f);
+          break;
+        case Step::with_q:  // out = P Q^^T
+          lr_reconstruct(got, other, m.rows, m.cols, p.r, out_scale, out, 1.0 / world,
+                         e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+          break;
+        case Step::with_p:  // out = P^ Q^T
+          lr_reconstruct(other, got, m.rows, m.cols, p.r, out_scale, out, 1.0 / world,
+                         e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+          break;
+        case Step::both: {  // P^ = orthonormalize(P); Q = M^T P^ (into `other`: P^)
+          float* phat = other;
+          std::copy(got, got + m.rows * p.r, phat);
+          lr_orthonormalize(phat, m.rows, p.r, b.work.data());
+          lr_multiply_t(M + m.begin, m.rows, m.cols, phat, p.r, b.second.data() + p.second,
+                        b.work.data());
+          break;
+        }
+      }
+    }
+  }
+  if (!b.second.empty()) {
+    exchange(job, b.second, 0, s.fp16);
+    const auto timed = job.meter.decoding();
+    for (std::size_t t = 0; t < mats.size(); ++t) {
+      const Matrix& p = b.plan[t];
+      if (p.step != Step::both) continue;
+      const MatrixBlock& m = mats[t];
+      b.work.resize(m.cols * p.r);
+      lr_reconstruct(b.other.data() + p.other, b.second.data() + p.second, m.rows, m.cols, p.r,
+                     out_scale, job.buf.out.data() + m.begin, 1.0 / world,
+                     e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+    }
+  }
+  if (job.buf.ef) keep_state(job, b, s);
+}
+
+// ---- The bucket's memory, joined from its tensors' slots and split back ----
+void join_low_rank(const BucketParts& parts, ErrorFeedback& bucket) {
+  std::vector<float>& out = FeedbackSlot::of(bucket);
+  out.clear();
+  out.push_back(word(parts.efs.size()));
+  for (ErrorFeedback* ef : parts.efs) {
+    if (!ef) {
+      out.push_back(word(0));
+      continue;
+    }
+    const std::vector<float>& mine = FeedbackSlot::of(*ef);
+    out.push_back(word(mine.size()));
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+}
+
+void split_low_rank(const BucketParts& parts, const ErrorFeedback& bucket) {
+  const std::vector<float>& slot = FeedbackSlot::of(bucket);
+  std::vector<std::pair<std::size_t, std::size_t>> share;
+  if (!shares(slot, parts.efs.size(), share)) return;
+  for (std::size_t t = 0; t < parts.efs.size(); ++t) {
+    if (!parts.efs[t]) continue;
+    const auto from = slot.begin() + static_cast<std::ptrdiff_t>(share[t].first);
+    FeedbackSlot::of(*parts.efs[t])
+        .assign(from, from + static_cast<std::ptrdiff_t>(share[t].second));
+  }
+}
+
+// ---- The cost model ----
+// M formed (error feedback), the products (two, or one alternating) and the reconstruction over
+// the compressed matrices, and the collectives: [dense, P] then [Q]; alternating [dense, one
+// factor] (on average half of P and of Q).
+double t_exchange(const ModelInput& in, double dense, double factors) {
+  if (in.value_bytes >= 4) {
+    return dense + factors > 0 ? t_allreduce(in, 4 * (dense + factors), dense + factors) : 0.0;
+  }
+  const double p = in.ranks;
+  double t = dense > 0 ? t_allreduce(in, 4 * dense, dense) : 0.0;
+  if (factors > 0) {
+    const double b = 2 * factors;
+    t += t_alltoallv(in, b) + t_allgatherv(in, b / p) + factors * 3 * in.compute.reduce;
+  }
+  return t;
+}
+
+double predict_low_rank(const ModelInput& in) {
+  if (!in.low_rank) return kNotApplicable;
+  const auto& c = in.compute;
+  const double form = in.error_feedback ? in.n * c.reduce : 0.0;
+  if (in.alternate) {
+    return form + in.product_elements * (c.encode + c.decode) +
+           t_exchange(in, in.dense_elements, (in.p_elements + in.q_elements) / 2);
+  }
+  return form + in.product_elements * (2 * c.encode + c.decode) +
+         t_exchange(in, in.dense_elements, in.p_elements) + t_exchange(in, 0, in.q_elements);
+}
+
+double bytes_low_rank(const ModelInput& in) {
+  if (!in.low_rank) return kNotApplicable;
+  const double f =
+      in.alternate ? (in.p_elements + in.q_elements) / 2 : in.p_elements + in.q_elements;
+  const double vb = in.value_bytes >= 4 ? 4 : 2;
+  return 2 * (in.ranks - 1.0) / in.ranks * (4 * in.dense_elements + vb * f);
+}
+
+bool for_low_rank_codecs(const ModelInput& in) { return in.low_rank; }
+
+}  // namespace
+
+std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
+  const std::vector<float>& slot = FeedbackSlot::of(ef);
+  if (slot.empty()) return 0;
+  Fnv h;
+  h.add(slot.size());
+  // Whole words at a time: the factors are small beside M, but not nothing.
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (float f : slot) x = (x ^ word_of(f)) * 0x100000001b3ull;
+  return h.add(x).h | 1;
+}
+
+void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in) {
+  const LowRankSpec& s = low_rank_spec(codec);
+  in.low_rank = true;
+  in.alternate = s.alternate;
+  in.dense_elements = in.p_elements = in.q_elements = in.product_elements = 0;
+  for (const MatrixBlock& m : matrices) {
+    const std::size_t r = low_rank_of(m.rows, m.cols, s);
+    const double rows = static_cast<double>(m.rows), cols = static_cast<double>(m.cols);
+    if (r == 0) {
+      in.dense_elements += rows * cols;
+      continue;
+    }
+    in.p_elements += rows * static_cast<double>(r);
+    in.q_elements += cols * static_cast<double>(r);
+    in.product_elements += rows * cols * static_cast<double>(r);
+  }
+}
+
+extern const AlgorithmRow kLowRankRow = {
+    .id = Algorithm::low_rank,
+    .name = "low_rank",
+    .description =
+        "PowerSGD: each matrix's factors P = M Q and Q = M^T P allreduced (one "
+        "collective each for the bucket; alternating, one a step), 1-D tensors dense",
+    .sparse_only = false,
+    .low_rank = true,
+    .candidate = for_low_rank_codecs,
+    .predict = predict_low_rank,
+    .bytes = bytes_low_rank,
+    .run = run_low_rank,
+    .run_device = nullptr,
+    .join_memory = join_low_rank,
+    .split_memory = split_low_rank,
+};
+
+}  // namespace gcomp::detail
