@@ -30,10 +30,12 @@ Dense::Dense(std::size_t in, std::size_t out, std::mt19937& rng, const std::stri
   w_.name = name + ".weight";
   w_.value.resize(in * out);
   w_.grad.assign(in * out, 0.0f);
+  w_.shape = {in, out};  // out x in, column-major
   he_init(w_, in, rng);
   b_.name = name + ".bias";
   b_.value.assign(out, 0.0f);
   b_.grad.assign(out, 0.0f);
+  b_.shape = {out, 1};
 }
 
 void Dense::forward(const Matrix& x, Matrix& y) {
@@ -71,10 +73,12 @@ Conv2d::Conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t he
   w_.name = name + ".weight";
   w_.value.resize(cout_ * fan_in);
   w_.grad.assign(w_.value.size(), 0.0f);
+  w_.shape = {fan_in, cout_};  // cout x (cin k k), column-major
   he_init(w_, fan_in, rng);
   b_.name = name + ".bias";
   b_.value.assign(cout_, 0.0f);
   b_.grad.assign(cout_, 0.0f);
+  b_.shape = {cout_, 1};
 }
 
 template <typename F>

@@ -11,15 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "gcomp/communicator.hpp"
+
 namespace gcomp::train {
 
 using Matrix = Eigen::MatrixXf;
 
-// A trainable tensor and its gradient, flat (the collectives see it as one float span).
+// A trainable tensor and its gradient, flat (the collectives see it as one float span), and
+// its shape as the row-major matrix its flat memory is (for the low-rank codecs): a weight
+// stored column-major out x in is the row-major in x out; a bias n x 1.
 struct Param {
   std::string name;
   std::vector<float> value;
   std::vector<float> grad;
+  MatrixShape shape;
 };
 
 class Layer {

@@ -127,7 +127,7 @@ int run(int argc, char** argv) {
   app.add_option("--algorithm", algorithm, "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), "
                  "auto (gcomp chooses by time), dense, sparse_allgather, "
                  "sparse_recursive_doubling, sparse_split, allgather, compressed_reduce_scatter, "
-                 "sparse_reduce_scatter")->capture_default_str();
+                 "sparse_reduce_scatter, low_rank (powersgd's only one)")->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");

@@ -84,7 +84,10 @@ Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
     }
   }
   velocity_ef_ = !memories_.empty() && c.ef_on_velocity;
-  for (Param* q : params_) grads_.emplace_back(q->grad);
+  for (Param* q : params_) {
+    grads_.emplace_back(q->grad);
+    shapes_.push_back(q->shape);
+  }
   bucket_.bucket_bytes = c.bucket_bytes;
   bucket_.dense_below = c.dense_below;
   bucket_.allreduce.average = true;
@@ -113,7 +116,7 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
     // The gradient averaged, then one momentum. Warm-up: float32, whatever algorithm the codec
     // would use.
     if (compress) {
-      comm.allreduce_buckets(grads_, codec_, efs_, bo);
+      comm.allreduce_buckets(grads_, shapes_, codec_, efs_, bo);
     } else {
       bo.allreduce.algorithm = Algorithm::dense;
       comm.allreduce_buckets(grads_, none_, {}, bo);
@@ -137,7 +140,7 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
       }
     }
     total.compute_seconds += now() - t0;
-    comm.allreduce_buckets(grads_, codec_, efs_, bo);
+    comm.allreduce_buckets(grads_, shapes_, codec_, efs_, bo);
     add_stats(total, comm.last_stats());
     t0 = now();
     const float apply = c_.ef_scaled_by_lr ? 1.0f : lr;  // the update was sent as it is

@@ -52,6 +52,7 @@ class Optimizer {
   // tensors below dense_below, which go dense).
   std::vector<ErrorFeedback> dgc_memories_;
   std::vector<std::span<float>> grads_;
+  std::vector<MatrixShape> shapes_;  // the parameters' (for the low-rank codecs)
   Codec none_;
   Codec codec_;
   bool velocity_ef_;
