@@ -14,7 +14,12 @@ gcomp_topk1_layers_sync, gcomp_topk01_layers and gcomp_qsgd4_layers (per paramet
 per DDP bucket),
 gcomp_sign_bucket (one sign scale per bucket), gcomp_topk1_auto (top-k 1% where auto may send a
 tensor uncompressed), and gcomp_topk1_mc, gcomp_topk01_mc (top-k with DGC's momentum
-correction: the hook keeps the momentum, 0.9, and the optimizer is SGD without it). --network 1gbit shapes the loopback with
+correction: the hook keeps the momentum, 0.9, and the optimizer is SGD without it);
+gcomp_powersgd1, gcomp_powersgd4, gcomp_powersgd4_fp16 (factors as binary16) and
+gcomp_powersgd4_alt (alternating: one factor a step) are PowerSGD through gcomp's low_rank
+algorithm on DDP's default buckets (torch's powersgd rows need one bucket, see Row), dense for
+the first --powersgd-start steps as torch's; gcomp_powersgd4_auto lets auto send a bucket
+uncompressed where that is faster. --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
 --cluster runs every row on the testbed of scripts/cluster instead (root): --ranks hosts, one
@@ -47,7 +52,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = ["nocomm", "nocomm_sync", "ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
-        "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync"]
+        "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync",
+        "gcomp_powersgd1", "gcomp_powersgd4", "gcomp_powersgd4_fp16", "gcomp_powersgd4_alt"]
 # The codec rows apply their codec on every call (allow_uncompressed=False): auto would send a
 # tensor uncompressed where that is faster (on unshaped loopback, often), and the row would then
 # not show what its codec costs in accuracy. Each is gcomp's default otherwise: sign per
@@ -73,6 +79,14 @@ GCOMP_ROWS = {
     # DGC's momentum correction: the momentum moves from the optimizer into the hook.
     "gcomp_topk1_mc": dict(codec="topk:ratio=0.01", momentum=0.9, **APPLIED),
     "gcomp_topk01_mc": dict(codec="topk:ratio=0.001", momentum=0.9, **APPLIED),
+    # PowerSGD through gcomp (the low_rank algorithm) on DDP's default buckets: warm start, error
+    # feedback, dense for the first --powersgd-start steps as torch's rows (",start=N" is added).
+    "gcomp_powersgd1": dict(codec="powersgd:rank=1", **APPLIED),
+    "gcomp_powersgd4": dict(codec="powersgd:rank=4", **APPLIED),
+    "gcomp_powersgd4_fp16": dict(codec="powersgd:rank=4,values=fp16", **APPLIED),
+    "gcomp_powersgd4_alt": dict(codec="powersgd:rank=4,alternate=true", **APPLIED),
+    # Auto may send a bucket uncompressed where that is faster (the row's algorithm counts say).
+    "gcomp_powersgd4_auto": dict(codec="powersgd:rank=4"),
 }
 KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
 
@@ -114,7 +128,10 @@ class Row:
                                                      start_powerSGD_iter=a.powersgd_start)
             self.model.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
         elif name in GCOMP_ROWS:
-            self.state = gt.CompressionState(**GCOMP_ROWS[name], seed=a.seed)
+            kw = dict(GCOMP_ROWS[name])
+            if kw["codec"].startswith("powersgd"):
+                kw["codec"] += f",start={a.powersgd_start}"
+            self.state = gt.CompressionState(**kw, seed=a.seed)
             self.model.register_comm_hook(self.state, gt.compression_hook)
         # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows.
         in_hook = name in GCOMP_ROWS and GCOMP_ROWS[name].get("momentum", 0) > 0
@@ -218,7 +235,10 @@ def record(a, r, result, rank, size):
             k = int(r.name[8:])
             per_step = sum(4 * (p.shape[0] + p[0].numel()) * k if p.dim() > 1 else 4 * p.numel()
                            for p in r.model.parameters())
-        sent, how, extra = int(ring * per_step * r.steps), "model", {}
+        dense = min(r.steps, a.powersgd_start) if r.name.startswith("powersgd") else 0
+        # torch's PowerSGD rows: their first --powersgd-start steps are DDP's dense allreduce.
+        sent = int(ring * (per_step * (r.steps - dense) + 4 * n * dense))
+        how, extra = "model", {}
     if rank == 0:
         json.dump({"row": r.name, "config": config(a), "steps": r.steps, "evals": r.evals,
                    "bytes_sent": sent,

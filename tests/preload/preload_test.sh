@@ -3,7 +3,8 @@
 #   preload_test.sh PRELOAD CALLS PLAIN_TRAIN GCOMP_TRAIN MPIEXEC SCRATCH
 # - the calls it must pass through are bit-identical with and without it (1, 2 and 4 ranks), and
 #   a taken call equals gcomp_allreduce with the same codec, seed and error feedback;
-# - bad settings fail at MPI_Init on every rank with a one-line message naming the variable;
+# - bad settings fail at MPI_Init on every rank with a one-line message naming the variable (a
+#   low-rank codec among them: the interposer has no shapes);
 # - ranks whose settings differ fail at the first taken call on every rank, within a time limit;
 # - the plain training program: with GCOMP_CODEC=none the same weights, bit for bit, as without
 #   the interposer; with top-k 1% + error feedback it trains, and sends >= 20x fewer bytes;
@@ -92,6 +93,9 @@ bad GCOMP_MIN_COUNT=many
 bad GCOMP_EF=maybe
 bad GCOMP_ALGORITHM=fastest
 bad GCOMP_STATS=loud
+# A low-rank codec needs shapes, which MPI_Allreduce does not give: refused at init, saying so.
+bad GCOMP_CODEC=powersgd:rank=2
+grep -q "needs each tensor's shape" err.txt || fail "powersgd: $(cat err.txt)"
 
 # Settings that differ between ranks: every rank fails at the first taken call, none hangs.
 timeout -k 10 120 "$M" -n 1 env LD_PRELOAD="$PRE" GCOMP_CODEC=topk:ratio=0.01 "$CALLS" : \
