@@ -14,6 +14,7 @@
 #include "codec_impl.hpp"
 #include "parallel.hpp"
 #include "philox.hpp"
+#include "simd.hpp"
 
 namespace gcomp::detail {
 
@@ -80,44 +81,116 @@ std::string no_describe(const Payload& p) { no_payload(p); }
 
 struct LowRankQ;  // scratch: Q as doubles
 
-// p = m q for rows [i0, i1), R columns (R > 0: fixed at compile time, so the inner loop unrolls;
-// 0: r at run time).
+// The kernels' bodies, compiled for each SIMD level (GCOMP_MULTIVERSION). Each output element is
+// one float64 sum in a fixed order (sequential over k, over i, over j); the levels only choose
+// how many independent sums run side by side, so every level gives the same bits. R > 0 is the
+// rank fixed at compile time (the inner loops unroll), R = 0 the rank r at run time.
+
+// p = m q for rows [i0, i1): four rows at a time (four independent sums of each column j).
 template <std::size_t R>
-void multiply_rows(const float* m, std::size_t cols, const double* qd, std::size_t r,
-                   std::size_t i0, std::size_t i1, float* p) {
+GCOMP_ALWAYS_INLINE void mq_rows(const float* m, std::size_t cols, const double* qd,
+                                 std::size_t r, std::size_t i0, std::size_t i1, float* p) {
   const std::size_t rr = R ? R : r;
-  double acc[R ? R : kMaxRank];
-  for (std::size_t i = i0; i < i1; ++i) {
-    for (std::size_t j = 0; j < rr; ++j) acc[j] = 0;
+  constexpr std::size_t W = R ? R : kMaxRank;
+  std::size_t i = i0;
+  for (; i + 4 <= i1; i += 4) {
+    double a0[W], a1[W], a2[W], a3[W];
+    for (std::size_t j = 0; j < rr; ++j) a0[j] = a1[j] = a2[j] = a3[j] = 0;
+    const float* m0 = m + i * cols;
+    const float *m1 = m0 + cols, *m2 = m1 + cols, *m3 = m2 + cols;
+    for (std::size_t k = 0; k < cols; ++k) {
+      const double* qk = qd + k * rr;
+      const double x0 = m0[k], x1 = m1[k], x2 = m2[k], x3 = m3[k];
+      for (std::size_t j = 0; j < rr; ++j) {
+        a0[j] += x0 * qk[j];
+        a1[j] += x1 * qk[j];
+        a2[j] += x2 * qk[j];
+        a3[j] += x3 * qk[j];
+      }
+    }
+    for (std::size_t j = 0; j < rr; ++j) {
+      p[i * rr + j] = static_cast<float>(a0[j]);
+      p[(i + 1) * rr + j] = static_cast<float>(a1[j]);
+      p[(i + 2) * rr + j] = static_cast<float>(a2[j]);
+      p[(i + 3) * rr + j] = static_cast<float>(a3[j]);
+    }
+  }
+  for (; i < i1; ++i) {
+    double a[W];
+    for (std::size_t j = 0; j < rr; ++j) a[j] = 0;
     const float* mi = m + i * cols;
     for (std::size_t k = 0; k < cols; ++k) {
-      const double mk = mi[k];
-      const double* qk = qd + k * rr;
-      for (std::size_t j = 0; j < rr; ++j) acc[j] += mk * qk[j];
+      const double x = mi[k];
+      for (std::size_t j = 0; j < rr; ++j) a[j] += x * qd[k * rr + j];
     }
-    for (std::size_t j = 0; j < rr; ++j) p[i * rr + j] = static_cast<float>(acc[j]);
+    for (std::size_t j = 0; j < rr; ++j) p[i * rr + j] = static_cast<float>(a[j]);
   }
 }
 
-// acc[k][:] += m[i][k] p[i][:] over every row i, for columns [k0, k1).
+// acc[k][:] += m[i][k] p[i][:] over every row i in order, for columns [k0, k1); four rows a pass
+// over acc, added one after another (the same order as one row a pass).
 template <std::size_t R>
-void multiply_t_cols(const float* m, std::size_t rows, std::size_t cols, const float* p,
-                     std::size_t r, std::size_t k0, std::size_t k1, double* acc) {
+GCOMP_ALWAYS_INLINE void mtp_cols(const float* m, std::size_t rows, std::size_t cols,
+                                  const float* p, std::size_t r, std::size_t k0, std::size_t k1,
+                                  double* acc) {
   const std::size_t rr = R ? R : r;
-  double pd[R ? R : kMaxRank];
-  for (std::size_t i = 0; i < rows; ++i) {
+  constexpr std::size_t W = R ? R : kMaxRank;
+  std::size_t i = 0;
+  for (; i + 4 <= rows; i += 4) {
+    double p0[W], p1[W], p2[W], p3[W];
+    for (std::size_t j = 0; j < rr; ++j) {
+      p0[j] = p[i * rr + j];
+      p1[j] = p[(i + 1) * rr + j];
+      p2[j] = p[(i + 2) * rr + j];
+      p3[j] = p[(i + 3) * rr + j];
+    }
+    const float* m0 = m + i * cols;
+    const float *m1 = m0 + cols, *m2 = m1 + cols, *m3 = m2 + cols;
+    for (std::size_t k = k0; k < k1; ++k) {
+      const double x0 = m0[k], x1 = m1[k], x2 = m2[k], x3 = m3[k];
+      double* ak = acc + k * rr;
+      for (std::size_t j = 0; j < rr; ++j) {
+        ak[j] = (((ak[j] + x0 * p0[j]) + x1 * p1[j]) + x2 * p2[j]) + x3 * p3[j];
+      }
+    }
+  }
+  for (; i < rows; ++i) {
+    double pd[W];
     for (std::size_t j = 0; j < rr; ++j) pd[j] = p[i * rr + j];
     const float* mi = m + i * cols;
     for (std::size_t k = k0; k < k1; ++k) {
-      const double mk = mi[k];
+      const double x = mi[k];
       double* ak = acc + k * rr;
-      for (std::size_t j = 0; j < rr; ++j) ak[j] += mk * pd[j];
+      for (std::size_t j = 0; j < rr; ++j) ak[j] += x * pd[j];
+    }
+  }
+}
+
+// Rows [i0, i1) of a b^T with bt = b transposed (r x cols, doubles): s = sum_j a[i][j] bt[j][k]
+// in j order (from 0), k running across the vector lanes; out = s out_scale, e = m - float(s
+// share_scale).
+template <std::size_t R>
+GCOMP_ALWAYS_INLINE void rec_rows(const float* a, const double* bt, std::size_t cols,
+                                  std::size_t r, double out_scale, float* out,
+                                  double share_scale, const float* m, float* e, std::size_t i0,
+                                  std::size_t i1) {
+  const std::size_t rr = R ? R : r;
+  constexpr std::size_t W = R ? R : kMaxRank;
+  for (std::size_t i = i0; i < i1; ++i) {
+    double ad[W];
+    for (std::size_t j = 0; j < rr; ++j) ad[j] = a[i * rr + j];
+    const std::size_t row = i * cols;
+    for (std::size_t k = 0; k < cols; ++k) {
+      double s = 0;
+      for (std::size_t j = 0; j < rr; ++j) s += ad[j] * bt[j * cols + k];
+      if (e) e[row + k] = m[row + k] - static_cast<float>(s * share_scale);
+      if (out) out[row + k] = static_cast<float>(s * out_scale);
     }
   }
 }
 
 template <class F>
-void by_rank(std::size_t r, F&& f) {
+GCOMP_ALWAYS_INLINE void by_rank(std::size_t r, F&& f) {
   switch (r) {
     case 1:
       return f(std::integral_constant<std::size_t, 1>{});
@@ -131,6 +204,39 @@ void by_rank(std::size_t r, F&& f) {
       return f(std::integral_constant<std::size_t, 0>{});
   }
 }
+
+GCOMP_ALWAYS_INLINE void mq_block_body(const float* m, std::size_t cols, const double* qd,
+                                       std::size_t r, std::size_t i0, std::size_t i1, float* p) {
+  by_rank(r, [&](auto R) { mq_rows<decltype(R)::value>(m, cols, qd, r, i0, i1, p); });
+}
+GCOMP_MULTIVERSION(void, mq_block,
+                   (const float* m, std::size_t cols, const double* qd, std::size_t r,
+                    std::size_t i0, std::size_t i1, float* p),
+                   (m, cols, qd, r, i0, i1, p))
+
+GCOMP_ALWAYS_INLINE void mtp_block_body(const float* m, std::size_t rows, std::size_t cols,
+                                        const float* p, std::size_t r, std::size_t k0,
+                                        std::size_t k1, double* acc) {
+  by_rank(r, [&](auto R) { mtp_cols<decltype(R)::value>(m, rows, cols, p, r, k0, k1, acc); });
+}
+GCOMP_MULTIVERSION(void, mtp_block,
+                   (const float* m, std::size_t rows, std::size_t cols, const float* p,
+                    std::size_t r, std::size_t k0, std::size_t k1, double* acc),
+                   (m, rows, cols, p, r, k0, k1, acc))
+
+GCOMP_ALWAYS_INLINE void rec_block_body(const float* a, const double* bt, std::size_t cols,
+                                        std::size_t r, double out_scale, float* out,
+                                        double share_scale, const float* m, float* e,
+                                        std::size_t i0, std::size_t i1) {
+  by_rank(r, [&](auto R) {
+    rec_rows<decltype(R)::value>(a, bt, cols, r, out_scale, out, share_scale, m, e, i0, i1);
+  });
+}
+GCOMP_MULTIVERSION(void, rec_block,
+                   (const float* a, const double* bt, std::size_t cols, std::size_t r,
+                    double out_scale, float* out, double share_scale, const float* m, float* e,
+                    std::size_t i0, std::size_t i1),
+                   (a, bt, cols, r, out_scale, out, share_scale, m, e, i0, i1))
 
 // Chunks of [0, n) for the threads: each chunk's work is the same whatever the thread count.
 constexpr std::size_t kBlock = 64;
@@ -177,24 +283,18 @@ void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float
   std::vector<double>& qd = scratch_vector<double, LowRankQ>();
   qd.assign(q, q + cols * r);
   const std::size_t blocks = (rows + kBlock - 1) / kBlock;
-  by_rank(r, [&](auto R) {
-    parallel_for(blocks, threads_for(rows * cols), [&](std::size_t b) {
-      multiply_rows<decltype(R)::value>(m, cols, qd.data(), r, b * kBlock,
-                                        std::min(rows, (b + 1) * kBlock), p);
-    });
+  parallel_for(blocks, threads_for(rows * cols), [&](std::size_t b) {
+    mq_block(m, cols, qd.data(), r, b * kBlock, std::min(rows, (b + 1) * kBlock), p);
   });
 }
 
 void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
                    std::size_t r, float* q, double* acc) {
   std::fill(acc, acc + cols * r, 0.0);
-  const std::size_t cb = 256;  // columns per chunk
+  const std::size_t cb = 512;  // columns per chunk: 512 x r doubles of acc stay in the cache
   const std::size_t blocks = (cols + cb - 1) / cb;
-  by_rank(r, [&](auto R) {
-    parallel_for(blocks, threads_for(rows * cols), [&](std::size_t b) {
-      multiply_t_cols<decltype(R)::value>(m, rows, cols, p, r, b * cb, std::min(cols, (b + 1) * cb),
-                                          acc);
-    });
+  parallel_for(blocks, threads_for(rows * cols), [&](std::size_t b) {
+    mtp_block(m, rows, cols, p, r, b * cb, std::min(cols, (b + 1) * cb), acc);
   });
   for (std::size_t i = 0; i < cols * r; ++i) q[i] = static_cast<float>(acc[i]);
 }
@@ -242,24 +342,15 @@ void lr_normalize_columns(float* q, std::size_t n, std::size_t r) {
 }
 
 void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
-                    std::size_t r, double out_scale, float* out, double share_scale, const float* m,
-                    float* e, double* bwork) {
-  for (std::size_t i = 0; i < cols * r; ++i) bwork[i] = b[i];
+                    std::size_t r, double out_scale, float* out, double share_scale,
+                    const float* m, float* e, double* bwork) {
+  for (std::size_t k = 0; k < cols; ++k) {
+    for (std::size_t j = 0; j < r; ++j) bwork[j * cols + k] = b[k * r + j];
+  }
   const std::size_t blocks = (rows + kBlock - 1) / kBlock;
   parallel_for(blocks, threads_for(rows * cols), [&](std::size_t blk) {
-    double ad[kMaxRank];
-    const std::size_t i1 = std::min(rows, (blk + 1) * kBlock);
-    for (std::size_t i = blk * kBlock; i < i1; ++i) {
-      for (std::size_t j = 0; j < r; ++j) ad[j] = a[i * r + j];
-      for (std::size_t k = 0; k < cols; ++k) {
-        const double* bk = bwork + k * r;
-        double s = 0;
-        for (std::size_t j = 0; j < r; ++j) s += ad[j] * bk[j];
-        const std::size_t at = i * cols + k;
-        if (e) e[at] = m[at] - static_cast<float>(s * share_scale);
-        if (out) out[at] = static_cast<float>(s * out_scale);
-      }
-    }
+    rec_block(a, bwork, cols, r, out_scale, out, share_scale, m, e, blk * kBlock,
+              std::min(rows, (blk + 1) * kBlock));
   });
 }
 

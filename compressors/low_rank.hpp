@@ -54,6 +54,7 @@ void lr_orthonormalize(float* p, std::size_t rows, std::size_t r, double* work);
 void lr_normalize_columns(float* q, std::size_t n, std::size_t r);
 // a b^T (a rows x r, b cols x r) as s, in float64. out (may be null) = s * out_scale; e (may be
 // null) = m - float(s * share_scale), where m may be e itself. out may alias m only when e is null.
+// bwork: r * cols doubles of scratch.
 void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
                     std::size_t r, double out_scale, float* out, double share_scale, const float* m,
                     float* e, double* bwork);

@@ -529,6 +529,28 @@ TEST(LowRank, DisagreementsFailEveryRank) {
   }
 }
 
+// Auto weighs low_rank against the uncompressed allreduce with the model's terms (FixedTiming:
+// 2 ns per element and rank a product, 1 ns the reconstruction). A 256 x 256 matrix at rank 4:
+// three passes, 65536 x 4 x (2 x 2 + 1) ns = 1.3 ms, against a ring allreduce of its 256 KiB:
+// at 10 Gbit 2 (P-1)/P 262144 x 0.8 ns <= 0.42 ms, so the uncompressed call wins; at 100 Mbit
+// 80 ns a byte makes that >= 21 ms at 2 ranks, and low_rank (its factors 4 KiB) wins.
+TEST(LowRank, AutoSendsUncompressedWhereThatIsFaster) {
+  if (size() < 2) GTEST_SKIP() << "one rank sends nothing either way";
+  const Codec codec("powersgd:rank=4");
+  BucketOptions o;
+  o.dense_below = 0;
+  Tensors t = random_tensors({{256, 256}}, 13);
+  run(t, codec, {}, o);  // on 10 Gbit (world())
+  EXPECT_FALSE(world().last_stats().compressed);
+  EXPECT_EQ(world().last_stats().algorithm, Algorithm::dense);
+  Communicator slow(MPI_COMM_WORLD, network_for_rate(1e8, 20e-6),
+                    std::make_shared<test::FixedTiming>());
+  Tensors u = random_tensors({{256, 256}}, 14);
+  run(u, codec, {}, o, slow);
+  EXPECT_TRUE(slow.last_stats().compressed);
+  EXPECT_EQ(slow.last_stats().algorithm, Algorithm::low_rank);
+}
+
 // The C API's shaped form gives the C++ one's result.
 TEST(LowRank, CApiShaped) {
   Tensors t = random_tensors({{30, 20}, {20, 1}}, 12);
