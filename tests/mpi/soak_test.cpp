@@ -72,6 +72,7 @@ std::vector<Kind> kinds() {
               alg == Algorithm::sparse_allgather || alg == Algorithm::sparse_recursive_doubling ||
               alg == Algorithm::sparse_split || alg == Algorithm::sparse_reduce_scatter;
           if (sparse_only && !sparse) continue;
+          if (alg == Algorithm::low_rank) continue;  // powersgd's alone, and it needs shapes
           out.push_back({c, n, ef, alg, false});
         }
       }
