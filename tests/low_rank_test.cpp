@@ -121,26 +121,22 @@ TEST_P(Kernels, ProductsWithinTheDerivedBound) {
   std::vector<double> acc(cols * r);
   detail::lr_multiply(m.data(), rows, cols, q.data(), r, p.data());
   detail::lr_multiply_t(m.data(), rows, cols, pin.data(), r, qt.data(), acc.data());
-  for (std::size_t i = 0; i < rows; ++i) {
-    for (std::size_t j = 0; j < r; ++j) {
-      double e = 0, a = 0;
-      for (std::size_t k = 0; k < cols; ++k) {
-        e += double(m[i * cols + k]) * q[k * r + j];
-        a += std::fabs(double(m[i * cols + k]) * q[k * r + j]);
+  // got[o][j] against the float64 sum over t of element(o, t) f[t][j], t = 0 .. terms - 1.
+  const auto check = [&](const std::vector<float>& got, const std::vector<float>& f,
+                         std::size_t outs, std::size_t terms, auto element) {
+    for (std::size_t o = 0; o < outs; ++o) {
+      for (std::size_t j = 0; j < r; ++j) {
+        double e = 0, a = 0;
+        for (std::size_t t = 0; t < terms; ++t) {
+          e += double(element(o, t)) * f[t * r + j];
+          a += std::fabs(double(element(o, t)) * f[t * r + j]);
+        }
+        ASSERT_LE(std::fabs(got[o * r + j] - e), bound(e, a, terms)) << o << " " << j;
       }
-      ASSERT_LE(std::fabs(p[i * r + j] - e), bound(e, a, cols)) << i << " " << j;
     }
-  }
-  for (std::size_t k = 0; k < cols; ++k) {
-    for (std::size_t j = 0; j < r; ++j) {
-      double e = 0, a = 0;
-      for (std::size_t i = 0; i < rows; ++i) {
-        e += double(m[i * cols + k]) * pin[i * r + j];
-        a += std::fabs(double(m[i * cols + k]) * pin[i * r + j]);
-      }
-      ASSERT_LE(std::fabs(qt[k * r + j] - e), bound(e, a, rows)) << k << " " << j;
-    }
-  }
+  };
+  check(p, q, rows, cols, [&](std::size_t i, std::size_t k) { return m[i * cols + k]; });
+  check(qt, pin, cols, rows, [&](std::size_t k, std::size_t i) { return m[i * cols + k]; });
   // The reconstruction: out = a b^T * 2, e = m - float(a b^T / 4).
   std::vector<float> out(rows * cols), res = m;
   std::vector<double> work(cols * r);

@@ -25,20 +25,10 @@ namespace {
 
 using test::rank;
 using test::size;
+using test::status_of;
 using test::world;
 
 constexpr double kU = 0x1p-24;  // float32's unit roundoff
-
-template <class F>
-Status status_of(F&& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return Status::ok;
-}
 
 // Everything in buckets (no separate bucket of small tensors), low_rank asked for by name so
 // that auto's choice cannot change what a test checks.

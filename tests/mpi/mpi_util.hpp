@@ -149,6 +149,18 @@ inline bool same_on_all_ranks(const std::vector<float>& v) {
   return lo == hi;
 }
 
+// The status f throws (a gcomp::Error's; ok when it returns), its message into *message.
+template <class F>
+Status status_of(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message) *message = e.what();
+    return e.code();
+  }
+  return Status::ok;
+}
+
 // All ranks agree that cond holds on all ranks (for EXPECT_TRUE after collective steps).
 inline bool all_ranks(bool cond) {
   int v = cond ? 1 : 0, all = 0;

@@ -18,6 +18,7 @@ namespace {
 
 using test::rank;
 using test::size;
+using test::status_of;
 using test::world;
 
 // Runs f on this rank and returns the status it threw (ok when it did not).
@@ -25,17 +26,6 @@ struct Case {
   const char* spec;
   Algorithm algorithm;
 };
-
-template <class F>
-Status status_of(F&& f, std::string* message = nullptr) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (message) *message = e.what();
-    return e.code();
-  }
-  return Status::ok;
-}
 
 void still_works() {
   const Codec codec("topk:ratio=0.1");
