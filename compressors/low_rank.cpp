@@ -86,6 +86,13 @@ struct LowRankQ;  // scratch: Q as doubles
 // how many independent sums run side by side, so every level gives the same bits. R > 0 is the
 // rank fixed at compile time (the inner loops unroll), R = 0 the rank r at run time.
 
+// Four doubles as one value (GCC's vector extension: one AVX register, or two SSE2 ones at the
+// baseline), for rank 4, whose sums the auto-vectorizer leaves scalar; the same operations, lane
+// by lane, as the scalar loops.
+typedef double Double4 __attribute__((vector_size(32)));
+// (Loads and stores through memcpy, which neither returns nor passes the type by value: its
+// ABI differs between the levels.)
+
 // p = m q for rows [i0, i1): four rows at a time (four independent sums of each column j).
 template <std::size_t R>
 GCOMP_ALWAYS_INLINE void mq_rows(const float* m, std::size_t cols, const double* qd,
@@ -93,6 +100,27 @@ GCOMP_ALWAYS_INLINE void mq_rows(const float* m, std::size_t cols, const double*
   const std::size_t rr = R ? R : r;
   constexpr std::size_t W = R ? R : kMaxRank;
   std::size_t i = i0;
+  if constexpr (R == 4) {
+    for (; i + 4 <= i1; i += 4) {
+      Double4 a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
+      const float* m0 = m + i * cols;
+      const float *m1 = m0 + cols, *m2 = m1 + cols, *m3 = m2 + cols;
+      for (std::size_t k = 0; k < cols; ++k) {
+        Double4 qk;
+        std::memcpy(&qk, qd + k * 4, sizeof qk);
+        a0 += static_cast<double>(m0[k]) * qk;
+        a1 += static_cast<double>(m1[k]) * qk;
+        a2 += static_cast<double>(m2[k]) * qk;
+        a3 += static_cast<double>(m3[k]) * qk;
+      }
+      for (std::size_t j = 0; j < 4; ++j) {
+        p[i * 4 + j] = static_cast<float>(a0[j]);
+        p[(i + 1) * 4 + j] = static_cast<float>(a1[j]);
+        p[(i + 2) * 4 + j] = static_cast<float>(a2[j]);
+        p[(i + 3) * 4 + j] = static_cast<float>(a3[j]);
+      }
+    }
+  }
   for (; i + 4 <= i1; i += 4) {
     double a0[W], a1[W], a2[W], a3[W];
     for (std::size_t j = 0; j < rr; ++j) a0[j] = a1[j] = a2[j] = a3[j] = 0;
@@ -136,6 +164,24 @@ GCOMP_ALWAYS_INLINE void mtp_cols(const float* m, std::size_t rows, std::size_t 
   const std::size_t rr = R ? R : r;
   constexpr std::size_t W = R ? R : kMaxRank;
   std::size_t i = 0;
+  if constexpr (R == 4) {
+    for (; i + 4 <= rows; i += 4) {
+      const Double4 p0 = {p[i * 4], p[i * 4 + 1], p[i * 4 + 2], p[i * 4 + 3]};
+      const Double4 p1 = {p[i * 4 + 4], p[i * 4 + 5], p[i * 4 + 6], p[i * 4 + 7]};
+      const Double4 p2 = {p[i * 4 + 8], p[i * 4 + 9], p[i * 4 + 10], p[i * 4 + 11]};
+      const Double4 p3 = {p[i * 4 + 12], p[i * 4 + 13], p[i * 4 + 14], p[i * 4 + 15]};
+      const float* m0 = m + i * cols;
+      const float *m1 = m0 + cols, *m2 = m1 + cols, *m3 = m2 + cols;
+      for (std::size_t k = k0; k < k1; ++k) {
+        Double4 ak;
+        std::memcpy(&ak, acc + k * 4, sizeof ak);
+        ak = (((ak + static_cast<double>(m0[k]) * p0) + static_cast<double>(m1[k]) * p1) +
+              static_cast<double>(m2[k]) * p2) +
+             static_cast<double>(m3[k]) * p3;
+        std::memcpy(acc + k * 4, &ak, sizeof ak);
+      }
+    }
+  }
   for (; i + 4 <= rows; i += 4) {
     double p0[W], p1[W], p2[W], p3[W];
     for (std::size_t j = 0; j < rr; ++j) {
