@@ -24,8 +24,14 @@ struct Case {
   std::vector<float> m, q, p, out;
   std::vector<double> work;
   Case(std::size_t rows_, std::size_t cols_, std::size_t r_)
-      : rows(rows_), cols(cols_), r(r_), m(rows * cols), q(cols * r), p(rows * r),
-        out(rows * cols), work(cols * r) {
+      : rows(rows_),
+        cols(cols_),
+        r(r_),
+        m(rows * cols),
+        q(cols * r),
+        p(rows * r),
+        out(rows * cols),
+        work(cols * r) {
     std::mt19937 g(1);
     std::normal_distribution<float> d(0.0f, 1.0f);
     for (float& v : m) v = d(g);
@@ -56,8 +62,8 @@ void bm_gcomp(benchmark::State& st, std::size_t rows, std::size_t cols, std::siz
                                      c.work.data());
         break;
       case Op::reconstruct:
-        gcomp::detail::lr_reconstruct(c.p.data(), c.q.data(), rows, cols, r, 1.0, c.out.data(),
-                                      1.0, nullptr, nullptr, c.work.data());
+        gcomp::detail::lr_reconstruct(c.p.data(), c.q.data(), rows, cols, r, 1.0, c.out.data(), 1.0,
+                                      nullptr, nullptr, c.work.data());
         break;
     }
     benchmark::DoNotOptimize(c.out.data());
@@ -95,9 +101,7 @@ void bm_eigen(benchmark::State& st, std::size_t rows, std::size_t cols, std::siz
 }
 
 void register_all() {
-  const struct {
-    std::size_t rows, cols;
-  } shapes[] = {{784, 2048}, {2048, 2048}, {512, 256}};
+  const struct { std::size_t rows, cols; } shapes[] = {{784, 2048}, {2048, 2048}, {512, 256}};
   const std::pair<Op, const char*> ops[] = {
       {Op::multiply, "MQ"}, {Op::multiply_t, "MtP"}, {Op::reconstruct, "PQt"}};
   for (const auto& s : shapes) {

@@ -95,8 +95,8 @@ typedef double Double4 __attribute__((vector_size(32)));
 
 // p = m q for rows [i0, i1): four rows at a time (four independent sums of each column j).
 template <std::size_t R>
-GCOMP_ALWAYS_INLINE void mq_rows(const float* m, std::size_t cols, const double* qd,
-                                 std::size_t r, std::size_t i0, std::size_t i1, float* p) {
+GCOMP_ALWAYS_INLINE void mq_rows(const float* m, std::size_t cols, const double* qd, std::size_t r,
+                                 std::size_t i0, std::size_t i1, float* p) {
   const std::size_t rr = R ? R : r;
   constexpr std::size_t W = R ? R : kMaxRank;
   std::size_t i = i0;
@@ -216,10 +216,9 @@ GCOMP_ALWAYS_INLINE void mtp_cols(const float* m, std::size_t rows, std::size_t 
 // in j order (from 0), k running across the vector lanes; out = s out_scale, e = m - float(s
 // share_scale).
 template <std::size_t R>
-GCOMP_ALWAYS_INLINE void rec_rows(const float* a, const double* bt, std::size_t cols,
-                                  std::size_t r, double out_scale, float* out,
-                                  double share_scale, const float* m, float* e, std::size_t i0,
-                                  std::size_t i1) {
+GCOMP_ALWAYS_INLINE void rec_rows(const float* a, const double* bt, std::size_t cols, std::size_t r,
+                                  double out_scale, float* out, double share_scale, const float* m,
+                                  float* e, std::size_t i0, std::size_t i1) {
   const std::size_t rr = R ? R : r;
   constexpr std::size_t W = R ? R : kMaxRank;
   for (std::size_t i = i0; i < i1; ++i) {
@@ -388,8 +387,8 @@ void lr_normalize_columns(float* q, std::size_t n, std::size_t r) {
 }
 
 void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
-                    std::size_t r, double out_scale, float* out, double share_scale,
-                    const float* m, float* e, double* bwork) {
+                    std::size_t r, double out_scale, float* out, double share_scale, const float* m,
+                    float* e, double* bwork) {
   for (std::size_t k = 0; k < cols; ++k) {
     for (std::size_t j = 0; j < r; ++j) bwork[j * cols + k] = b[k * r + j];
   }
