@@ -19,7 +19,7 @@ using Matrix = Eigen::MatrixXf;
 
 // A trainable tensor and its gradient, flat (the collectives see it as one float span), and
 // its shape as the row-major matrix its flat memory is (for the low-rank codecs): a weight
-// stored column-major out x in is the row-major in x out; a bias n x 1.
+// stored column-major out x in is the row-major in x out; a bias n x 1 (unset: 1-D).
 struct Param {
   std::string name;
   std::vector<float> value;

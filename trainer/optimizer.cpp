@@ -86,7 +86,9 @@ Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
   velocity_ef_ = !memories_.empty() && c.ef_on_velocity;
   for (Param* q : params_) {
     grads_.emplace_back(q->grad);
-    shapes_.push_back(q->shape);
+    // A Param whose shape was not set (0 x 1) is a 1-D tensor to the low-rank codecs.
+    const bool fits = q->shape.rows * q->shape.cols == q->grad.size();
+    shapes_.push_back(fits ? q->shape : MatrixShape{q->grad.size(), 1});
   }
   bucket_.bucket_bytes = c.bucket_bytes;
   bucket_.dense_below = c.dense_below;
