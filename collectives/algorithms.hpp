@@ -27,9 +27,12 @@ struct TensorMemory;
 
 // Device memory a Communicator keeps for device tensors (payload staging), grown as needed.
 struct DeviceStage {
+  // The buffers, by what they hold: a call's payloads, the gathered payloads, low_rank's
+  // factors (kFactorA: P, kFactorB: Q), allreduce_buckets' fused bucket and its small tensors.
+  enum Slot : int { kPayload = 0, kGathered = 1, kFactorA = 2, kFactorB = 3, kFused = 4, kSlots };
   const DeviceBackend* dev = nullptr;
-  void* buf[2] = {nullptr, nullptr};
-  std::size_t bytes[2] = {0, 0};
+  void* buf[kSlots] = {};
+  std::size_t bytes[kSlots] = {};
   void* host = nullptr;  // pinned
   std::size_t host_bytes = 0;
   void* get(int slot, std::size_t need);

@@ -13,6 +13,7 @@
 
 #include "algorithm_table.hpp"
 #include "communicator_impl.hpp"
+#include "device_backend.hpp"
 #include "feedback_slot.hpp"
 #include "gcomp/communicator.hpp"
 
@@ -63,7 +64,7 @@ Plan plan(std::span<const std::span<float>> tensors, std::span<const MatrixShape
 // What is wrong with the memories (or the shapes, where given) on this rank ("" when nothing).
 std::string bad_memories(std::span<const std::span<float>> tensors,
                          std::span<ErrorFeedback* const> efs, std::span<const MatrixShape> shapes,
-                         bool shaped, const Codec& codec) {
+                         bool shaped, const Codec& codec, const detail::OnDevice* device) {
   if (!shaped && codec.properties().low_rank) {
     return codec.spec() +
            " needs each tensor's shape: use Communicator::allreduce_buckets with shapes (the C "
@@ -91,20 +92,47 @@ std::string bad_memories(std::span<const std::span<float>> tensors,
              std::to_string(efs[t]->size()) + " elements, its tensor " +
              std::to_string(tensors[t].size());
     }
+    if (efs[t] && efs[t]->on_device() != (device != nullptr)) {
+      return "error-feedback memory " + std::to_string(t) + " is in " +
+             (efs[t]->on_device() ? "device" : "host") + " memory but its tensor in " +
+             (device ? "device" : "host") + " memory";
+    }
+    if (efs[t] && device && efs[t]->view().backend() != device->dev) {
+      return "error-feedback memory " + std::to_string(t) + " is on another device backend";
+    }
   }
   return {};
 }
 
 }  // namespace
 
+float* Communicator::Impl::fused_for(std::size_t len, const detail::OnDevice* device) {
+  if (!device) {
+    ws_.fused.resize(len);
+    return ws_.fused.data();
+  }
+  ws_.staging.resize(len);
+  detail::DeviceStage& stage = ws_.device_stage();
+  stage.dev = device->dev;
+  return static_cast<float*>(stage.get(detail::DeviceStage::kFused, 4 * len));
+}
+
+void Communicator::Impl::move_bytes(void* dst, const void* src, std::size_t bytes,
+                                    const detail::OnDevice* device) {
+  if (!device) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+  device->dev->copy(dst, src, bytes, device->stream);
+}
+
 void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors,
                                        std::span<const std::size_t> members, const Codec& codec,
                                        std::span<ErrorFeedback* const> efs,
                                        const AllreduceOptions& opt, std::uint64_t sig,
-                                       std::span<const MatrixShape> shapes) {
+                                       std::span<const MatrixShape> shapes,
+                                       const detail::OnDevice* device) {
   Impl& impl = *this;
-  std::vector<float>& fused = impl.ws_.fused;
-  ErrorFeedback& bucket_ef = impl.ws_.bucket_feedback;
   const bool with_ef = !efs.empty();
   std::vector<std::uint64_t> begin, count;
   std::vector<ErrorFeedback*> parts_efs;
@@ -117,66 +145,92 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
     parts_efs.push_back(with_ef ? efs[t] : nullptr);
     len += tensors[t].size();
   }
-  fused.resize(len);
-  if (with_ef) detail::FeedbackSlot::reuse(bucket_ef, len);  // zeros
+  float* fused = fused_for(len, device);
+  ErrorFeedback* bucket = nullptr;
+  if (with_ef && !device) {
+    bucket = &impl.ws_.bucket_feedback;
+    detail::FeedbackSlot::reuse(*bucket, len);  // zeros
+  } else if (with_ef) {
+    std::unique_ptr<ErrorFeedback>& d = impl.ws_.device_bucket_feedback;
+    if (!d || d->size() != len || d->view().backend() != device->dev ||
+        d->view().stream() != device->stream) {
+      d.reset();  // its memory freed before the new one is taken
+      d = std::make_unique<ErrorFeedback>(len, device->dev, device->stream);
+    } else {
+      d->reset();  // zeros, the slot empty
+    }
+    bucket = d.get();
+  }
+  const auto residual_of = [&](ErrorFeedback& ef) {
+    return device ? ef.view().data() : ef.residual().data();
+  };
   for (std::size_t j = 0; j < members.size(); ++j) {
     const std::span<float> x = tensors[members[j]];
-    std::memcpy(fused.data() + begin[j], x.data(), 4 * x.size());
+    move_bytes(fused + begin[j], x.data(), 4 * x.size(), device);
     if (parts_efs[j]) {
-      const auto r = parts_efs[j]->residual();
-      std::memcpy(bucket_ef.residual().data() + begin[j], r.data(), 4 * r.size());
+      move_bytes(residual_of(*bucket) + begin[j], residual_of(*parts_efs[j]), 4 * x.size(), device);
     }
   }
   const detail::BucketParts parts{impl.rank_, impl.size_, len, begin, count, parts_efs};
   // The memories of the rows that run this codec (a low-rank codec's and the others' slots
   // hold different things).
   const CodecProperties props = codec.properties();
-  if (with_ef) {
+  if (bucket) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->join_memory && detail::row_suits(*row, props)) row->join_memory(parts, bucket_ef);
+      if (row->join_memory && detail::row_suits(*row, props)) row->join_memory(parts, *bucket);
     }
   }
-  impl.call(fused, fused, &codec, with_ef ? &bucket_ef : nullptr, opt, nullptr, sig, nullptr,
-            matrices);
-  if (with_ef) {
+  if (device) {
+    const detail::DeviceCall call{device->dev, device->stream, fused, fused};
+    impl.call(impl.ws_.staging, impl.ws_.staging, &codec, bucket, opt, nullptr, sig, &call,
+              matrices);
+  } else {
+    const std::span<float> f(fused, len);
+    impl.call(f, f, &codec, bucket, opt, nullptr, sig, nullptr, matrices);
+  }
+  if (bucket) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->split_memory && detail::row_suits(*row, props)) row->split_memory(parts, bucket_ef);
+      if (row->split_memory && detail::row_suits(*row, props)) row->split_memory(parts, *bucket);
     }
   }
   for (std::size_t j = 0; j < members.size(); ++j) {
     const std::span<float> x = tensors[members[j]];
-    std::memcpy(x.data(), fused.data() + begin[j], 4 * x.size());
+    move_bytes(x.data(), fused + begin[j], 4 * x.size(), device);
     if (parts_efs[j]) {
-      std::memcpy(parts_efs[j]->residual().data(), bucket_ef.residual().data() + begin[j],
-                  4 * x.size());
+      move_bytes(residual_of(*parts_efs[j]), residual_of(*bucket) + begin[j], 4 * x.size(), device);
     }
   }
 }
 
 void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
                                       std::span<const std::size_t> small, AllreduceOptions opt,
-                                      std::uint64_t sig) {
+                                      std::uint64_t sig, const detail::OnDevice* device) {
   Impl& impl = *this;
   static const Codec none("none");
-  std::vector<float>& fused = impl.ws_.fused;
   std::size_t len = 0;
   for (std::size_t t : small) len += tensors[t].size();
-  fused.resize(len);
+  float* fused = fused_for(len, device);
   std::size_t off = 0;
   for (std::size_t t : small) {
-    std::memcpy(fused.data() + off, tensors[t].data(), 4 * tensors[t].size());
+    move_bytes(fused + off, tensors[t].data(), 4 * tensors[t].size(), device);
     off += tensors[t].size();
   }
   opt.algorithm = Algorithm::dense;
   opt.majority_vote = false;
-  impl.call(fused, fused, &none, nullptr, opt, nullptr, sig);
+  if (device) {
+    const detail::DeviceCall call{device->dev, device->stream, fused, fused};
+    impl.call(impl.ws_.staging, impl.ws_.staging, &none, nullptr, opt, nullptr, sig, &call);
+  } else {
+    const std::span<float> f(fused, len);
+    impl.call(f, f, &none, nullptr, opt, nullptr, sig);
+  }
   // Summed as they are: the codec was not applied (in the running total too, which the call
   // has counted already).
   impl.total_.compressed -= impl.last_.compressed_calls;
   impl.last_.compressed_calls = 0;
   off = 0;
   for (std::size_t t : small) {
-    std::memcpy(tensors[t].data(), fused.data() + off, 4 * tensors[t].size());
+    move_bytes(tensors[t].data(), fused + off, 4 * tensors[t].size(), device);
     off += tensors[t].size();
   }
 }
@@ -194,15 +248,65 @@ void Communicator::allreduce_buckets(std::span<const std::span<float>> tensors,
   impl_->buckets(tensors, shapes, true, codec, efs, options);
 }
 
+namespace {
+// The views as spans of their addresses, and their memory: all host (device stays null), or all
+// in one device backend's memory on one stream; else what is wrong.
+std::string spans_of(std::span<const TensorView<float>> views, std::vector<std::span<float>>& out,
+                     detail::OnDevice& device, bool& on_device) {
+  out.clear();
+  on_device = false;
+  for (std::size_t t = 0; t < views.size(); ++t) {
+    const TensorView<float>& v = views[t];
+    if (t == 0) {
+      on_device = v.on_device();
+      device = {v.backend(), v.stream()};
+    } else if (v.on_device() != on_device) {
+      return "allreduce_buckets: tensor " + std::to_string(t) + " is in " +
+             (v.on_device() ? "device" : "host") + " memory, tensor 0 in " +
+             (on_device ? "device" : "host") + " memory (one call takes one memory)";
+    } else if (on_device && (v.backend() != device.dev || v.stream() != device.stream)) {
+      return "allreduce_buckets: tensor " + std::to_string(t) +
+             " is on another device backend or stream than tensor 0";
+    }
+    out.emplace_back(v.data(), v.size());
+  }
+  return {};
+}
+}  // namespace
+
+void Communicator::allreduce_buckets(std::span<const TensorView<float>> tensors, const Codec& codec,
+                                     std::span<ErrorFeedback* const> efs,
+                                     const BucketOptions& options) {
+  std::vector<std::span<float>> spans;
+  detail::OnDevice device{};
+  bool on_device = false;
+  const std::string bad = spans_of(tensors, spans, device, on_device);
+  impl_->buckets(spans, {}, false, codec, efs, options, on_device ? &device : nullptr, bad);
+}
+
+void Communicator::allreduce_buckets(std::span<const TensorView<float>> tensors,
+                                     std::span<const MatrixShape> shapes, const Codec& codec,
+                                     std::span<ErrorFeedback* const> efs,
+                                     const BucketOptions& options) {
+  std::vector<std::span<float>> spans;
+  detail::OnDevice device{};
+  bool on_device = false;
+  const std::string bad = spans_of(tensors, spans, device, on_device);
+  impl_->buckets(spans, shapes, true, codec, efs, options, on_device ? &device : nullptr, bad);
+}
+
 void Communicator::Impl::buckets(std::span<const std::span<float>> tensors,
                                  std::span<const MatrixShape> shapes, bool shaped,
                                  const Codec& codec, std::span<ErrorFeedback* const> efs,
-                                 const BucketOptions& options) {
+                                 const BucketOptions& options, const detail::OnDevice* device,
+                                 const std::string& bad_views) {
   const std::span<const MatrixShape> given = shapes;
   if (shapes.size() != tensors.size()) shapes = {};  // reported below
   const Plan p = plan(tensors, shapes, efs.size(), options);
   // Arguments that are wrong on this rank still take part, so that no rank waits.
-  if (const std::string bad = bad_memories(tensors, efs, given, shaped, codec); !bad.empty()) {
+  if (const std::string bad =
+          !bad_views.empty() ? bad_views : bad_memories(tensors, efs, given, shaped, codec, device);
+      !bad.empty()) {
     const Error e(Status::invalid_argument, bad);
     call({}, {}, &codec, nullptr, options.allreduce, &e, p.sig);
     throw e;
@@ -212,7 +316,7 @@ void Communicator::Impl::buckets(std::span<const std::span<float>> tensors,
     AllreduceOptions opt = options.allreduce;
     opt.tensor = options.allreduce.tensor * 1000003 + b;
     reduce_bucket(tensors, p.buckets[b], codec, efs, opt, p.sig ^ (0x9e3779b97f4a7c15ull * (b + 1)),
-                  shapes);
+                  shapes, device);
     sum.add(last_);
   }
   if (p.buckets.empty() && p.small.empty()) {
@@ -225,7 +329,7 @@ void Communicator::Impl::buckets(std::span<const std::span<float>> tensors,
     return;
   }
   if (!p.small.empty()) {
-    reduce_small(tensors, p.small, options.allreduce, p.sig ^ 0x5bd1e995ull);
+    reduce_small(tensors, p.small, options.allreduce, p.sig ^ 0x5bd1e995ull, device);
     sum.add(last_);
   }
   last_ = sum;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 
 #include "agreement.hpp"
@@ -29,6 +30,12 @@ struct DeviceCall {
   void* stream;
   const float* in;
   float* out;
+};
+// Device tensors (allreduce_buckets' TensorView forms): every tensor (and ErrorFeedback) in
+// this backend's memory, on this stream; the spans then hold device addresses.
+struct OnDevice {
+  const DeviceBackend* dev;
+  void* stream;
 };
 }  // namespace detail
 
@@ -107,19 +114,27 @@ struct Communicator::Impl {
 
   // ---- allreduce_buckets' two kinds of call (bucketing.cpp) ----
   // One bucket: its tensors (their residuals, and what the algorithms keep beside them) fused
-  // into the workspace, one call, everything copied back.
+  // into the workspace (on the device for device tensors), one call, everything copied back.
   void reduce_bucket(std::span<const std::span<float>> tensors,
                      std::span<const std::size_t> members, const Codec& codec,
                      std::span<ErrorFeedback* const> efs, const AllreduceOptions& opt,
-                     std::uint64_t sig, std::span<const MatrixShape> shapes);
+                     std::uint64_t sig, std::span<const MatrixShape> shapes,
+                     const detail::OnDevice* device);
   // allreduce_buckets, with shapes (shaped) or without: the plan, then each bucket, then the
-  // small tensors.
+  // small tensors. `bad_views` set: the views could not be taken (every rank throws it).
   void buckets(std::span<const std::span<float>> tensors, std::span<const MatrixShape> shapes,
                bool shaped, const Codec& codec, std::span<ErrorFeedback* const> efs,
-               const BucketOptions& options);
+               const BucketOptions& options, const detail::OnDevice* device = nullptr,
+               const std::string& bad_views = {});
   // The small tensors: one more bucket, summed uncompressed.
   void reduce_small(std::span<const std::span<float>> tensors, std::span<const std::size_t> small,
-                    AllreduceOptions opt, std::uint64_t sig);
+                    AllreduceOptions opt, std::uint64_t sig, const detail::OnDevice* device);
+  // The fused bucket of len elements where the call will read it: the workspace's host vector,
+  // or DeviceStage's kFused (and the call's host staging) for device tensors.
+  float* fused_for(std::size_t len, const detail::OnDevice* device);
+  // Copies a tensor's bytes between its memory and the fused bucket's.
+  static void move_bytes(void* dst, const void* src, std::size_t bytes,
+                         const detail::OnDevice* device);
 
   struct Call;  // one call's state through the steps
   static void check_arguments(const Call& c, std::span<const float> in, std::span<float> out);

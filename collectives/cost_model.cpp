@@ -273,11 +273,58 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
       });
 }
 
+namespace {
+// The same on a device: its backend's product and reconstruction (collectives/low_rank.cpp runs
+// them there for device tensors).
+ComputeModel measure_low_rank_device(const Codec& codec, std::size_t kN,
+                                     const detail::DeviceBackend* dev, void* stream) {
+  const std::size_t rows = static_cast<std::size_t>(std::sqrt(static_cast<double>(kN)));
+  const std::size_t cols = kN / rows;
+  const std::size_t r = std::min({detail::low_rank_spec(codec).rank, rows, cols});
+  DeviceMemory x(dev, 4 * rows * cols), q(dev, 4 * cols * r), p(dev, 4 * rows * r),
+      out(dev, 4 * rows * cols);
+  {
+    const std::vector<float> host = calibration_input(rows * cols);
+    std::vector<float> qh(cols * r);
+    detail::lr_random(qh.data(), qh.size(), 1);
+    dev->copy(x.p, host.data(), 4 * host.size(), stream);
+    dev->copy(q.p, qh.data(), 4 * qh.size(), stream);
+  }
+  const auto* xd = static_cast<const float*>(x.p);
+  auto* qd = static_cast<float*>(q.p);
+  auto* pd = static_cast<float*>(p.p);
+  const double units = static_cast<double>(rows * cols * r);
+  ComputeModel c;
+  c.encode = mean_seconds(
+                 [&] {
+                   const auto start = std::chrono::steady_clock::now();
+                   dev->lr_multiply(xd, rows, cols, qd, r, pd, stream);
+                   dev->sync(stream);
+                   return seconds_since(start);
+                 },
+                 0.02, 2) /
+             units;
+  c.decode = mean_seconds(
+                 [&] {
+                   const auto start = std::chrono::steady_clock::now();
+                   dev->lr_reconstruct(pd, qd, rows, cols, r, 1.0, static_cast<float*>(out.p), 1.0,
+                                       nullptr, nullptr, stream);
+                   dev->sync(stream);
+                   return seconds_since(start);
+                 },
+                 0.01, 2) /
+             units;
+  return c;
+}
+}  // namespace
+
 ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const float> like) {
-  // A low-rank codec runs on the host (collectives/low_rank.cpp).
-  if (!like.on_device() || codec.properties().low_rank) return measure_compute(codec, n);
+  if (!like.on_device()) return measure_compute(codec, n);
   const detail::DeviceBackend* dev = like.backend();
   void* stream = like.stream();
+  if (codec.properties().low_rank) {
+    return measure_low_rank_device(codec, calibration_size(n), dev, stream);
+  }
   const std::size_t kN = calibration_size(n);
   const std::size_t cap = codec.max_bytes(kN);
   DeviceMemory x(dev, 4 * kN), out(dev, cap), acc(dev, 4 * kN);

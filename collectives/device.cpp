@@ -80,7 +80,8 @@ std::size_t encode_on_device(Job& job, std::uint64_t offset, std::uint64_t len,
 template <class At, class Len>
 void decode_gathered_on_device(Job& job, const Gathered& all, At at, Len len) {
   const auto timed = job.meter.decoding();
-  auto* staged = static_cast<std::byte*>(job.buf.stage->get(1, all.bytes.size()));
+  auto* staged =
+      static_cast<std::byte*>(job.buf.stage->get(DeviceStage::kGathered, all.bytes.size()));
   job.buf.dev->copy(staged, all.bytes.data(), all.bytes.size(), job.buf.stream);
   for (int r = 0; r < job.call.size; ++r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -144,7 +145,7 @@ void run_crs_device(Job& job) {
       at[c + 1] =
           at[c] + ((job.call.codec->max_bytes(bound[c + 1] - bound[c]) + 255) & ~std::size_t{255});
     }
-    auto* staged = static_cast<std::byte*>(job.buf.stage->get(0, at[p]));
+    auto* staged = static_cast<std::byte*>(job.buf.stage->get(DeviceStage::kPayload, at[p]));
     auto* pinned = static_cast<std::byte*>(job.buf.stage->get_host(at[p]));
     std::vector<std::size_t> sizes(p);
     for (std::uint64_t c = 0; c < p; ++c) {
@@ -193,7 +194,7 @@ void run_dense_device(Job& job) {
 std::span<const std::byte> device_encode_whole(Job& job) {
   const auto timed = job.meter.encoding();
   const std::size_t cap = job.call.codec->max_bytes(job.buf.out.size());
-  auto* staged = static_cast<std::byte*>(job.buf.stage->get(0, cap));
+  auto* staged = static_cast<std::byte*>(job.buf.stage->get(DeviceStage::kPayload, cap));
   const std::size_t bytes =
       encode_on_device(job, 0, job.buf.out.size(), job.call.seed, staged, cap);
   std::vector<std::byte>& payload = job.ws.payload;

@@ -34,6 +34,7 @@
 #include <cstring>
 
 #include "algorithm_table.hpp"
+#include "device_backend.hpp"
 #include "feedback_slot.hpp"
 #include "fnv.hpp"
 #include "model_terms.hpp"
@@ -111,8 +112,10 @@ struct LowRankBuffers {
   std::vector<Matrix> plan;
   std::vector<float> first, second;  // the two collectives' values
   std::vector<float> other;          // each compressed matrix's other factor
-  std::vector<double> work;          // orthonormalization, M^T P's accumulators, reconstruction
-  std::vector<float> slot;           // the bucket's new state
+  std::vector<double> work;          // the orthonormalization's
+  std::vector<double> work_products;  // M^T P's accumulators, the reconstruction's
+  std::vector<float> staged;          // device tensors: a dense tensor's result on the host
+  std::vector<float> slot;            // the bucket's new state
 };
 
 // The collective of values [0, dense) float32 and [dense, end) factors (binary16 with fp16).
@@ -198,8 +201,110 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
   }
 }
 
+// Where the bucket's M, out and e are, and the kernels that run there: host memory (the CPU's
+// kernels) or a device's (its backend's: M never leaves the device, the factors cross to the
+// host, where they are allreduced and orthonormalized). Factors (q, p, a, b, got) are host
+// memory; m, out and e are in the bucket's memory.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual void form(const float* x, const float* e_old, float* m, std::size_t n) = 0;  // x + e
+  virtual void read(const float* m, std::size_t len, float* to) = 0;                   // a copy
+  virtual void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+                        float* p) = 0;  // p = m q
+  virtual void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+                          float* q) = 0;  // q = m^T p
+  // out = a b^T out_scale; e (the m it is formed from, or null) -= a b^T share_scale.
+  virtual void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+                           double out_scale, float* out, double share_scale, float* e) = 0;
+  // out = float(got out_scale); e (or null) = 0.
+  virtual void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) = 0;
+};
+
+class HostMemory final : public Memory {
+ public:
+  explicit HostMemory(std::vector<double>& work) : work_(work) {}
+  void form(const float* x, const float* e_old, float* m, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) m[i] = x[i] + e_old[i];
+  }
+  void read(const float* m, std::size_t len, float* to) override { std::copy(m, m + len, to); }
+  void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+                float* p) override {
+    lr_multiply(m, b.rows, b.cols, q, r, p);
+  }
+  void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+                  float* q) override {
+    work_.resize(b.cols * r);
+    lr_multiply_t(m, b.rows, b.cols, p, r, q, work_.data());
+  }
+  void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+                   double out_scale, float* out, double share_scale, float* e) override {
+    work_.resize(blk.cols * r);
+    lr_reconstruct(a, b, blk.rows, blk.cols, r, out_scale, out, share_scale, e, e, work_.data());
+  }
+  void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) override {
+    for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<float>(got[i] * out_scale);
+    if (e) std::fill(e, e + len, 0.0f);
+  }
+
+ private:
+  std::vector<double>& work_;
+};
+
+// Device memory: each factor goes to the device (DeviceStage's kFactorA for P, kFactorB for Q,
+// sized once for the bucket's largest, so that no buffer is freed under queued work) and back.
+class DeviceMemory final : public Memory {
+ public:
+  DeviceMemory(const Job& job, std::size_t max_p, std::size_t max_q, std::vector<float>& host)
+      : dev_(*job.buf.dev),
+        stream_(job.buf.stream),
+        pd_(static_cast<float*>(job.buf.stage->get(DeviceStage::kFactorA, 4 * max_p))),
+        qd_(static_cast<float*>(job.buf.stage->get(DeviceStage::kFactorB, 4 * max_q))),
+        host_(host) {}
+  void form(const float* x, const float* e_old, float* m, std::size_t n) override {
+    dev_.add(x, e_old, m, n, stream_);
+  }
+  void read(const float* m, std::size_t len, float* to) override {
+    dev_.copy(to, m, 4 * len, stream_);
+  }
+  void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+                float* p) override {
+    dev_.copy(qd_, q, 4 * b.cols * r, stream_);
+    dev_.lr_multiply(m, b.rows, b.cols, qd_, r, pd_, stream_);
+    dev_.copy(p, pd_, 4 * b.rows * r, stream_);
+  }
+  void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+                  float* q) override {
+    dev_.copy(pd_, p, 4 * b.rows * r, stream_);
+    dev_.lr_multiply_t(m, b.rows, b.cols, pd_, r, qd_, stream_);
+    dev_.copy(q, qd_, 4 * b.cols * r, stream_);
+  }
+  void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+                   double out_scale, float* out, double share_scale, float* e) override {
+    dev_.copy(pd_, a, 4 * blk.rows * r, stream_);
+    dev_.copy(qd_, b, 4 * blk.cols * r, stream_);
+    dev_.lr_reconstruct(pd_, qd_, blk.rows, blk.cols, r, out_scale, out, share_scale, e, e,
+                        stream_);
+    dev_.sync(stream_);  // the factors' buffers are the next matrix's
+  }
+  void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) override {
+    host_.resize(len);
+    for (std::size_t i = 0; i < len; ++i) host_[i] = static_cast<float>(got[i] * out_scale);
+    dev_.copy(out, host_.data(), 4 * len, stream_);
+    if (e) dev_.zero(e, len, stream_);
+  }
+
+ private:
+  const DeviceBackend& dev_;
+  void* stream_;
+  float* pd_;
+  float* qd_;
+  std::vector<float>& host_;
+};
+
 // Step 1: the values each tensor sends first (its own, or its first factor).
-void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const float* mbase) {
+void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const float* mbase,
+                    Memory& mem) {
   const std::span<const MatrixBlock> mats = job.call.matrices;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     const Matrix& p = b.plan[t];
@@ -207,7 +312,7 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
     const float* M = mbase + m.begin;
     float* to = b.first.data() + p.sent;
     if (p.step == Step::dense) {
-      std::copy(M, M + m.rows * m.cols, to);
+      mem.read(M, m.rows * m.cols, to);
       continue;
     }
     const State& st = p.st;
@@ -216,7 +321,7 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
     if (p.step == Step::with_p) {  // alternating, P kept: Q = M^T P^
       std::copy(st.factor, st.factor + m.rows * p.r, other);
       lr_orthonormalize(other, m.rows, p.r, b.work.data());
-      lr_multiply_t(M, m.rows, m.cols, other, p.r, to, b.work.data());
+      mem.multiply_t(M, m, other, p.r, to);
       continue;
     }
     // P = M Q, Q kept (warm start, or alternating) or drawn.
@@ -231,7 +336,7 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
     } else if (s.fp16) {
       lr_normalize_columns(other, m.cols, p.r);
     }
-    lr_multiply(M, m.rows, m.cols, other, p.r, to);
+    mem.multiply(M, m, other, p.r, to);
   }
 }
 
@@ -266,27 +371,23 @@ void keep_state(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
   FeedbackSlot::of(*job.buf.ef) = out;  // copied: each keeps its capacity
 }
 
-void run_low_rank(Job& job) {
-  const LowRankSpec& s = low_rank_spec(*job.call.codec);
-  LowRankBuffers& b = job.ws.get<LowRankBuffers>();
-  const std::size_t n = job.buf.in.size();
+// The schedule (at the top of this file) on the bucket's memory: M, out and e there, the
+// factors on the host.
+void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& mem, const float* x,
+                   const float* e_old, float* e, float* out) {
+  const std::span<const MatrixBlock> mats = job.call.matrices;
   const double world = job.call.size;
   const double out_scale = job.call.average ? 1.0 / world : 1.0;
   // M: x + e in the new residual's buffer (which becomes M - the share), or x itself.
-  const float* M = job.buf.in.data();
-  float* e = nullptr;
+  const float* M = x;
   {
     const auto timed = job.meter.encoding();
-    if (job.buf.ef) {
-      const std::span<const float> old = job.buf.ef->residual();
-      e = job.buf.ef_next.data();
-      for (std::size_t i = 0; i < n; ++i) e[i] = job.buf.in[i] + old[i];
+    if (e) {
+      mem.form(x, e_old, e, job.buf.in.size());
       M = e;
     }
-    make_plan(job, b, s);
-    first_products(job, b, s, M);
+    first_products(job, b, s, M, mem);
   }
-  const std::span<const MatrixBlock> mats = job.call.matrices;
   std::size_t dense_len = 0;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     if (b.plan[t].step == Step::dense) dense_len += mats[t].rows * mats[t].cols;
@@ -297,30 +398,25 @@ void run_low_rank(Job& job) {
     for (std::size_t t = 0; t < mats.size(); ++t) {
       const Matrix& p = b.plan[t];
       const MatrixBlock& m = mats[t];
-      const std::size_t len = m.rows * m.cols;
       const float* got = b.first.data() + p.sent;
-      float* out = job.buf.out.data() + m.begin;
       float* other = b.other.data() + p.other;
-      b.work.resize(std::max(m.rows, m.cols) * std::max<std::size_t>(p.r, 1));
+      float* et = e ? e + m.begin : nullptr;
       switch (p.step) {
         case Step::dense:
-          for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<float>(got[i] * out_scale);
-          if (e) std::fill(e + m.begin, e + m.begin + len, 0.0f);
+          mem.dense(got, m.rows * m.cols, out_scale, out + m.begin, et);
           break;
         case Step::with_q:  // out = P Q^^T
-          lr_reconstruct(got, other, m.rows, m.cols, p.r, out_scale, out, 1.0 / world,
-                         e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+          mem.reconstruct(got, other, m, p.r, out_scale, out + m.begin, 1.0 / world, et);
           break;
         case Step::with_p:  // out = P^ Q^T
-          lr_reconstruct(other, got, m.rows, m.cols, p.r, out_scale, out, 1.0 / world,
-                         e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+          mem.reconstruct(other, got, m, p.r, out_scale, out + m.begin, 1.0 / world, et);
           break;
         case Step::both: {  // P^ = orthonormalize(P); Q = M^T P^ (into `other`: P^)
           float* phat = other;
           std::copy(got, got + m.rows * p.r, phat);
+          b.work.resize(m.rows * p.r);
           lr_orthonormalize(phat, m.rows, p.r, b.work.data());
-          lr_multiply_t(M + m.begin, m.rows, m.cols, phat, p.r, b.second.data() + p.second,
-                        b.work.data());
+          mem.multiply_t(M + m.begin, m, phat, p.r, b.second.data() + p.second);
           break;
         }
       }
@@ -333,13 +429,37 @@ void run_low_rank(Job& job) {
       const Matrix& p = b.plan[t];
       if (p.step != Step::both) continue;
       const MatrixBlock& m = mats[t];
-      b.work.resize(m.cols * p.r);
-      lr_reconstruct(b.other.data() + p.other, b.second.data() + p.second, m.rows, m.cols, p.r,
-                     out_scale, job.buf.out.data() + m.begin, 1.0 / world,
-                     e ? e + m.begin : nullptr, e ? e + m.begin : nullptr, b.work.data());
+      mem.reconstruct(b.other.data() + p.other, b.second.data() + p.second, m, p.r, out_scale,
+                      out + m.begin, 1.0 / world, e ? e + m.begin : nullptr);
     }
   }
   if (job.buf.ef) keep_state(job, b, s);
+}
+
+void run_low_rank(Job& job) {
+  const LowRankSpec& s = low_rank_spec(*job.call.codec);
+  LowRankBuffers& b = job.ws.get<LowRankBuffers>();
+  make_plan(job, b, s);
+  HostMemory mem(b.work_products);
+  float* e = job.buf.ef ? job.buf.ef_next.data() : nullptr;
+  low_rank_step(job, b, s, mem, job.buf.in.data(),
+                job.buf.ef ? job.buf.ef->residual().data() : nullptr, e, job.buf.out.data());
+}
+
+// Device tensors: the same step with M, out and e on the device (d_in, d_out, the device
+// residual's scratch), the factors through the host.
+void run_low_rank_device(Job& job) {
+  const LowRankSpec& s = low_rank_spec(*job.call.codec);
+  LowRankBuffers& b = job.ws.get<LowRankBuffers>();
+  make_plan(job, b, s);
+  std::size_t max_p = 1, max_q = 1;
+  for (std::size_t t = 0; t < b.plan.size(); ++t) {
+    max_p = std::max(max_p, job.call.matrices[t].rows * b.plan[t].r);
+    max_q = std::max(max_q, job.call.matrices[t].cols * b.plan[t].r);
+  }
+  DeviceMemory mem(job, max_p, max_q, b.staged);
+  low_rank_step(job, b, s, mem, job.buf.d_in, job.buf.d_e_old, job.buf.d_e_new, job.buf.d_out);
+  job.buf.dev->sync(job.buf.stream);
 }
 
 // ---- The bucket's memory, joined from its tensors' slots and split back ----
@@ -452,7 +572,7 @@ extern const AlgorithmRow kLowRankRow = {
     .predict = predict_low_rank,
     .bytes = bytes_low_rank,
     .run = run_low_rank,
-    .run_device = nullptr,
+    .run_device = run_low_rank_device,
     .join_memory = join_low_rank,
     .split_memory = split_low_rank,
 };

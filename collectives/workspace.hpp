@@ -39,6 +39,9 @@ class Workspace {
   std::vector<float> own;          // dense: this rank's decoded payload, or x + e, sent from here
   std::vector<float> fused;        // allreduce_buckets: one bucket's tensors side by side
   ErrorFeedback bucket_feedback{0};  // and their residuals (FeedbackSlot::reuse per bucket)
+  // The same for device tensors (their fused values are DeviceStage's kFused), made or reset
+  // per bucket.
+  std::unique_ptr<ErrorFeedback> device_bucket_feedback;
   std::vector<float> staging;      // a device tensor's host staging (n floats)
   std::vector<float> residual;     // dense on a device tensor: the residual copied to the host
   // Device memory for device tensors (payload staging, pinned host memory), made on first use.

@@ -43,6 +43,24 @@ class DeviceBackend {
   // Throws the CPU's Error(nonfinite) for the first NaN/Inf of x (or of x + e when e is given),
   // as check_finite does; returns when the check is done.
   virtual void check_finite(const float* x, const float* e, std::size_t n, void* stream) const = 0;
+
+  // ---- PowerSGD's arithmetic (compressors/low_rank.hpp) on device memory, queued on `stream` ----
+  // out[0..n) = a + b in float32 (x + e, as the CPU forms it; out may be a or b).
+  virtual void add(const float* a, const float* b, float* out, std::size_t n,
+                   void* stream) const = 0;
+  // p = m q and q = m^T p (row-major; m rows x cols, p rows x r, q cols x r), as lr_multiply
+  // and lr_multiply_t. These are what a rank contributes to an allreduce, not what ranks must
+  // agree on, so the CUDA backend's (cuBLAS) may sum in another order than the CPU's: within
+  // the bound stated in cuda/low_rank.cu.
+  virtual void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q,
+                           std::size_t r, float* p, void* stream) const = 0;
+  virtual void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
+                             std::size_t r, float* q, void* stream) const = 0;
+  // As lr_reconstruct (a rows x r, b cols x r, from the allreduced factors) and bit for bit the
+  // same: every rank's out must be the same whichever memory it computes in.
+  virtual void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
+                              std::size_t r, double out_scale, float* out, double share_scale,
+                              const float* m, float* e, void* stream) const = 0;
 };
 
 }  // namespace gcomp::detail

@@ -87,6 +87,24 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
     if (first_nonfinite(x, e, n, ws) < n) throw_nonfinite(x, e, n, ws);
   }
 
+  void add(const float* a, const float* b, float* out, std::size_t n, void* stream) const override {
+    lr_add(a, b, out, n, static_cast<cudaStream_t>(stream));
+  }
+  void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q,
+                   std::size_t r, float* p, void* stream) const override {
+    gcomp::cuda::detail::lr_multiply(m, rows, cols, q, r, p, static_cast<cudaStream_t>(stream));
+  }
+  void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
+                     std::size_t r, float* q, void* stream) const override {
+    gcomp::cuda::detail::lr_multiply_t(m, rows, cols, p, r, q, static_cast<cudaStream_t>(stream));
+  }
+  void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
+                      std::size_t r, double out_scale, float* out, double share_scale,
+                      const float* m, float* e, void* stream) const override {
+    gcomp::cuda::detail::lr_reconstruct(a, b, rows, cols, r, out_scale, out, share_scale, m, e,
+                                        static_cast<cudaStream_t>(stream));
+  }
+
   std::size_t encode(const gcomp::detail::CodecImpl& codec, const float* x, const float* e_old,
                      float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,
                      std::size_t cap, void* stream) const override {

@@ -57,4 +57,15 @@ void decode_terngrad(const DecodeCall& d);
 void decode_qsgd(const DecodeCall& d);
 void decode_sparse(const DecodeCall& d);
 
+// PowerSGD's arithmetic (low_rank.cu; DeviceBackend's add and lr_* say what each computes),
+// queued on `stream`.
+void lr_add(const float* a, const float* b, float* out, std::size_t n, cudaStream_t stream);
+void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q, std::size_t r,
+                 float* p, cudaStream_t stream);
+void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
+                   std::size_t r, float* q, cudaStream_t stream);
+void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
+                    std::size_t r, double out_scale, float* out, double share_scale, const float* m,
+                    float* e, cudaStream_t stream);
+
 }  // namespace gcomp::cuda::detail

@@ -262,6 +262,23 @@ class Communicator {
                          std::span<const MatrixShape> shapes, const Codec& codec,
                          std::span<ErrorFeedback* const> efs = {},
                          const BucketOptions& options = {});
+  // The same two on views (tensor.hpp): all host views (the forms above), or all in one device
+  // memory on one stream (gcomp::cuda::view), with efs null or in that device memory
+  // (gcomp::cuda::error_feedback). Each bucket is fused on the device and runs as allreduce's
+  // device form: the codec on the device, only payloads crossing to the host for MPI; powersgd
+  // forms M = x + e, its products (cuBLAS) and the reconstruction on the device, and only the
+  // factors and the dense tensors' values cross (collectives/low_rank.cpp). Results are the host
+  // path's bit for bit (powersgd: every rank's out is the same bits whichever memory it runs in;
+  // a GPU's products may differ from the CPU's within the bound cuda/low_rank.cu states). Host
+  // and device views mixed in one call, two streams or backends, or memories in the other
+  // memory: every rank throws Error(invalid_argument).
+  void allreduce_buckets(std::span<const TensorView<float>> tensors, const Codec& codec,
+                         std::span<ErrorFeedback* const> efs = {},
+                         const BucketOptions& options = {});
+  void allreduce_buckets(std::span<const TensorView<float>> tensors,
+                         std::span<const MatrixShape> shapes, const Codec& codec,
+                         std::span<ErrorFeedback* const> efs = {},
+                         const BucketOptions& options = {});
 
   // Takes this rank's part in an allreduce it cannot make (its input is missing, its own step
   // failed): the other ranks' matching call throws Error(mismatch) naming this rank and reason

@@ -10,11 +10,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "codec_impl.hpp"
 #include "device_backend.hpp"
 #include "gcomp/cost_model.hpp"
+#include "low_rank.hpp"
+#include "low_rank_reference.hpp"
 #include "mpi_util.hpp"
 #ifdef GCOMP_TEST_CUDA
 #include "gcomp/cuda.hpp"
@@ -60,7 +64,7 @@ std::vector<float> host_copy(TensorView<float> v) {
 
 class HostDevice final : public detail::DeviceBackend {
  public:
-  mutable std::size_t copied = 0;  // bytes that crossed between "device" and host
+  mutable std::size_t copied = 0;  // bytes that crossed between "device" and host memory
   mutable int encodes = 0;
   mutable int decodes = 0;
 
@@ -76,20 +80,41 @@ class HostDevice final : public detail::DeviceBackend {
     gcomp::decode_add(std::span<const std::byte>(payload, bytes), std::span<float>(acc, n), alpha);
   }
   void* alloc(std::size_t bytes) const override {
-    return bytes ? ::operator new(bytes) : nullptr;
+    if (!bytes) return nullptr;
+    void* p = ::operator new(bytes);
+    adopt(p, bytes);
+    return p;
   }
-  void free(void* p) const noexcept override { ::operator delete(p); }
+  void free(void* p) const noexcept override {
+    forget(p);
+    ::operator delete(p);
+  }
   void copy(void* dst, const void* src, std::size_t bytes, void*) const override {
     if (bytes) std::memcpy(dst, src, bytes);
-    copied += bytes;
+    if (on_device(dst) != on_device(src)) copied += bytes;
+  }
+  // The "device" memory: what alloc gave and the tests' device arrays, so that copies within it
+  // (allreduce_buckets' fusing) are told apart from those that cross to the host.
+  void adopt(const void* p, std::size_t bytes) const {
+    if (p && bytes) blocks_[static_cast<const std::byte*>(p)] = bytes;
+  }
+  void forget(const void* p) const noexcept { blocks_.erase(static_cast<const std::byte*>(p)); }
+  bool on_device(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    auto it = blocks_.upper_bound(b);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return b < it->first + it->second;
   }
   void zero(float* p, std::size_t n, void*) const override { std::fill(p, p + n, 0.0f); }
   void scale(float* p, std::size_t n, float a, void*) const override {
     for (std::size_t i = 0; i < n; ++i) p[i] *= a;
   }
   void sync(void*) const override {}
-  void* alloc_host(std::size_t bytes) const override { return alloc(bytes); }
-  void free_host(void* p) const noexcept override { free(p); }
+  void* alloc_host(std::size_t bytes) const override {
+    return bytes ? ::operator new(bytes) : nullptr;
+  }
+  void free_host(void* p) const noexcept override { ::operator delete(p); }
   void copy_async(void* dst, const void* src, std::size_t bytes, void* s) const override {
     copy(dst, src, bytes, s);
   }
@@ -98,6 +123,33 @@ class HostDevice final : public detail::DeviceBackend {
     gcomp::check_finite(std::span<const float>(x, n),
                         e ? std::span<const float>(e, n) : std::span<const float>());
   }
+  // PowerSGD's arithmetic: the CPU's kernels on the "device" memory.
+  void add(const float* a, const float* b, float* out, std::size_t n, void*) const override {
+    for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+  void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q,
+                   std::size_t r, float* p, void*) const override {
+    ++products;
+    detail::lr_multiply(m, rows, cols, q, r, p);
+  }
+  void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
+                     std::size_t r, float* q, void*) const override {
+    ++products;
+    std::vector<double> acc(cols * r);
+    detail::lr_multiply_t(m, rows, cols, p, r, q, acc.data());
+  }
+  void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
+                      std::size_t r, double out_scale, float* out, double share_scale,
+                      const float* m, float* e, void*) const override {
+    ++reconstructions;
+    std::vector<double> work(cols * r);
+    detail::lr_reconstruct(a, b, rows, cols, r, out_scale, out, share_scale, m, e, work.data());
+  }
+  mutable int products = 0;
+  mutable int reconstructions = 0;
+
+ private:
+  mutable std::map<const std::byte*, std::size_t> blocks_;
 };
 
 // Never destroyed: the static world() communicator frees its staging through it at exit.
@@ -112,7 +164,12 @@ const detail::DeviceBackend* backend() { return &device(); }
 template <class T>
 struct DeviceArrayOf {
   std::vector<T> mem;
-  explicit DeviceArrayOf(std::vector<T> v) : mem(std::move(v)) {}
+  explicit DeviceArrayOf(std::vector<T> v) : mem(std::move(v)) {
+    device().adopt(mem.data(), sizeof(T) * mem.size());
+  }
+  ~DeviceArrayOf() { device().forget(mem.data()); }
+  DeviceArrayOf(const DeviceArrayOf&) = delete;
+  DeviceArrayOf& operator=(const DeviceArrayOf&) = delete;
   TensorView<T> view() { return TensorView<T>::device(mem.data(), mem.size(), nullptr, &device()); }
   std::vector<T> host() const { return mem; }
 };
@@ -358,6 +415,337 @@ TEST(DeviceTensors, ErrorFeedbackInDeviceMemory) {
   ef.reset();
   EXPECT_TRUE(same_bits(residual_of(ef), std::vector<float>(100, 0.0f)));
   EXPECT_FALSE(same_bits(residual_of(copy), std::vector<float>(100, 0.0f)));
+}
+
+// ---- allreduce_buckets on device tensors ----
+
+// A model's tensors in device memory, and their host values.
+struct DeviceModel {
+  std::vector<std::unique_ptr<DeviceArray>> arrays;
+  explicit DeviceModel(const std::vector<std::vector<float>>& values) {
+    for (const auto& v : values) arrays.push_back(std::make_unique<DeviceArray>(v));
+  }
+  std::vector<TensorView<float>> views() {
+    std::vector<TensorView<float>> out;
+    for (auto& a : arrays) out.push_back(a->view());
+    return out;
+  }
+  std::vector<std::vector<float>> host() const {
+    std::vector<std::vector<float>> out;
+    for (const auto& a : arrays) out.push_back(a->host());
+    return out;
+  }
+};
+
+std::vector<std::vector<float>> model_values(const std::vector<std::size_t>& sizes,
+                                             std::uint32_t seed) {
+  std::vector<std::vector<float>> v;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    v.push_back(test::input(sizes[i], seed * 31 + static_cast<std::uint32_t>(i)));
+  }
+  return v;
+}
+
+std::vector<ErrorFeedback*> pointers(std::vector<ErrorFeedback>& efs) {
+  std::vector<ErrorFeedback*> p;
+  for (ErrorFeedback& e : efs) p.push_back(&e);
+  return p;
+}
+
+// Several buckets and the small tensors' bucket, with error feedback, three steps: the device
+// path's results and residuals are the host path's bits, for codecs of each family.
+TEST(DeviceBuckets, SameBitsAsHostBuckets) {
+  GCOMP_NEEDS_DEVICE();
+  const std::vector<std::size_t> sizes = {3000, 40, 5000, 700, 2500, 9};
+  for (const Case& k : {Case{"topk:ratio=0.05", Algorithm::sparse_allgather},
+                        Case{"qsgd:bits=4", Algorithm::compressed_reduce_scatter},
+                        Case{"fp16", Algorithm::dense}, Case{"none", Algorithm::dense}}) {
+    const char* spec = k.spec;
+    const Codec codec(spec);
+    BucketOptions o;
+    o.allreduce.algorithm = k.algorithm;  // auto times host and device codecs apart
+    o.bucket_bytes = 4 * 6000;            // buckets [3000], [5000, 700], [2500]; 40 and 9 apart
+    o.allreduce.seed = 3;
+    std::vector<ErrorFeedback> host_efs, dev_efs;
+    for (std::size_t n : sizes) {
+      host_efs.emplace_back(n);
+      dev_efs.emplace_back(n, backend());
+    }
+    for (int step = 0; step < 3; ++step) {
+      o.allreduce.tensor = static_cast<std::uint64_t>(step);
+      const auto values = model_values(sizes, 7 + static_cast<std::uint32_t>(step));
+      auto host = values;
+      std::vector<std::span<float>> spans(host.begin(), host.end());
+      world().allreduce_buckets(spans, codec, pointers(host_efs), o);
+      const CallStats host_stats = world().last_stats();
+      DeviceModel dev(values);
+      const auto views = dev.views();
+      world().allreduce_buckets(views, codec, pointers(dev_efs), o);
+      EXPECT_EQ(world().last_stats().calls, host_stats.calls) << spec;
+      EXPECT_EQ(world().last_stats().bytes_sent, host_stats.bytes_sent) << spec;
+      const auto got = dev.host();
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        const std::string what =
+            std::string(spec) + " step " + std::to_string(step) + " tensor " + std::to_string(t);
+        EXPECT_TRUE(same_bits(got[t], host[t])) << what;
+        const auto r = host_efs[t].residual();
+        EXPECT_TRUE(same_bits(residual_of(dev_efs[t]), std::vector<float>(r.begin(), r.end())))
+            << what;
+      }
+    }
+  }
+}
+
+// powersgd on device tensors: shapes, error feedback, warm start, several steps.
+const std::vector<MatrixShape> kShapes = {{40, 24}, {50, 1}, {6, 5}, {64, 32}};
+
+std::vector<std::size_t> sizes_of(const std::vector<MatrixShape>& shapes) {
+  std::vector<std::size_t> n;
+  for (const MatrixShape& s : shapes) n.push_back(s.rows * s.cols);
+  return n;
+}
+
+BucketOptions low_rank_options(bool average) {
+  BucketOptions o;
+  o.dense_below = 0;  // the 1-D tensor and the small matrix go dense inside low_rank's bucket
+  o.allreduce.algorithm = Algorithm::low_rank;
+  o.allreduce.average = average;
+  o.allreduce.seed = 11;
+  return o;
+}
+
+#ifndef GCOMP_TEST_CUDA  // the stand-in runs the CPU's kernels: the host path's bits exactly
+TEST(DeviceBuckets, PowerSgdSameBitsAsHostBuckets) {
+  const std::vector<std::size_t> sizes = sizes_of(kShapes);
+  for (const char* spec :
+       {"powersgd:rank=2", "powersgd:rank=3,values=fp16", "powersgd:rank=2,alternate=true",
+        "powersgd:rank=2,start=1,warm_start=false"}) {
+    for (const bool average : {false, true}) {
+      const Codec codec(spec);
+      const BucketOptions o = low_rank_options(average);
+      std::vector<ErrorFeedback> host_efs, dev_efs;
+      for (std::size_t n : sizes) {
+        host_efs.emplace_back(n);
+        dev_efs.emplace_back(n, backend());
+      }
+      const int products = device().products;
+      const int reconstructions = device().reconstructions;
+      for (int step = 0; step < 4; ++step) {
+        const auto values = model_values(sizes, 20 + static_cast<std::uint32_t>(step));
+        auto host = values;
+        std::vector<std::span<float>> spans(host.begin(), host.end());
+        world().allreduce_buckets(spans, kShapes, codec, pointers(host_efs), o);
+        DeviceModel dev(values);
+        const auto views = dev.views();
+        world().allreduce_buckets(views, kShapes, codec, pointers(dev_efs), o);
+        EXPECT_EQ(world().last_stats().algorithm, Algorithm::low_rank);
+        const auto got = dev.host();
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+          const std::string what = std::string(spec) + (average ? " average" : "") + " step " +
+                                   std::to_string(step) + " tensor " + std::to_string(t);
+          EXPECT_TRUE(same_bits(got[t], host[t])) << what;
+          const auto r = host_efs[t].residual();
+          EXPECT_TRUE(same_bits(residual_of(dev_efs[t]), std::vector<float>(r.begin(), r.end())))
+              << what;
+        }
+      }
+      EXPECT_GT(device().products, products) << spec << ": the products ran on the device";
+      EXPECT_GT(device().reconstructions, reconstructions) << spec;
+    }
+  }
+}
+
+// Only the factors cross: per step a 256 x 256 matrix at rank 2 sends Q to the device and P
+// back (P = M Q), P^ to it and Q back (Q = M^T P^), and P^ and Q to it for the reconstruction:
+// 3 (rows + cols) r floats, where the matrix is 65536.
+TEST(DeviceBuckets, PowerSgdMovesOnlyFactors) {
+  const std::size_t rows = 256, cols = 256, r = 2;
+  const Codec codec("powersgd:rank=2");
+  ErrorFeedback ef(rows * cols, backend());
+  std::vector<ErrorFeedback*> efs = {&ef};
+  const std::vector<MatrixShape> shapes = {{rows, cols}};
+  for (int step = 0; step < 2; ++step) {
+    DeviceModel dev({test::input(rows * cols, 90 + static_cast<std::uint32_t>(step))});
+    const auto views = dev.views();
+    const std::size_t before = device().copied;
+    world().allreduce_buckets(views, shapes, codec, efs, low_rank_options(true));
+    const std::size_t crossed = device().copied - before;
+    EXPECT_EQ(crossed, 4 * 3 * (rows + cols) * r) << "step " << step;
+  }
+}
+#endif
+
+// The step against the float64 reference (low_rank_reference.hpp), on device tensors: on a GPU
+// each rank's products are float32 SGEMMs, within gamma_k of the exact ones (k = cols for P,
+// rows for Q); on the stand-in the CPU's, within u.
+TEST(DeviceBuckets, PowerSgdMatchesFloat64Computation) {
+  GCOMP_NEEDS_DEVICE();
+  const std::size_t rows = 40, cols = 24, r = 3;
+  const Codec codec("powersgd:rank=3,warm_start=false");
+  const std::vector<MatrixShape> shapes = {{rows, cols}, {50, 1}, {6, 5}};
+  const auto values = model_values(sizes_of(shapes), 5);
+  const auto q0 = test::first_q(11, 0, cols * r);
+#ifdef GCOMP_TEST_CUDA
+  const auto gamma = [](std::size_t k) {
+    return static_cast<double>(k) * test::kU / (1 - static_cast<double>(k) * test::kU);
+  };
+  const test::Reference ref =
+      test::reference_step(values[0], rows, cols, r, q0, gamma(cols), gamma(rows));
+#else
+  const test::Reference ref = test::reference_step(values[0], rows, cols, r, q0);
+#endif
+  DeviceModel dev(values);
+  const auto views = dev.views();
+  world().allreduce_buckets(views, shapes, codec, {}, low_rank_options(false));
+  const std::vector<float> got = dev.host()[0];
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    err += (got[i] - ref.out[i]) * (got[i] - ref.out[i]);
+    norm += ref.out[i] * ref.out[i];
+  }
+  EXPECT_LE(std::sqrt(err), ref.bound) << "||out|| " << std::sqrt(norm);
+  EXPECT_LT(ref.bound, 1e-2 * std::sqrt(norm));
+  EXPECT_TRUE(test::same_on_all_ranks(got));
+}
+
+// Ranks on device and host tensors in one job (even ranks on the device): every rank's result
+// is the same bits, since the reconstruction from the allreduced factors is the CPU's arithmetic
+// on the device too; with averaging, a compressed matrix's out + e = M (= x + e_old) on every
+// rank to one rounding of M - out (|e + out - M| <= u |e|), over five warm-started steps (the
+// dense tensors keep no residual: their out is the average).
+TEST(DeviceBuckets, PowerSgdSameResultOnHostAndDeviceRanks) {
+  GCOMP_NEEDS_DEVICE();
+  const bool on_device = rank() % 2 == 0;
+  const std::vector<std::size_t> sizes = sizes_of(kShapes);
+  const Codec codec("powersgd:rank=2");
+  std::vector<ErrorFeedback> efs;
+  for (std::size_t n : sizes) {
+    if (on_device) {
+      efs.emplace_back(n, backend());
+    } else {
+      efs.emplace_back(n);
+    }
+  }
+  for (int step = 0; step < 5; ++step) {
+    const auto values = model_values(sizes, 40 + static_cast<std::uint32_t>(rank() * 10 + step));
+    std::vector<std::vector<float>> m = values;  // x + e_old
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      const std::vector<float> e = residual_of(efs[t]);
+      for (std::size_t i = 0; i < sizes[t]; ++i) m[t][i] = values[t][i] + e[i];
+    }
+    std::vector<std::vector<float>> got;
+    if (on_device) {
+      DeviceModel dev(values);
+      const auto views = dev.views();
+      world().allreduce_buckets(views, kShapes, codec, pointers(efs), low_rank_options(true));
+      got = dev.host();
+    } else {
+      got = values;
+      std::vector<std::span<float>> spans(got.begin(), got.end());
+      world().allreduce_buckets(spans, kShapes, codec, pointers(efs), low_rank_options(true));
+    }
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      EXPECT_TRUE(test::same_on_all_ranks(got[t])) << "step " << step << " tensor " << t;
+      if (t == 1 || t == 2) continue;  // 1-D, and below the rate: dense
+      const std::vector<float> e = residual_of(efs[t]);
+      for (std::size_t i = 0; i < sizes[t]; ++i) {
+        const double miss = static_cast<double>(e[i]) + got[t][i] - m[t][i];
+        ASSERT_LE(std::fabs(miss), 0x1p-24 * std::fabs(e[i]) + 1e-37)
+            << "step " << step << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+// Host and device views in one call, or host error-feedback memory with device tensors: that
+// rank throws invalid_argument naming it, the others mismatch; nobody hangs.
+TEST(DeviceBuckets, BadArgumentsReachEveryRank) {
+  GCOMP_NEEDS_DEVICE();
+  const Codec codec("topk:ratio=0.1");
+  DeviceArray a(test::input(2000, 1));
+  std::vector<float> b = test::input(2000, 2);
+  DeviceArray c(test::input(2000, 3));
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<TensorView<float>> views = {a.view(), c.view()};
+    ErrorFeedback host_ef(2000);
+    std::vector<ErrorFeedback*> efs;
+    const bool bad = rank() == (kind == 0 ? 0 : size() - 1);
+    if (bad && kind == 0) views[1] = TensorView<float>(std::span<float>(b));
+    if (kind == 1) efs = {bad ? &host_ef : nullptr, nullptr};
+    Status st = Status::ok;
+    std::string what;
+    try {
+      world().allreduce_buckets(views, codec, efs);
+    } catch (const Error& e) {
+      st = e.code();
+      what = e.what();
+    }
+    EXPECT_EQ(st, bad ? Status::invalid_argument : (size() > 1 ? Status::mismatch : Status::ok))
+        << kind << " " << what;
+    if (bad)
+      EXPECT_NE(what.find(kind == 0 ? "host memory" : "error-feedback memory 0"), std::string::npos)
+          << what;
+  }
+}
+
+// The backend's PowerSGD kernels beside the CPU's: x + e and the reconstruction the same bits,
+// the products within (gamma_k + u + k 2^-53) S of the CPU's (cuda/low_rank.cu's bound; S =
+// sum |m q| of the element's terms, k the sum's length).
+TEST(DeviceLowRank, KernelsAgainstTheCpu) {
+  GCOMP_NEEDS_DEVICE();
+  const std::size_t rows = 300, cols = 200;
+  for (const std::size_t r : {std::size_t{1}, std::size_t{3}, std::size_t{4}}) {
+    const std::vector<float> m = test::input(rows * cols, 70);
+    const std::vector<float> e = test::input(rows * cols, 71, 0.1f);
+    const std::vector<float> q = test::input(cols * r, 72);
+    const std::vector<float> p = test::input(rows * r, 73);
+    DeviceArray dm(m), de(e), dq(q), dp(p);
+    DeviceArray dsum{std::vector<float>(rows * cols)}, dpq{std::vector<float>(rows * r)},
+        dqp{std::vector<float>(cols * r)}, dout{std::vector<float>(rows * cols)};
+    const detail::DeviceBackend* dev = backend();
+    dev->add(dm.view().data(), de.view().data(), dsum.view().data(), rows * cols, nullptr);
+    dev->lr_multiply(dm.view().data(), rows, cols, dq.view().data(), r, dpq.view().data(), nullptr);
+    dev->lr_multiply_t(dm.view().data(), rows, cols, dp.view().data(), r, dqp.view().data(),
+                       nullptr);
+    // e (in place) -= p q^T / 4, out = p q^T / 2.
+    dev->lr_reconstruct(dp.view().data(), dq.view().data(), rows, cols, r, 0.5, dout.view().data(),
+                        0.25, de.view().data(), de.view().data(), nullptr);
+    dev->sync(nullptr);
+
+    std::vector<float> sum(rows * cols), pq(rows * r), qp(cols * r), out(rows * cols), e2 = e;
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = m[i] + e[i];
+    detail::lr_multiply(m.data(), rows, cols, q.data(), r, pq.data());
+    std::vector<double> work(std::max(rows, cols) * r);
+    detail::lr_multiply_t(m.data(), rows, cols, p.data(), r, qp.data(), work.data());
+    detail::lr_reconstruct(p.data(), q.data(), rows, cols, r, 0.5, out.data(), 0.25, e2.data(),
+                           e2.data(), work.data());
+    EXPECT_TRUE(same_bits(dsum.host(), sum)) << r;
+    EXPECT_TRUE(same_bits(dout.host(), out)) << r;
+    EXPECT_TRUE(same_bits(de.host(), e2)) << r;
+    const auto bound = [](std::size_t k, double s) {
+      const double kk = static_cast<double>(k), u = 0x1p-24;
+      return (kk * u / (1 - kk * u) + u + kk * 0x1p-53) * s;
+    };
+    const std::vector<float> gpq = dpq.host(), gqp = dqp.host();
+    for (std::size_t i = 0; i < rows; ++i) {
+      for (std::size_t j = 0; j < r; ++j) {
+        double s = 0;
+        for (std::size_t k = 0; k < cols; ++k)
+          s += std::fabs(double(m[i * cols + k]) * q[k * r + j]);
+        ASSERT_LE(std::fabs(double(gpq[i * r + j]) - pq[i * r + j]), bound(cols, s))
+            << "P " << i << " " << j << " r " << r;
+      }
+    }
+    for (std::size_t k = 0; k < cols; ++k) {
+      for (std::size_t j = 0; j < r; ++j) {
+        double s = 0;
+        for (std::size_t i = 0; i < rows; ++i)
+          s += std::fabs(double(m[i * cols + k]) * p[i * r + j]);
+        ASSERT_LE(std::fabs(double(gqp[k * r + j]) - qp[k * r + j]), bound(rows, s))
+            << "Q " << k << " " << j << " r " << r;
+      }
+    }
+  }
 }
 
 }  // namespace
