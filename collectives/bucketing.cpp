@@ -274,25 +274,28 @@ std::string spans_of(std::span<const TensorView<float>> views, std::vector<std::
 }
 }  // namespace
 
-void Communicator::allreduce_buckets(std::span<const TensorView<float>> tensors, const Codec& codec,
-                                     std::span<ErrorFeedback* const> efs,
-                                     const BucketOptions& options) {
+void Communicator::Impl::view_buckets(std::span<const TensorView<float>> tensors,
+                                      std::span<const MatrixShape> shapes, bool shaped,
+                                      const Codec& codec, std::span<ErrorFeedback* const> efs,
+                                      const BucketOptions& options) {
   std::vector<std::span<float>> spans;
   detail::OnDevice device{};
   bool on_device = false;
   const std::string bad = spans_of(tensors, spans, device, on_device);
-  impl_->buckets(spans, {}, false, codec, efs, options, on_device ? &device : nullptr, bad);
+  buckets(spans, shapes, shaped, codec, efs, options, on_device ? &device : nullptr, bad);
+}
+
+void Communicator::allreduce_buckets(std::span<const TensorView<float>> tensors, const Codec& codec,
+                                     std::span<ErrorFeedback* const> efs,
+                                     const BucketOptions& options) {
+  impl_->view_buckets(tensors, {}, false, codec, efs, options);
 }
 
 void Communicator::allreduce_buckets(std::span<const TensorView<float>> tensors,
                                      std::span<const MatrixShape> shapes, const Codec& codec,
                                      std::span<ErrorFeedback* const> efs,
                                      const BucketOptions& options) {
-  std::vector<std::span<float>> spans;
-  detail::OnDevice device{};
-  bool on_device = false;
-  const std::string bad = spans_of(tensors, spans, device, on_device);
-  impl_->buckets(spans, shapes, true, codec, efs, options, on_device ? &device : nullptr, bad);
+  impl_->view_buckets(tensors, shapes, true, codec, efs, options);
 }
 
 void Communicator::Impl::buckets(std::span<const std::span<float>> tensors,

@@ -126,6 +126,10 @@ struct Communicator::Impl {
                bool shaped, const Codec& codec, std::span<ErrorFeedback* const> efs,
                const BucketOptions& options, const detail::OnDevice* device = nullptr,
                const std::string& bad_views = {});
+  // allreduce_buckets' TensorView forms: the views as spans of their addresses, then buckets().
+  void view_buckets(std::span<const TensorView<float>> tensors, std::span<const MatrixShape> shapes,
+                    bool shaped, const Codec& codec, std::span<ErrorFeedback* const> efs,
+                    const BucketOptions& options);
   // The small tensors: one more bucket, summed uncompressed.
   void reduce_small(std::span<const std::span<float>> tensors, std::span<const std::size_t> small,
                     AllreduceOptions opt, std::uint64_t sig, const detail::OnDevice* device);

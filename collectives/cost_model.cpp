@@ -228,6 +228,22 @@ struct DeviceMemory {
 }  // namespace
 
 namespace {
+// Seconds per unit of `multiply` (encode) and `reconstruct` (decode), each timed until done.
+template <class Multiply, class Reconstruct>
+ComputeModel time_low_rank(double units, Multiply multiply, Reconstruct reconstruct) {
+  const auto timed = [](auto& f) {
+    return [&f] {
+      const auto start = std::chrono::steady_clock::now();
+      f();
+      return seconds_since(start);
+    };
+  };
+  ComputeModel c;
+  c.encode = mean_seconds(timed(multiply), 0.02, 2) / units;
+  c.decode = mean_seconds(timed(reconstruct), 0.01, 2) / units;
+  return c;
+}
+
 // A low-rank codec's speeds: the product M Q (encode) and the reconstruction P Q^T (decode) of a
 // square matrix of about kN elements at the codec's rank, per element and rank.
 ComputeModel measure_low_rank(const Codec& codec, const std::vector<float>& x) {
@@ -237,26 +253,13 @@ ComputeModel measure_low_rank(const Codec& codec, const std::vector<float>& x) {
   std::vector<float> q(cols * r), p(rows * r), out(rows * cols);
   std::vector<double> work(cols * r);
   detail::lr_random(q.data(), q.size(), 1);
-  const double units = static_cast<double>(rows * cols * r);
-  ComputeModel c;
-  c.encode = mean_seconds(
-                 [&] {
-                   const auto start = std::chrono::steady_clock::now();
-                   detail::lr_multiply(x.data(), rows, cols, q.data(), r, p.data());
-                   return seconds_since(start);
-                 },
-                 0.02, 2) /
-             units;
-  c.decode = mean_seconds(
-                 [&] {
-                   const auto start = std::chrono::steady_clock::now();
-                   detail::lr_reconstruct(p.data(), q.data(), rows, cols, r, 1.0, out.data(), 1.0,
-                                          nullptr, nullptr, work.data());
-                   return seconds_since(start);
-                 },
-                 0.01, 2) /
-             units;
-  return c;
+  return time_low_rank(
+      static_cast<double>(rows * cols * r),
+      [&] { detail::lr_multiply(x.data(), rows, cols, q.data(), r, p.data()); },
+      [&] {
+        detail::lr_reconstruct(p.data(), q.data(), rows, cols, r, 1.0, out.data(), 1.0, nullptr,
+                               nullptr, work.data());
+      });
 }
 }  // namespace
 
@@ -293,28 +296,17 @@ ComputeModel measure_low_rank_device(const Codec& codec, std::size_t kN,
   const auto* xd = static_cast<const float*>(x.p);
   auto* qd = static_cast<float*>(q.p);
   auto* pd = static_cast<float*>(p.p);
-  const double units = static_cast<double>(rows * cols * r);
-  ComputeModel c;
-  c.encode = mean_seconds(
-                 [&] {
-                   const auto start = std::chrono::steady_clock::now();
-                   dev->lr_multiply(xd, rows, cols, qd, r, pd, stream);
-                   dev->sync(stream);
-                   return seconds_since(start);
-                 },
-                 0.02, 2) /
-             units;
-  c.decode = mean_seconds(
-                 [&] {
-                   const auto start = std::chrono::steady_clock::now();
-                   dev->lr_reconstruct(pd, qd, rows, cols, r, 1.0, static_cast<float*>(out.p), 1.0,
-                                       nullptr, nullptr, stream);
-                   dev->sync(stream);
-                   return seconds_since(start);
-                 },
-                 0.01, 2) /
-             units;
-  return c;
+  return time_low_rank(
+      static_cast<double>(rows * cols * r),
+      [&] {
+        dev->lr_multiply(xd, rows, cols, qd, r, pd, stream);
+        dev->sync(stream);
+      },
+      [&] {
+        dev->lr_reconstruct(pd, qd, rows, cols, r, 1.0, static_cast<float*>(out.p), 1.0, nullptr,
+                            nullptr, stream);
+        dev->sync(stream);
+      });
 }
 }  // namespace
 

@@ -13,7 +13,9 @@
 //     chunk payloads are decoded on the device;
 //   * sparse_recursive_doubling, sparse_split and the majority vote merge on the host (their
 //     merges are steps between messages) and the dense result goes to the device; dense sums the
-//     decoded contribution with MPI_Allreduce on the host and copies the sum back.
+//     decoded contribution with MPI_Allreduce on the host and copies the sum back;
+//   * low_rank (collectives/low_rank.cpp, run_low_rank_device): M, the products and the
+//     reconstruction on the device, the factors through the host.
 //
 // Results equal the host path's bit for bit: the codecs write the same bytes on both sides and
 // every sum runs in the same order.

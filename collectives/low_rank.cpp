@@ -110,6 +110,7 @@ struct Matrix {
 struct LowRankBuffers {
   std::vector<std::pair<std::size_t, std::size_t>> share;
   std::vector<Matrix> plan;
+  std::size_t dense = 0;             // the dense tensors' elements, first in `first`
   std::vector<float> first, second;  // the two collectives' values
   std::vector<float> other;          // each compressed matrix's other factor
   std::vector<double> work;          // the orthonormalization's
@@ -122,7 +123,7 @@ struct LowRankBuffers {
 void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
   static const Codec none("none");
   static const Codec fp16("fp16");
-  const auto one = [&](std::span<float> v, const Codec& codec) {
+  const auto one = [&](std::span<float> v, const Codec& codec, bool as_is) {
     if (v.empty()) return;
     CallSpec spec;
     spec.comm = job.call.comm;
@@ -133,7 +134,7 @@ void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
     buf.in = v;
     buf.out = v;
     Job sub(spec, buf, job.ws);
-    if (&codec == &none) {
+    if (as_is) {
       run_dense(sub);
     } else {
       algorithm_row(Algorithm::compressed_reduce_scatter).run(sub);
@@ -144,9 +145,9 @@ void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
     job.meter.encode_seconds += sub.meter.encode_seconds;
     job.meter.decode_seconds += sub.meter.decode_seconds;
   };
-  if (!half) return one(values, none);
-  one(values.first(dense), none);
-  one(values.subspan(dense), fp16);
+  if (!half) return one(values, none, true);
+  one(values.first(dense), none, true);
+  one(values.subspan(dense), fp16, false);
 }
 
 // The plan: what each tensor does this step, and where its values go.
@@ -174,6 +175,7 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
     if (p.step == Step::both) second += m.cols * p.r;
     other += std::max(m.rows, m.cols) * p.r;
   }
+  b.dense = dense;
   b.first.resize(dense + factors);
   b.second.resize(second);
   b.other.resize(other);
@@ -388,11 +390,7 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
     }
     first_products(job, b, s, M, mem);
   }
-  std::size_t dense_len = 0;
-  for (std::size_t t = 0; t < mats.size(); ++t) {
-    if (b.plan[t].step == Step::dense) dense_len += mats[t].rows * mats[t].cols;
-  }
-  exchange(job, b.first, dense_len, s.fp16);
+  exchange(job, b.first, b.dense, s.fp16);
   {
     const auto timed = job.meter.decoding();
     for (std::size_t t = 0; t < mats.size(); ++t) {

@@ -79,28 +79,31 @@ void lr_add(const float* a, const float* b, float* out, std::size_t n, cudaStrea
   GCOMP_LAUNCHED("lr_add");
 }
 
+namespace {
+// c = a op(b) in column-major terms (m x n, inner dimension k), float32, on the stream's handle.
+void sgemm(cudaStream_t stream, cublasOperation_t op_b, std::size_t m, std::size_t n, std::size_t k,
+           const float* a, const float* b, std::size_t ldb, float* c, const char* what) {
+  const float one = 1.0f, zero = 0.0f;
+  const auto M = static_cast<std::int64_t>(m), N = static_cast<std::int64_t>(n),
+             K = static_cast<std::int64_t>(k), LDB = static_cast<std::int64_t>(ldb);
+  check_blas(cublasSgemm_64(handle_for(stream), CUBLAS_OP_N, op_b, M, N, K, &one, a, M, b, LDB,
+                            &zero, c, M),
+             what);
+}
+}  // namespace
+
 // Row-major X (a x b) is column-major X^T (b x a, leading dimension b): P^T = Q^T M^T is
 // sgemm(N, N, r, rows, cols; Q, M), and Q^T = P^T M is sgemm(N, T, r, cols, rows; P, M).
 void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q, std::size_t r,
                  float* p, cudaStream_t stream) {
   if (rows == 0 || r == 0) return;
-  const float one = 1.0f, zero = 0.0f;
-  const auto R = static_cast<std::int64_t>(r), M = static_cast<std::int64_t>(rows),
-             C = static_cast<std::int64_t>(cols);
-  check_blas(cublasSgemm_64(handle_for(stream), CUBLAS_OP_N, CUBLAS_OP_N, R, M, C, &one, q, R, m, C,
-                            &zero, p, R),
-             "cublasSgemm (P = M Q)");
+  sgemm(stream, CUBLAS_OP_N, r, rows, cols, q, m, cols, p, "cublasSgemm (P = M Q)");
 }
 
 void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
                    std::size_t r, float* q, cudaStream_t stream) {
   if (cols == 0 || r == 0) return;
-  const float one = 1.0f, zero = 0.0f;
-  const auto R = static_cast<std::int64_t>(r), M = static_cast<std::int64_t>(rows),
-             C = static_cast<std::int64_t>(cols);
-  check_blas(cublasSgemm_64(handle_for(stream), CUBLAS_OP_N, CUBLAS_OP_T, R, C, M, &one, p, R, m, C,
-                            &zero, q, R),
-             "cublasSgemm (Q = M^T P)");
+  sgemm(stream, CUBLAS_OP_T, r, cols, rows, p, m, cols, q, "cublasSgemm (Q = M^T P)");
 }
 
 void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,

@@ -407,6 +407,25 @@ def split_table(results):
     return out
 
 
+def calls_table(results):
+    """gcomp's rows: how many of their collectives applied the codec (auto may send a bucket
+    uncompressed where that is faster), and how many ran each algorithm."""
+    rows = [r for r in results if "failed" not in r and "calls" in r]
+    if not rows:
+        return []
+    out = ["", "gcomp's collectives (state.stats(): every bucket's call over the run, the small "
+           "tensors' bucket included, which is always summed uncompressed):", "",
+           "| row | calls | with the codec | uncompressed | calls by algorithm |",
+           "|---|---:|---:|---:|---|"]
+    for r in rows:
+        alg = r["algorithm"]
+        if isinstance(alg, dict):
+            alg = ", ".join(f"{k} {v}" for k, v in alg.items())
+        out.append(f"| {r['row']} | {r['calls']} | {r['compressed']} | "
+                   f"{r['calls'] - r['compressed']} | {alg} |")
+    return out
+
+
 def write(a, base, results):
     import csv
     where = (f"testbed: {a.ranks} hosts, each link {a.network}" if a.cluster
@@ -434,6 +453,7 @@ def write(a, base, results):
             w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"], r["bytes_how"],
                         r["step_median"], reach if reach is not None else "", ""])
     lines += split_table(results)
+    lines += calls_table(results)
     open(base + ".md", "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:

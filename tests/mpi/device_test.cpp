@@ -726,25 +726,30 @@ TEST(DeviceLowRank, KernelsAgainstTheCpu) {
       const double kk = static_cast<double>(k), u = 0x1p-24;
       return (kk * u / (1 - kk * u) + u + kk * 0x1p-53) * s;
     };
-    const std::vector<float> gpq = dpq.host(), gqp = dqp.host();
-    for (std::size_t i = 0; i < rows; ++i) {
-      for (std::size_t j = 0; j < r; ++j) {
-        double s = 0;
-        for (std::size_t k = 0; k < cols; ++k)
-          s += std::fabs(double(m[i * cols + k]) * q[k * r + j]);
-        ASSERT_LE(std::fabs(double(gpq[i * r + j]) - pq[i * r + j]), bound(cols, s))
-            << "P " << i << " " << j << " r " << r;
+    // got[o][j] against cpu[o][j], o < outer, each the sum over l < k of term(o, l, j).
+    const auto within = [&](const std::vector<float>& got, const std::vector<float>& cpu,
+                            std::size_t outer, std::size_t k, auto term, const char* what) {
+      for (std::size_t o = 0; o < outer; ++o) {
+        for (std::size_t j = 0; j < r; ++j) {
+          double s = 0;
+          for (std::size_t l = 0; l < k; ++l) s += std::fabs(term(o, l, j));
+          ASSERT_LE(std::fabs(double(got[o * r + j]) - cpu[o * r + j]), bound(k, s))
+              << what << " " << o << " " << j << " r " << r;
+        }
       }
-    }
-    for (std::size_t k = 0; k < cols; ++k) {
-      for (std::size_t j = 0; j < r; ++j) {
-        double s = 0;
-        for (std::size_t i = 0; i < rows; ++i)
-          s += std::fabs(double(m[i * cols + k]) * p[i * r + j]);
-        ASSERT_LE(std::fabs(double(gqp[k * r + j]) - qp[k * r + j]), bound(rows, s))
-            << "Q " << k << " " << j << " r " << r;
-      }
-    }
+    };
+    within(
+        dpq.host(), pq, rows, cols,
+        [&](std::size_t i, std::size_t k, std::size_t j) {
+          return double(m[i * cols + k]) * q[k * r + j];
+        },
+        "P");
+    within(
+        dqp.host(), qp, cols, rows,
+        [&](std::size_t k, std::size_t i, std::size_t j) {
+          return double(m[i * cols + k]) * p[i * r + j];
+        },
+        "Q");
   }
 }
 
