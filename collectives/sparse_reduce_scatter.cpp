@@ -47,6 +47,7 @@
 #include <limits>
 
 #include "algorithm_table.hpp"
+#include "device_backend.hpp"
 #include "fnv.hpp"
 #include "gcomp/error.hpp"
 #include "model_terms.hpp"
@@ -507,6 +508,25 @@ void run_sparse_reduce_scatter(Job& job) {
   finish_average(job);
 }
 
+// Device tensors: the owners' merges run on the host, as sparse_split's, and so does the return
+// of this rank's unkept entries into its residual: a device residual (the device encode's new
+// one) comes to the host for it and goes back, n floats each way (the one device path where more
+// than payloads cross), and the result goes to the device.
+void run_sparse_reduce_scatter_device(Job& job) {
+  const std::size_t n = job.buf.out.size();
+  std::vector<float>* e = nullptr;
+  if (job.buf.ef) {
+    e = &job.ws.residual;
+    e->resize(n);
+    job.buf.dev->copy(e->data(), job.buf.d_e_new, 4 * n, job.buf.stream);
+    job.buf.ef_next = *e;
+  }
+  run_sparse_reduce_scatter(job);
+  const auto timed = job.meter.decoding();
+  job.buf.dev->copy(job.buf.d_out, job.buf.out.data(), 4 * n, job.buf.stream);
+  if (e) job.buf.dev->copy(job.buf.d_e_new, e->data(), 4 * n, job.buf.stream);
+}
+
 }  // namespace
 
 namespace {
@@ -550,7 +570,7 @@ extern const AlgorithmRow kSparseReduceScatterRow = {
     .predict = predict_sparse_reduce_scatter,
     .bytes = bytes_sparse_reduce_scatter,
     .run = run_sparse_reduce_scatter,
-    .run_device = nullptr,
+    .run_device = run_sparse_reduce_scatter_device,
     .make_memory = [] { return std::unique_ptr<TensorMemory>(new SparseRegions()); },
 };
 
