@@ -360,7 +360,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
       .majority_vote = opt.majority_vote,
       .matrices = c.matrices,
   };
-  detail::CallBuffers buf{.in = in, .out = out, .ef = ef};
+  detail::CallBuffers buf{.in = in, .out = out, .ef = ef, .ef_next = {}};
   if (const detail::DeviceCall* device = c.device) {
     detail::DeviceStage& stage = self.ws_.device_stage();
     stage.dev = device->dev;

@@ -28,18 +28,21 @@ bool half_values(const Job& job) {
   return job.call.codec != nullptr && job.call.codec->impl().params().fp16_values;
 }
 
-namespace {
-// payload_vector's buffers: its entries are read into these, then swapped with the vector's, so
-// both keep their capacity from call to call.
-struct PayloadEntries {
-  SparseEntries e;
-};
-}  // namespace
-
 void payload_vector(Job& job, SparseVector& out) {
   const auto timed = job.meter.decoding();
-  SparseEntries& e = job.ws.get<PayloadEntries>().e;
-  sparse_entries_own(payload_of(job), e);
+  // The codec's reader fills a SparseEntries: `out` lends it its buffers for the read, so each
+  // vector keeps its own from call to call (swapping with a buffer of the workspace would pass a
+  // large one from vector to vector, each of them then growing another).
+  SparseEntries e;
+  e.indices.swap(out.idx);
+  e.values.swap(out.val);
+  try {
+    sparse_entries_own(payload_of(job), e);
+  } catch (...) {
+    out.idx.swap(e.indices);
+    out.val.swap(e.values);
+    throw;
+  }
   out.n = e.elements;
   out.full = false;
   out.idx.swap(e.indices);

@@ -80,33 +80,42 @@ void merge_into(SparseVector& acc, const SparseVector& other) {
     }
     return;
   }
-  std::vector<std::uint64_t> idx;
-  std::vector<float> val;
-  idx.reserve(acc.idx.size() + other.idx.size());
-  val.reserve(idx.capacity());
-  std::size_t a = 0, b = 0;
-  while (a < acc.idx.size() && b < other.idx.size()) {
-    if (acc.idx[a] < other.idx[b]) {
-      idx.push_back(acc.idx[a]);
-      val.push_back(acc.val[a++]);
-    } else if (other.idx[b] < acc.idx[a]) {
-      idx.push_back(other.idx[b]);
-      val.push_back(other.val[b++]);
+  // In place, from the back: acc grows to hold both, the merge writes from the top down (a write
+  // at w - 1 >= a + b - 1 never reaches acc's unread entries [0, a)), and the merged part then
+  // closes the gap left by equal indices. acc keeps its capacity, so a warm vector allocates
+  // nothing and what the workspace holds does not depend on the last call's sizes.
+  const std::size_t na = acc.idx.size(), nb = other.idx.size();
+  acc.idx.resize(na + nb);
+  acc.val.resize(na + nb);
+  std::size_t a = na, b = nb, w = na + nb;
+  while (b > 0) {
+    --w;
+    if (a > 0 && acc.idx[a - 1] > other.idx[b - 1]) {
+      --a;
+      acc.idx[w] = acc.idx[a];
+      acc.val[w] = acc.val[a];
+    } else if (a > 0 && acc.idx[a - 1] == other.idx[b - 1]) {
+      --a;
+      --b;
+      acc.idx[w] = acc.idx[a];
+      acc.val[w] = acc.val[a] + other.val[b];
     } else {
-      idx.push_back(acc.idx[a]);
-      val.push_back(acc.val[a++] + other.val[b++]);
+      --b;
+      acc.idx[w] = other.idx[b];
+      acc.val[w] = other.val[b];
     }
   }
-  for (; a < acc.idx.size(); ++a) {
-    idx.push_back(acc.idx[a]);
-    val.push_back(acc.val[a]);
+  // acc's entries below a are the smallest and already in place: the merged part, at [w, na +
+  // nb), moves down to follow them (forward: each write lands below what is still to be read).
+  const std::size_t merged = na + nb - w;
+  if (w > a) {
+    for (std::size_t j = 0; j < merged; ++j) {
+      acc.idx[a + j] = acc.idx[w + j];
+      acc.val[a + j] = acc.val[w + j];
+    }
   }
-  for (; b < other.idx.size(); ++b) {
-    idx.push_back(other.idx[b]);
-    val.push_back(other.val[b]);
-  }
-  acc.idx.swap(idx);
-  acc.val.swap(val);
+  acc.idx.resize(a + merged);
+  acc.val.resize(a + merged);
 }
 
 bool round_to_half(SparseVector& s) {

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "gcomp/error.hpp"
@@ -146,6 +148,76 @@ TEST(SparseVector, ReceiverRejectsMalformedStreams) {
   longer.push_back(std::byte{0});
   expect_rejected(longer, 300, "dense binary16 with a byte more");
   expect_rejected(std::vector<std::byte>(f32.begin(), f32.end() - 2), 300, "dense float32 short");
+}
+
+// merge_into against a map of index -> acc's value + other's value (in that order, the order the
+// partner's merge sums in): indices strictly ascending, the sums' bits, the switch to full by the
+// byte rule, and a warm accumulator that keeps its buffers (it allocates nothing, so what the
+// workspace holds does not depend on the sizes of the last merge).
+TEST(SparseVector, MergeSumsEveryIndexOnceInOrderAndKeepsItsBuffers) {
+  constexpr std::uint64_t n = 100000;
+  std::mt19937 g(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  // `count` distinct indices below n, ascending, with normal values.
+  const auto subset = [&](std::size_t count) {
+    std::vector<std::uint64_t> all(n);
+    for (std::uint64_t i = 0; i < n; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), g);
+    SparseVector s;
+    s.n = n;
+    s.idx.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(count));
+    std::sort(s.idx.begin(), s.idx.end());
+    for (std::size_t j = 0; j < count; ++j) s.val.push_back(d(g));
+    return s;
+  };
+  for (int round = 0; round < 40; ++round) {
+    // Counts from none to past the full switch (at 50000 entries: 8 bytes each against 4 * n).
+    const std::size_t ca = (round * 997u) % 40000, cb = (round * 1499u + 13) % 40000;
+    const SparseVector a = subset(ca);
+    SparseVector b2 = subset(cb);
+    // Every third round, b holds half of a's indices and none of its own (only sums).
+    if (round % 3 == 0) {
+      b2.idx.assign(a.idx.begin(), a.idx.begin() + static_cast<std::ptrdiff_t>(a.idx.size() / 2));
+      b2.val.assign(b2.idx.size(), 0.25f);
+    }
+    std::map<std::uint64_t, float> want;
+    for (std::size_t j = 0; j < a.idx.size(); ++j) want[a.idx[j]] = a.val[j];
+    for (std::size_t j = 0; j < b2.idx.size(); ++j) {
+      auto it = want.find(b2.idx[j]);
+      if (it == want.end()) {
+        want[b2.idx[j]] = b2.val[j];
+      } else {
+        it->second = it->second + b2.val[j];
+      }
+    }
+    SparseVector acc = a;
+    acc.idx.reserve(a.idx.size() + b2.idx.size());
+    acc.val.reserve(a.idx.size() + b2.idx.size());
+    const std::uint64_t* idx_before = acc.idx.data();
+    const float* val_before = acc.val.data();
+    const bool goes = goes_full(a.idx.size() + b2.idx.size(), n);
+    merge_into(acc, b2);
+    ASSERT_EQ(acc.full, goes) << "round " << round;
+    if (acc.full) {
+      ASSERT_EQ(acc.val.size(), n);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const auto it = want.find(i);
+        const float w = it == want.end() ? 0.0f : it->second;
+        ASSERT_EQ(std::memcmp(&acc.val[i], &w, 4), 0) << "round " << round << " index " << i;
+      }
+      continue;
+    }
+    EXPECT_EQ(acc.idx.data(), idx_before) << "round " << round << ": the indices reallocated";
+    EXPECT_EQ(acc.val.data(), val_before) << "round " << round << ": the values reallocated";
+    ASSERT_EQ(acc.idx.size(), want.size()) << "round " << round;
+    ASSERT_EQ(acc.val.size(), want.size()) << "round " << round;
+    std::size_t j = 0;
+    for (const auto& [i, v] : want) {
+      ASSERT_EQ(acc.idx[j], i) << "round " << round << " entry " << j;
+      ASSERT_EQ(std::memcmp(&acc.val[j], &v, 4), 0) << "round " << round << " entry " << j;
+      ++j;
+    }
+  }
 }
 
 }  // namespace
