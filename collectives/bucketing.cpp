@@ -117,6 +117,20 @@ float* Communicator::Impl::fused_for(std::size_t len, const detail::OnDevice* de
   return static_cast<float*>(stage.get(detail::DeviceStage::kFused, 4 * len));
 }
 
+namespace {
+// The tensors `members` as one run of memory, in that order (DDP's bucket, whose tensors are
+// views of one buffer): the first one's data, else null.
+float* contiguous(std::span<const std::span<float>> tensors, std::span<const std::size_t> members) {
+  if (members.empty()) return nullptr;
+  float* next = tensors[members[0]].data();
+  for (std::size_t t : members) {
+    if (tensors[t].data() != next) return nullptr;
+    next += tensors[t].size();
+  }
+  return tensors[members[0]].data();
+}
+}  // namespace
+
 void Communicator::Impl::move_bytes(void* dst, const void* src, std::size_t bytes,
                                     const detail::OnDevice* device) {
   if (!device) {
@@ -145,7 +159,10 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
     parts_efs.push_back(with_ef ? efs[t] : nullptr);
     len += tensors[t].size();
   }
-  float* fused = fused_for(len, device);
+  // Tensors that already lie in one run are reduced where they are; others are copied together.
+  float* const in_place = contiguous(tensors, members);
+  float* const fused = in_place ? in_place : fused_for(len, device);
+  if (in_place && device) ws_.staging.resize(len);
   ErrorFeedback* bucket = nullptr;
   if (with_ef && !device) {
     bucket = &impl.ws_.bucket_feedback;
@@ -166,7 +183,7 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   };
   for (std::size_t j = 0; j < members.size(); ++j) {
     const std::span<float> x = tensors[members[j]];
-    move_bytes(fused + begin[j], x.data(), 4 * x.size(), device);
+    if (!in_place) move_bytes(fused + begin[j], x.data(), 4 * x.size(), device);
     if (parts_efs[j]) {
       move_bytes(residual_of(*bucket) + begin[j], residual_of(*parts_efs[j]), 4 * x.size(), device);
     }
@@ -195,7 +212,7 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   }
   for (std::size_t j = 0; j < members.size(); ++j) {
     const std::span<float> x = tensors[members[j]];
-    move_bytes(x.data(), fused + begin[j], 4 * x.size(), device);
+    if (!in_place) move_bytes(x.data(), fused + begin[j], 4 * x.size(), device);
     if (parts_efs[j]) {
       move_bytes(residual_of(*parts_efs[j]), residual_of(*bucket) + begin[j], 4 * x.size(), device);
     }
@@ -209,10 +226,12 @@ void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
   static const Codec none("none");
   std::size_t len = 0;
   for (std::size_t t : small) len += tensors[t].size();
-  float* fused = fused_for(len, device);
+  float* const in_place = contiguous(tensors, small);
+  float* const fused = in_place ? in_place : fused_for(len, device);
+  if (in_place && device) ws_.staging.resize(len);
   std::size_t off = 0;
   for (std::size_t t : small) {
-    move_bytes(fused + off, tensors[t].data(), 4 * tensors[t].size(), device);
+    if (!in_place) move_bytes(fused + off, tensors[t].data(), 4 * tensors[t].size(), device);
     off += tensors[t].size();
   }
   opt.algorithm = Algorithm::dense;
@@ -230,7 +249,7 @@ void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
   impl.last_.compressed_calls = 0;
   off = 0;
   for (std::size_t t : small) {
-    move_bytes(tensors[t].data(), fused + off, 4 * tensors[t].size(), device);
+    if (!in_place) move_bytes(tensors[t].data(), fused + off, 4 * tensors[t].size(), device);
     off += tensors[t].size();
   }
 }

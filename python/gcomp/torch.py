@@ -341,8 +341,9 @@ class CompressionState(_PerParameterFeedback):
     zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
     momentum=0): the momentum is here. Needs error feedback.
     A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
-    bucket.gradients() and sends the bucket's matrices as their factors in one collective
-    (per_parameter does not apply); its state (residual and warm-start Q) is per parameter,
+    bucket.gradients() and sends the bucket's matrices as their factors in one collective, its
+    vectors and small matrices dense in the same one (per_parameter and dense_below do not
+    apply; the bucket is reduced where DDP holds it, without a copy); its state (residual and warm-start Q) is per parameter,
     so it works with DDP's default buckets and their rebuild. Without error feedback it keeps
     no Q: every step starts cold.
     """
@@ -457,9 +458,12 @@ def compression_hook(state, bucket):
             if dense:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
             elif shaped:
+                # dense_below=0: the low-rank algorithm sends the small tensors dense in its
+                # first collective (one collective a bucket, not two), and the views, which lie
+                # in the bucket's buffer in order, are reduced there.
                 comm.allreduce_buckets(views, codec, efs=efs, shapes=shapes,
                                        bucket_bytes=max(4 * tensor.numel(), 1),
-                                       dense_below=dense_below, average=True, seed=seed,
+                                       dense_below=0, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
                                        index=index)
             elif per_parameter:
