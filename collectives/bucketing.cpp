@@ -166,7 +166,7 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   ErrorFeedback* bucket = nullptr;
   if (with_ef && !device) {
     bucket = &impl.ws_.bucket_feedback;
-    detail::FeedbackSlot::reuse(*bucket, len);  // zeros
+    detail::FeedbackSlot::reuse(*bucket, len, false);  // every part written below
   } else if (with_ef) {
     std::unique_ptr<ErrorFeedback>& d = impl.ws_.device_bucket_feedback;
     if (!d || d->size() != len || d->view().backend() != device->dev ||
@@ -186,6 +186,8 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
     if (!in_place) move_bytes(fused + begin[j], x.data(), 4 * x.size(), device);
     if (parts_efs[j]) {
       move_bytes(residual_of(*bucket) + begin[j], residual_of(*parts_efs[j]), 4 * x.size(), device);
+    } else if (bucket && !device) {
+      std::fill_n(residual_of(*bucket) + begin[j], x.size(), 0.0f);  // (device: reset() zeroed)
     }
   }
   const detail::BucketParts parts{impl.rank_, impl.size_, len, begin, count, parts_efs};

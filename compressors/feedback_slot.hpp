@@ -13,13 +13,18 @@ namespace gcomp::detail {
 struct FeedbackSlot {
   static std::vector<float>& of(ErrorFeedback& ef) noexcept { return ef.slot_; }
   static const std::vector<float>& of(const ErrorFeedback& ef) noexcept { return ef.slot_; }
-  // A host memory made n zeros long with its slot empty, keeping its buffers' capacity: the
-  // one memory allreduce_buckets reuses for every bucket, which then allocates nothing once
-  // warm. Not for device memory (Error(internal)).
-  static void reuse(ErrorFeedback& ef, std::size_t n) {
+  // A host memory made n zeros long (with `zero`; else n values left as they were, for a
+  // caller that writes every one) with its slot empty, keeping its buffers' capacity: the one
+  // memory allreduce_buckets reuses for every bucket, which then allocates nothing once warm.
+  // Not for device memory (Error(internal)).
+  static void reuse(ErrorFeedback& ef, std::size_t n, bool zero = true) {
     if (ef.device_) throw Error(Status::internal, "FeedbackSlot::reuse on device memory");
     ef.n_ = n;
-    ef.residual_.assign(n, 0.0f);
+    if (zero) {
+      ef.residual_.assign(n, 0.0f);
+    } else {
+      ef.residual_.resize(n);
+    }
     ef.slot_.clear();
   }
 };
