@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <ctime>
+#include <limits>
 #include <string>
 
 #include "codec_impl.hpp"
@@ -32,9 +34,22 @@ ComputeModel Timing::device_codec_speeds(const Codec& codec, std::size_t n,
   return measure_compute(codec, n, input);
 }
 ComputeModel Timing::shared_speeds() { return measure_reduce_and_merge(); }
-double Timing::call_seconds(const Codec&, std::size_t, Choice, double wall) { return wall; }
+double Timing::call_seconds(const Codec&, std::size_t, Choice, double seconds) { return seconds; }
 
 namespace detail {
+
+double thread_cpu_seconds() noexcept {
+  timespec t{};
+  // No clock: NaN, and learned_cost takes the wall time.
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0)
+    return std::numeric_limits<double>::quiet_NaN();
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double learned_cost(WaitPolicy mode, int threads, bool device, double wall, double cpu) noexcept {
+  const bool burns = mode == WaitPolicy::spin || mode == WaitPolicy::yield;
+  return burns && threads == 1 && !device && cpu >= 0 ? std::min(cpu, wall) : wall;
+}
 
 std::uint64_t calibration_key(const Codec& codec, std::size_t n, bool device) {
   const int log2n = n == 0 ? 0 : std::bit_width(std::min<std::size_t>(n, std::size_t{1} << 24));

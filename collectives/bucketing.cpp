@@ -106,12 +106,15 @@ std::string bad_memories(std::span<const std::span<float>> tensors,
 
 }  // namespace
 
-float* Communicator::Impl::fused_for(std::size_t len, const detail::OnDevice* device) {
+float* Communicator::Impl::fused_for(std::size_t len, const detail::OnDevice* device,
+                                     float* in_place) {
   if (!device) {
+    if (in_place) return in_place;
     ws_.fused.resize(len);
     return ws_.fused.data();
   }
   ws_.staging.resize(len);
+  if (in_place) return in_place;
   detail::DeviceStage& stage = ws_.device_stage();
   stage.dev = device->dev;
   return static_cast<float*>(stage.get(detail::DeviceStage::kFused, 4 * len));
@@ -161,8 +164,7 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   }
   // Tensors that already lie in one run are reduced where they are; others are copied together.
   float* const in_place = contiguous(tensors, members);
-  float* const fused = in_place ? in_place : fused_for(len, device);
-  if (in_place && device) ws_.staging.resize(len);
+  float* const fused = fused_for(len, device, in_place);
   ErrorFeedback* bucket = nullptr;
   if (with_ef && !device) {
     bucket = &impl.ws_.bucket_feedback;
@@ -229,8 +231,7 @@ void Communicator::Impl::reduce_small(std::span<const std::span<float>> tensors,
   std::size_t len = 0;
   for (std::size_t t : small) len += tensors[t].size();
   float* const in_place = contiguous(tensors, small);
-  float* const fused = in_place ? in_place : fused_for(len, device);
-  if (in_place && device) ws_.staging.resize(len);
+  float* const fused = fused_for(len, device, in_place);
   std::size_t off = 0;
   for (std::size_t t : small) {
     if (!in_place) move_bytes(fused + off, tensors[t].data(), 4 * tensors[t].size(), device);

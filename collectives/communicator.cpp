@@ -196,6 +196,7 @@ struct Communicator::Impl::Call {
   std::span<const detail::MatrixBlock> matrices;  // the tensors' shapes, where given
   std::uint64_t state_signature = 0;              // low-rank codecs: of the state in ef's slot
   double start = MPI_Wtime();
+  double cpu_start = detail::thread_cpu_seconds();
   std::optional<detail::Job> job;                     // made by make_job
   detail::MemoryStore::Memories* memories = nullptr;  // the algorithms' of this tensor, or null
   Agreement mine{};
@@ -560,8 +561,10 @@ void Communicator::Impl::record(Call& c, Algorithm alg) {
   if (c.choosing) {
     const Choice ran{alg, !job.skip_codec};
     self.pending_key_ = detail::AutoLearner::key_of(c.group, ran);
-    self.pending_seconds_ =
-        self.timing_->call_seconds(*c.codec, job.buf.in.size(), ran, MPI_Wtime() - c.start);
+    const double cost =
+        detail::learned_cost(detail::wait_mode(), num_threads(), c.device != nullptr,
+                             MPI_Wtime() - c.start, detail::thread_cpu_seconds() - c.cpu_start);
+    self.pending_seconds_ = self.timing_->call_seconds(*c.codec, job.buf.in.size(), ran, cost);
   }
   CallStats& s = self.last_;
   s.bytes_sent = job.meter.traffic.sent + 2 * sizeof(Agreement);

@@ -133,9 +133,10 @@ struct Communicator::Impl {
   // The small tensors: one more bucket, summed uncompressed.
   void reduce_small(std::span<const std::span<float>> tensors, std::span<const std::size_t> small,
                     AllreduceOptions opt, std::uint64_t sig, const detail::OnDevice* device);
-  // The fused bucket of len elements where the call will read it: the workspace's host vector,
-  // or DeviceStage's kFused (and the call's host staging) for device tensors.
-  float* fused_for(std::size_t len, const detail::OnDevice* device);
+  // The fused bucket of len elements where the call will read it: `in_place` (the tensors' own
+  // memory, where they lie in one run) when not null, else the workspace's host vector, or
+  // DeviceStage's kFused, for device tensors; device calls also get their host staging.
+  float* fused_for(std::size_t len, const detail::OnDevice* device, float* in_place);
   // Copies a tensor's bytes between its memory and the fused bucket's.
   static void move_bytes(void* dst, const void* src, std::size_t bytes,
                          const detail::OnDevice* device);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "fnv.hpp"
@@ -98,7 +99,17 @@ Choice AutoLearner::choose(std::uint64_t group, std::span<const Option> options,
     }
   };
   sort_by(&Candidate::predicted);
-  const double limit = kExploreFactor * all[0].predicted + kExploreSlack;
+  // What is explored: within kExploreFactor of the best prediction, or of the best measured
+  // estimate of an option run kTries times where that is higher. A model optimistic about its
+  // favourite (predicted 10 ms, measured 45) would otherwise keep out an option predicted
+  // between 2x the one and 2x the other, which may well be faster than the favourite really is.
+  double base = all[0].predicted;
+  double measured = std::numeric_limits<double>::infinity();
+  for (const Candidate& x : all) {
+    if (x.runs >= kTries) measured = std::min(measured, x.estimate);
+  }
+  if (std::isfinite(measured)) base = std::max(base, measured);
+  const double limit = kExploreFactor * base + kExploreSlack;
   for (std::uint32_t round = 1; round <= kTries; ++round) {
     for (const Candidate& x : all) {
       if (x.predicted <= limit && x.runs < round) return x.choice;

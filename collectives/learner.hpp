@@ -25,14 +25,15 @@ struct Option {
 class AutoLearner {
  public:
   // Exploration: the options the model puts within kExploreFactor of its best (+ kExploreSlack,
-  // since at small sizes its latency terms are least accurate) run in rounds, cheapest prediction
-  // first, until each has run kTries times (rounds, so that the first calls' warm-up does not
-  // fall on one option alone). Then the lower quartile of each option's last kWindow runs decides
-  // (the model's prediction where nothing was measured; the uncompressed allreduce wins ties);
-  // and every kRecheck-th run of a group goes to the least-measured other option within those
-  // bounds or within kExploreFactor of the best estimate, so that neither a run at a bad moment
-  // nor a slow spell rules an algorithm out for good. Near ties are rechecked more often: every
-  // kRecheckClose-th run (between those) goes to the least-measured option whose estimate is
+  // since at small sizes its latency terms are least accurate), or of the best measured estimate
+  // of an option that has run kTries times where that is higher, run in rounds, cheapest
+  // prediction first, until each has run kTries times (rounds, so that the first calls' warm-up
+  // does not fall on one option alone). Then the lower quartile of each option's last kWindow runs
+  // decides (the model's prediction where nothing was measured; the uncompressed allreduce wins
+  // ties); and every kRecheck-th run of a group goes to the least-measured other option within
+  // those bounds or within kExploreFactor of the best estimate, so that neither a run at a bad
+  // moment nor a slow spell rules an algorithm out for good. Near ties are rechecked more often:
+  // every kRecheckClose-th run (between those) goes to the least-measured option whose estimate is
   // within kClose of the best's. A near tie is where runs early in a job decide wrongly most
   // easily (with error feedback the residuals grow over the first tens of calls, and what some
   // algorithms send grows with them) and where a recheck costs least: at most (kClose - 1) /

@@ -220,6 +220,12 @@ def record(a, r, result, rank, size):
         st = r.state.stats()
         sent, how = st["bytes_sent"], "measured"
         extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"],
+                 # The hook's whole-step check (low-rank under auto): how many steps it sent
+                 # uncompressed, in how many checks and switches.
+                 "step_check": {k: st[k] for k in ("step_checks", "step_switches", "step_aborts",
+                                                   "uncompressed_steps") if k in st},
+                 "step_check_history": r.state._check.history if getattr(
+                     r.state, "_check", None) else [],
                  # Means per step of where the communication's time went (state.stats()).
                  "split": {k[:-len("_seconds")]: st[k] / max(1, st["steps"]) for k in st
                            if k.endswith("_seconds")}}
@@ -390,7 +396,7 @@ def split_table(results):
     out = ["", "Where a step's time goes (ms; forward, backward, optimizer: medians; the rest: "
            "gcomp's means per step, state.stats()):", "",
            "| row | step | forward | backward | optimizer | hook | hand-off | encode | comm "
-           "(agreement) | decode | python | tail |", "|---|" + "---:|" * 11]
+           "(agreement) | decode | python | tail | CPU |", "|---|" + "---:|" * 12]
     for r in rows:
         f, b, o = (1e3 * v for v in r["phase_medians"])
         cells = [f"{1e3 * r['step_median']:.1f}", f"{f:.1f}", f"{b:.1f}", f"{o:.1f}"]
@@ -400,9 +406,9 @@ def split_table(results):
                       f"{1e3 * sp['encode']:.2f}",
                       f"{1e3 * sp['comm']:.2f} ({1e3 * sp['agree']:.2f})",
                       f"{1e3 * sp['decode']:.2f}", f"{1e3 * sp['python']:.2f}",
-                      f"{1e3 * sp['tail']:.2f}"]
+                      f"{1e3 * sp['tail']:.2f}", f"{1e3 * sp.get('cpu', 0.0):.2f}"]
         else:
-            cells += [""] * 7
+            cells += [""] * 8
         out.append(f"| {r['row']} | " + " | ".join(cells) + " |")
     return out
 
@@ -415,14 +421,18 @@ def calls_table(results):
         return []
     out = ["", "gcomp's collectives (state.stats(): every bucket's call over the run, the small "
            "tensors' bucket included, which is always summed uncompressed):", "",
-           "| row | calls | with the codec | uncompressed | calls by algorithm |",
-           "|---|---:|---:|---:|---|"]
+           "| row | calls | with the codec | uncompressed | calls by algorithm | whole steps "
+           "uncompressed (checks, switches, aborted) |",
+           "|---|---:|---:|---:|---|---:|"]
     for r in rows:
         alg = r["algorithm"]
         if isinstance(alg, dict):
             alg = ", ".join(f"{k} {v}" for k, v in alg.items())
+        sc = r.get("step_check") or {}
+        steps = (f"{sc['uncompressed_steps']} ({sc['step_checks']}, {sc['step_switches']}, "
+                 f"{sc['step_aborts']})" if sc else "")
         out.append(f"| {r['row']} | {r['calls']} | {r['compressed']} | "
-                   f"{r['calls'] - r['compressed']} | {alg} |")
+                   f"{r['calls'] - r['compressed']} | {alg} | {steps} |")
     return out
 
 

@@ -178,10 +178,11 @@ struct BucketOptions {
 
 // Where the numbers that auto decides by come from (docs/algorithms.md, "Learning from its own
 // calls"), apart from the network (measured at creation, or given). The default measures this
-// machine: the cost model's measure_compute and measure_reduce_and_merge, and each call's wall
-// time. A test or a simulation derives its own, so that what auto chooses does not depend on the
-// machine or its load. The Communicator agrees every number by MAX over ranks, so ranks may
-// return different ones. Called from the thread that makes the call.
+// machine: the cost model's measure_compute and measure_reduce_and_merge, and each call's cost
+// (its thread's CPU time or its wall time, below). A test or a simulation derives its own, so that
+// what auto chooses does not depend on the machine or its load. The Communicator agrees every
+// number by MAX over ranks, so ranks may return different ones. Called from the thread that makes
+// the call.
 class Timing {
  public:
   virtual ~Timing() = default;
@@ -196,8 +197,13 @@ class Timing {
   // The codec-independent speeds (ComputeModel's reduce, merge); asked once, at creation.
   virtual ComputeModel shared_speeds();
   // The seconds auto learns for the call that just ran `ran` on n elements with this codec;
-  // `wall` is the call's wall-clock time on this rank.
-  virtual double call_seconds(const Codec& codec, std::size_t n, Choice ran, double wall);
+  // `seconds` is what the call cost this rank, measured (the default returns it): the calling
+  // thread's CPU time (user and system) where the waits spin or yield (WaitPolicy), the tensors
+  // are on the host and the library runs one thread (num_threads()); else its wall-clock time.
+  // A spinning or yielding wait keeps its core unless another thread wants it, so where the cores
+  // are free (a slow link) the CPU time is the wall time, and where training threads and ranks
+  // share them it is what the call took from their work (docs/algorithms.md, "What a call costs").
+  virtual double call_seconds(const Codec& codec, std::size_t n, Choice ran, double seconds);
 };
 
 class Communicator {

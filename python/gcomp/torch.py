@@ -28,6 +28,7 @@ Reference: docs/python.md, "PyTorch".
 import os
 import pickle
 import queue
+import re
 import threading
 import time
 
@@ -215,14 +216,18 @@ class _Stats:
         # communication thread); the job there, of which encode/comm/decode are the library's
         # and the rest Python's; and the tail: from the step's last submission to its
         # completion, what backward's end waits for.
+        # cpu: the communication thread's CPU time in the jobs (time.thread_time()), what they
+        # take from training where the cores are shared.
         self.hook_seconds = self.handoff_seconds = self.job_seconds = self.tail_seconds = 0.0
+        self.cpu_seconds = 0.0
         self.jobs = 0
 
-    def add_timing(self, hook, handoff, job, tail=None):
+    def add_timing(self, hook, handoff, job, tail=None, cpu=0.0):
         with self.lock:
             self.hook_seconds += hook
             self.handoff_seconds += handoff
             self.job_seconds += job
+            self.cpu_seconds += cpu
             self.jobs += 1
             if tail is not None:
                 self.tail_seconds += tail
@@ -247,7 +252,8 @@ class _Stats:
             for k in ("bytes_sent", "bytes_received", "encode_seconds", "comm_seconds",
                       "decode_seconds", "agree_seconds", "algorithm"):
                 d[k] = t[k]
-            for k in ("hook_seconds", "handoff_seconds", "job_seconds", "tail_seconds", "jobs"):
+            for k in ("hook_seconds", "handoff_seconds", "job_seconds", "tail_seconds",
+                      "cpu_seconds", "jobs"):
                 d[k] = getattr(self, k)
         d["python_seconds"] = max(0.0, d["job_seconds"] - d["encode_seconds"] - d["comm_seconds"]
                                   - d["decode_seconds"])
@@ -343,9 +349,11 @@ class CompressionState(_PerParameterFeedback):
     A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
     bucket.gradients() and sends the bucket's matrices as their factors in one collective, its
     vectors and small matrices dense in the same one (per_parameter and dense_below do not
-    apply; the bucket is reduced where DDP holds it, without a copy); its state (residual and warm-start Q) is per parameter,
-    so it works with DDP's default buckets and their rebuild. Without error feedback it keeps
-    no Q: every step starts cold.
+    apply; the bucket is reduced where DDP holds it, without a copy); its state (residual and
+    warm-start Q) is per parameter, so it works with DDP's default buckets and their rebuild.
+    Without error feedback it keeps no Q: every step starts cold. Under auto with
+    allow_uncompressed, whole steps are compared too (_StepCheck, docs/python.md): where the
+    uncompressed steps measure faster, the hook sends whole steps uncompressed.
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
@@ -368,6 +376,11 @@ class CompressionState(_PerParameterFeedback):
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
         self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
         self._stats = _Stats()
+        self._new_step = True  # the next hook call is a step's first
+        # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
+        self._check = (_StepCheck(self.warmup_steps + _start_steps(codec) + _StepCheck.window)
+                       if self._shaped and algorithm == "auto" and self.allow_uncompressed
+                       else None)
 
     def stats(self):
         """stats() -> dict: calls, dense_calls (warm-up; small whole buckets), compressed,
@@ -377,8 +390,11 @@ class CompressionState(_PerParameterFeedback):
         to started on the communication thread), job_seconds (the jobs there: encode, comm,
         decode and python_seconds, the rest; agree_seconds is comm's agreement), tail_seconds
         (from each step's last bucket handed over to its result: what the end of backward
-        waits for), jobs."""
-        return self._stats.snapshot(steps=self.step)
+        waits for), cpu_seconds (the communication thread's CPU time in the jobs), jobs; for a
+        low-rank codec under auto (whole steps compared, docs/python.md), step_checks,
+        step_switches and uncompressed_steps."""
+        extra = self._check.stats() if self._check else {}
+        return self._stats.snapshot(steps=self.step, **extra)
 
     def _feedback_for(self, bucket):
         """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
@@ -401,6 +417,111 @@ class CompressionState(_PerParameterFeedback):
             self._home[pid] = (ef, off, numel)
         self._layout[bucket.index()] = (key, ef)
         return ef
+
+
+class _StepCheck:
+    """Whole steps compared, for a low-rank codec under auto with allow_uncompressed (the hook's
+    defaults): auto weighs each call, but what a low-rank step costs beyond its calls (the
+    products' CPU time and memory traffic, which backward loses where training and the hook share
+    the cores) is not in any call. After the codec's start steps and a `window` of steps, and
+    every `interval` steps after (doubling up to `max_interval`), the hook runs up to `probe`
+    steps the other way (uncompressed: each bucket's x + e summed as auto's own uncompressed
+    choice does, the residual zeroed; or the codec again) and compares their median step time
+    with the `window` steps before it; the ranks vote (one allreduce of the votes) and where
+    most find the other way faster by more than `margin`, the steps until the next check go that
+    way. A probe step more than `abort` times the window's median (the uncompressed allreduce
+    on a slow link) ends the check at once, on the ranks' vote, so a check costs a slow link one
+    step. A step's time is from its first bucket's hook call to the next step's."""
+
+    window, probe, interval, max_interval, margin, abort = 8, 5, 64, 1024, 0.03, 2.0
+
+    def __init__(self, first):
+        self.first = first  # the first check's step
+        self.uncompressed = False  # the way the steps go between checks
+        self.next_check = first
+        self.interval = type(self).interval
+        self.starts = {}  # step -> its first hook call's time
+        self.modes = {}  # step -> True where it went uncompressed
+        self.checks = self.switches = self.aborted = self.uncompressed_steps = 0
+        self.zeroed = set()  # buckets whose residuals an uncompressed step sent (and zeroed)
+        # (step, uncompressed before, this rank's medians: the way kept and the other, how many
+        # ranks voted for the other (or to abort), ranks, "switch" / "keep" / "abort")
+        self.history = []
+        self.clock = time.perf_counter  # a test may give its own
+
+    def mode(self, step, first_call, vote):
+        """Whether `step` goes uncompressed. first_call: this is the step's first hook call (its
+        time is taken, and within a check the ranks vote through vote(local) -> (ranks, how many
+        voted 1)); every rank comes to the same answer."""
+        if first_call:
+            self.starts[step] = self.clock()
+            c = self.next_check
+            if step == c + self.probe:
+                self._decide(step, vote)
+            elif c < step < c + self.probe:
+                self._maybe_abort(step, vote)
+            if step not in self.modes:
+                probing = self.next_check <= step < self.next_check + self.probe
+                self.modes[step] = self.uncompressed != probing
+                self.uncompressed_steps += self.modes[step]
+            for old in [k for k in self.starts if k < step - self.window - self.probe - 1]:
+                del self.starts[old]
+                self.modes.pop(old, None)
+        return self.modes.get(step, self.uncompressed)
+
+    def _median(self, steps):
+        times = sorted(self.starts[k + 1] - self.starts[k] for k in steps
+                       if k in self.starts and k + 1 in self.starts)
+        return times[len(times) // 2] if times else None
+
+    def _maybe_abort(self, step, vote):
+        c = self.next_check
+        ours, last = self._median(range(c - self.window, c)), self._median([step - 1])
+        slow = ours is not None and last is not None and last > self.abort * ours
+        ranks, yes = vote(1 if slow else 0)
+        if 2 * yes > ranks:
+            self.history.append((step, self.uncompressed, ours, last, yes, ranks, "abort"))
+            self.checks += 1
+            self.aborted += 1
+            self._schedule(step)
+
+    def _decide(self, step, vote):
+        c = self.next_check
+        ours = self._median(range(c - self.window, c))
+        other = self._median(range(c, c + self.probe))
+        faster = ours is not None and other is not None and other < (1 - self.margin) * ours
+        self.checks += 1
+        ranks, yes = vote(1 if faster else 0)
+        switch = 2 * yes > ranks
+        self.history.append((step, self.uncompressed, ours, other, yes, ranks,
+                             "switch" if switch else "keep"))
+        if switch:
+            self.uncompressed = not self.uncompressed
+            self.switches += 1
+        self._schedule(step)
+
+    def _schedule(self, step):
+        self.next_check = step + self.interval
+        self.interval = min(2 * self.interval, self.max_interval)
+
+    def stats(self):
+        return {"step_checks": self.checks, "step_switches": self.switches,
+                "step_aborts": self.aborted, "uncompressed_steps": self.uncompressed_steps}
+
+
+def _start_steps(codec):
+    """The codec's dense start steps (powersgd's start=N), or 0."""
+    m = re.search(r"(?:^|[:,])start=(\d+)", _codec_or_none(codec).spec)
+    return int(m.group(1)) if m else 0
+
+
+def _vote(local):
+    """(ranks, how many voted 1): one small allreduce on the communication thread."""
+    def job(comm):
+        v = np.array([float(local), 1.0], dtype=np.float32)
+        comm.allreduce(v, "none", algorithm="dense")
+        return int(round(float(v[1]))), int(round(float(v[0])))
+    return _engine().run(job)
 
 
 def _layout_of(bucket):
@@ -431,6 +552,18 @@ def compression_hook(state, bucket):
     per_parameter, shaped = state._split, state._shaped
     dense = step < state.warmup_steps or (not per_parameter and not shaped and
                                           tensor.numel() < state.dense_below)
+    first_call, state._new_step = state._new_step, last
+    # Whole steps uncompressed, where the step check found them faster: x + e summed with codec
+    # none (the residual sent and zeroed, as auto's own uncompressed choice does).
+    plain = (not dense and state._check is not None and
+             state._check.mode(step, first_call, _vote))
+    # Past a bucket's first uncompressed step its residuals are zero: the plain allreduce.
+    bare = plain and index in state._check.zeroed
+    if state._check is not None:
+        if plain:
+            state._check.zeroed.add(index)
+        elif not dense:
+            state._check.zeroed.clear()
     seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
     dense_below = state.dense_below
@@ -453,10 +586,14 @@ def compression_hook(state, bucket):
             params, views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
 
     def job(comm):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
-            if dense:
+            if dense or bare:
                 comm.allreduce(tensor, "none", algorithm="dense", average=True)
+            elif plain:
+                comm.allreduce_buckets(views, "none", efs=efs,
+                                       bucket_bytes=max(4 * tensor.numel(), 1), dense_below=0,
+                                       average=True, algorithm="dense", step=step, index=index)
             elif shaped:
                 # dense_below=0: the low-rank algorithm sends the small tensors dense in its
                 # first collective (one collective a bucket, not two), and the views, which lie
@@ -478,12 +615,12 @@ def compression_hook(state, bucket):
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
-        state._stats.add(comm, dense)
+        state._stats.add(comm, dense or plain)
         if velocities and not dense:
             state._mask_momentum(velocities)
         done = time.perf_counter()
         state._stats.add_timing(submitted - entered, started - submitted, done - started,
-                                done - submitted if last else None)
+                                done - submitted if last else None, time.thread_time() - cpu)
         return tensor
 
     if last:
@@ -609,7 +746,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         shapes = [tuple(p.shape) for p in params] if shaped else None
 
         def job(comm):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
                                    dense_below=dense_below, average=True, seed=seed,
                                    algorithm=algorithm, allow_uncompressed=allow, step=step,
@@ -618,7 +755,8 @@ class DistributedOptimizer(_PerParameterFeedback):
             if velocities and not dense:
                 self._mask_momentum(velocities)
             done = time.perf_counter()
-            stats.add_timing(submitted - entered, started - submitted, done - started)
+            stats.add_timing(submitted - entered, started - submitted, done - started,
+                             cpu=time.thread_time() - cpu)
 
         submitted = time.perf_counter()
         fut = _engine().submit(job)

@@ -5,11 +5,16 @@
 
 #include <gtest/gtest.h>
 
-#include "gcomp/error.hpp"
-
+#include <chrono>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <vector>
+
+#include "auto_choice.hpp"
+#include "gcomp/error.hpp"
 
 namespace gcomp::detail {
 namespace {
@@ -75,6 +80,62 @@ TEST(Learner, MeasurementsOutweighPredictions) {
   // The model is wrong about the order: the allgather is three times slower than predicted.
   run(l, g, options, {{id(kDense), 0.0015}, {id(kGather), 0.003}}, 6);
   EXPECT_TRUE(same(l.choose(g, options), kDense));
+}
+
+// A model optimistic about its favourite: predicted 10 ms, it measures 45. The uncompressed
+// allreduce, predicted 60 ms (more than 2x 10 + 1, and more than the favourite's 45, so its
+// prediction alone would never pick it), is tried once the favourite has run kTries times, since
+// 60 is within 2x 45 + 1, and wins at its measured 25 ms. The one predicted at 200 ms is still
+// never tried.
+TEST(Learner, AnOptimisticModelDoesNotKeepTheOthersOut) {
+  AutoLearner l;
+  const std::uint64_t g = AutoLearner::group_of("powersgd:rank=4", 4216842);
+  const std::vector<Option> options = {{kGather, 0.010}, {kPlain, 0.060}, {kCrs, 0.200}};
+  const std::map<int, double> truth = {
+      {id(kGather), 0.045}, {id(kPlain), 0.025}, {id(kCrs), 0.001}};
+  const auto ran = run(l, g, options, truth, 6);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(same(ran[i], kGather)) << i;
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(same(ran[i], kPlain)) << i;
+  EXPECT_TRUE(same(l.choose(g, options), kPlain));
+  EXPECT_EQ(l.runs(AutoLearner::key_of(g, kCrs)), 0u);
+  // A model that was right (the favourite measured as predicted) keeps the 60 ms option out.
+  AutoLearner right;
+  const auto kept = run(right, g, options, {{id(kGather), 0.010}, {id(kPlain), 0.025}}, 20);
+  for (Choice c : kept) EXPECT_TRUE(same(c, kGather));
+}
+
+// What auto learns a call cost: the thread's CPU time where waits spin or yield, on host
+// tensors, with one library thread (never more than the wall time); the wall time otherwise.
+TEST(Learner, ACallCostsItsCpuTimeWhereWaitsKeepTheCore) {
+  const double wall = 0.200;
+  const double cpu = 0.050;
+  EXPECT_EQ(learned_cost(WaitPolicy::spin, 1, false, wall, cpu), cpu);
+  EXPECT_EQ(learned_cost(WaitPolicy::yield, 1, false, wall, cpu), cpu);
+  EXPECT_EQ(learned_cost(WaitPolicy::sleep, 1, false, wall, cpu), wall);    // a wait uses no CPU
+  EXPECT_EQ(learned_cost(WaitPolicy::yield, 2, false, wall, cpu), wall);    // other threads' CPU
+  EXPECT_EQ(learned_cost(WaitPolicy::yield, 1, true, wall, cpu), wall);     // the GPU's work
+  EXPECT_EQ(learned_cost(WaitPolicy::yield, 1, false, wall, 0.201), wall);  // clock granularity
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(learned_cost(WaitPolicy::yield, 1, false, wall, nan), wall);  // no thread clock
+}
+
+// The thread clock counts work, not sleep, and never runs ahead of the wall clock.
+TEST(Learner, TheThreadClockCountsWorkNotSleep) {
+  using Clock = std::chrono::steady_clock;
+  const double c0 = thread_cpu_seconds();
+  ASSERT_TRUE(std::isfinite(c0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_LT(thread_cpu_seconds() - c0, 0.02);  // 100 ms asleep
+  const auto w0 = Clock::now();
+  const double c1 = thread_cpu_seconds();
+  volatile double sink = 0;
+  while (thread_cpu_seconds() - c1 < 0.03 && Clock::now() - w0 < std::chrono::seconds(5)) {
+    for (int i = 0; i < 10000; ++i) sink = sink + 1e-9 * i;
+  }
+  const double worked = thread_cpu_seconds() - c1;
+  const double waited = std::chrono::duration<double>(Clock::now() - w0).count();
+  EXPECT_GE(worked, 0.03);  // it got there, within 5 s
+  EXPECT_LE(worked, waited + 1e-3);
 }
 
 // The uncompressed allreduce wins a tie: compression must pay.

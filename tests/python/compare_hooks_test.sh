@@ -22,7 +22,8 @@ for r in rows:
     assert 0.1 < float(r["accuracy"]) <= 1, r
     assert (int(r["bytes_sent"]) == 0) == r["row"].startswith("nocomm"), r
 PY
-# The split: a line per row; gcomp's with its communication thread's 7 figures, all numbers;
+# The split: a line per row; gcomp's with its communication thread's 8 figures (the last its CPU
+# time), all numbers;
 # then the table of gcomp's collectives.
 "$python" - "$out/compare_mlp_none.md" <<'PY'
 import sys
@@ -34,8 +35,8 @@ for row in ("nocomm", "ddp", "powersgd1", "gcomp_topk1"):
     assert cells, (row, text)
 split, calls = text.split("Where a step's time goes")[1].split("gcomp's collectives")
 g = [c.strip() for c in [l for l in split.splitlines() if l.startswith("| gcomp_topk1 |")][-1].split("|")[2:-1]]
-assert len(g) == 11 and all(c for c in g), g
-float(g[0]); float(g[4]); float(g[6])
+assert len(g) == 12 and all(c for c in g), g
+float(g[0]); float(g[4]); float(g[6]); assert float(g[11]) > 0, g
 # gcomp's collectives: calls = with the codec + uncompressed, and the algorithms' counts add up.
 c = [c.strip() for c in [l for l in calls.splitlines() if l.startswith("| gcomp_topk1 |")][-1].split("|")[2:-1]]
 total, coded, plain = int(c[0]), int(c[1]), int(c[2])

@@ -104,6 +104,9 @@ def check_time_split(st):
     assert abs(st["python_seconds"] - (st["job_seconds"] - library)) < 1e-9
     assert 0 < st["agree_seconds"] <= st["comm_seconds"]
     assert st["tail_seconds"] <= st["handoff_seconds"] + st["job_seconds"] + 1e-9
+    # The thread's CPU time in the jobs: some, and no more than their wall time (the two clocks
+    # are read a few microseconds apart).
+    assert 0 < st["cpu_seconds"] <= st["job_seconds"] + 1e-4 * st["jobs"]
 
 
 def test_a_compressed_run_leaves_every_rank_with_the_same_parameters():
@@ -519,3 +522,59 @@ def test_powersgd_in_the_optimizer_keeps_ranks_identical():
     train(m, opt, 4)
     same_on_every_rank(list(m.parameters()))
     assert opt.stats()["algorithm"].get("low_rank", 0) >= 4
+
+
+# (a codec step's seconds, an uncompressed step's; rank 0's differ, so the ranks' times differ
+# but their votes agree)
+STEP_COSTS = {"uncompressed": ((2.0, 1.0), (3.0, 1.0)),  # uncompressed faster: switch
+              "low_rank": ((1.0, 1.5), (1.0, 1.8)),  # low-rank faster: keep
+              "low_rank_far": ((1.0, 4.0), (1.0, 5.0))}  # far faster: the check aborts
+
+
+@pytest.mark.parametrize("case", sorted(STEP_COSTS))
+def test_the_step_check_keeps_the_faster_way_on_every_rank(case):
+    # Low-rank under auto with uncompressed allowed: whole steps compared (_StepCheck), on a
+    # clock of the test's own. The first check probes the uncompressed way at step start +
+    # window (2 + 8 = 10) for 5 steps (10-14), or one step where that step takes more than twice
+    # the window's median; the ranks then keep the faster way until the next check, 64 steps on.
+    m = DDP(wide_model(), bucket_cap_mb=0.02)
+    state = gt.CompressionState("powersgd:rank=2,start=2", seed=3)
+    m.register_comm_hook(state, gt.compression_hook)
+    check = state._check
+    assert check is not None and check.first == 10
+    costs = STEP_COSTS[case][0 if rank() == 0 else 1]
+    now = [0.0]
+
+    def clock():  # called at each step's first bucket: the step before has ended
+        before = check.modes[max(check.modes)] if check.modes else False
+        now[0] += costs[1] if before else costs[0]
+        return now[0]
+
+    check.clock = clock
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    train(m, opt, 30)
+    same_on_every_rank(list(m.parameters()))
+    st = state.stats()
+    assert st["step_checks"] == 1
+    assert gt._StepCheck.probe == 5
+    if case == "uncompressed":
+        assert st["step_switches"] == 1 and st["uncompressed_steps"] == 30 - 10
+        assert all(check.modes[s] for s in range(15, 30))
+        # Uncompressed, the residuals were sent and zeroed.
+        assert all(not np.any(state.residual(p) != 0) for p in m.parameters())
+    else:
+        aborted = case == "low_rank_far"
+        assert st["step_switches"] == 0 and st["step_aborts"] == int(aborted)
+        assert st["uncompressed_steps"] == (1 if aborted else 5)
+        assert not any(check.modes[s] for s in range(15, 30))
+    # The uncompressed steps' bucket calls went by the dense algorithm without the codec, and
+    # the stats count them as uncompressed.
+    assert st["algorithm"].get("dense", 0) >= st["uncompressed_steps"]
+    assert st["calls"] - st["compressed"] >= st["uncompressed_steps"]
+
+
+def test_the_step_check_is_only_for_low_rank_under_auto():
+    assert gt.CompressionState("powersgd:rank=2")._check is not None
+    assert gt.CompressionState("powersgd:rank=2", algorithm="low_rank")._check is None
+    assert gt.CompressionState("powersgd:rank=2", allow_uncompressed=False)._check is None
+    assert gt.CompressionState("topk:ratio=0.01")._check is None
