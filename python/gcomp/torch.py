@@ -392,7 +392,7 @@ class CompressionState(_PerParameterFeedback):
         (from each step's last bucket handed over to its result: what the end of backward
         waits for), cpu_seconds (the communication thread's CPU time in the jobs), jobs; for a
         low-rank codec under auto (whole steps compared, docs/python.md), step_checks,
-        step_switches and uncompressed_steps."""
+        step_switches, step_aborts and uncompressed_steps."""
         extra = self._check.stats() if self._check else {}
         return self._stats.snapshot(steps=self.step, **extra)
 
@@ -460,10 +460,9 @@ class _StepCheck:
                 self._decide(step, vote)
             elif c < step < c + self.probe:
                 self._maybe_abort(step, vote)
-            if step not in self.modes:
-                probing = self.next_check <= step < self.next_check + self.probe
-                self.modes[step] = self.uncompressed != probing
-                self.uncompressed_steps += self.modes[step]
+            probing = self.next_check <= step < self.next_check + self.probe
+            self.modes[step] = self.uncompressed != probing
+            self.uncompressed_steps += self.modes[step]
             for old in [k for k in self.starts if k < step - self.window - self.probe - 1]:
                 del self.starts[old]
                 self.modes.pop(old, None)
