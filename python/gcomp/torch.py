@@ -429,9 +429,11 @@ class _StepCheck:
     choice does, the residual zeroed; or the codec again) and compares their median step time
     with the `window` steps before it; the ranks vote (one allreduce of the votes) and where
     most find the other way faster by more than `margin`, the steps until the next check go that
-    way. A probe step more than `abort` times the window's median (the uncompressed allreduce
-    on a slow link) ends the check at once, on the ranks' vote, so a check costs a slow link one
-    step. A step's time is from its first bucket's hook call to the next step's."""
+    way. A first probe step more than `abort` times the window's median (the uncompressed
+    allreduce on a slow link) ends the check at once, on the ranks' vote, so a check costs a slow
+    link one step. A step's time is from its first bucket's hook call to the next step's. The low-rank
+    steps' calls run without allow_uncompressed: the check weighs the uncompressed way, and a call
+    trying it inside a low-rank step would blur the step times compared."""
 
     window, probe, interval, max_interval, margin, abort = 8, 5, 64, 1024, 0.03, 2.0
 
@@ -458,7 +460,10 @@ class _StepCheck:
             c = self.next_check
             if step == c + self.probe:
                 self._decide(step, vote)
-            elif c < step < c + self.probe:
+            elif step == c + 1:
+                # Once, on the first probe step's time: a vote is a collective, which lines the
+                # ranks up and so costs the step it falls in; one in the probe keeps the
+                # probe's median free of it.
                 self._maybe_abort(step, vote)
             probing = self.next_check <= step < self.next_check + self.probe
             self.modes[step] = self.uncompressed != probing
@@ -565,6 +570,9 @@ def compression_hook(state, bucket):
             state._check.zeroed.clear()
     seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
+    # Where whole steps are compared, the check is where the uncompressed way is weighed: a call
+    # trying it inside a low-rank step would blur the step times the check compares.
+    allow = allow and state._check is None
     dense_below = state.dense_below
     ef = views = efs = velocities = shapes = None
     if shaped and not dense:
