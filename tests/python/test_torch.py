@@ -595,3 +595,71 @@ def test_the_step_check_is_only_for_low_rank_under_auto():
     assert gt.CompressionState("powersgd:rank=2", algorithm="low_rank")._check is None
     assert gt.CompressionState("powersgd:rank=2", allow_uncompressed=False)._check is None
     assert gt.CompressionState("topk:ratio=0.01")._check is None
+
+
+def uneven_steps(r):
+    """Rank r's steps in the uneven-input tests: 3, 5, 7, ..."""
+    return 3 + 2 * r
+
+
+def test_joined_ranks_contribute_zeros_to_the_mean_over_every_rank():
+    # DDP's join() with ranks that run out of data at different steps: the ranks that have
+    # joined shadow the others' collectives through the hook with zero buckets, and the mean
+    # still divides by every rank (as DDP's default divide_by_initial_world_size=True). With
+    # lr = 0 the parameters stay put, so an active rank computes every rank's gradient at step
+    # s itself (batch(s, r) on a plain copy of the model) and the hook's mean must be the sum of
+    # the active ranks' g_r / P, within (gamma_{P-1} + 3u) S (1 + u)^2 of the exact one as in
+    # test_the_none_hook_averages_as_ddps_own_allreduce (the zeros add no error).
+    p = size()
+    plain = model()
+    m = DDP(model())
+    state = gt.CompressionState("none")
+    m.register_comm_hook(state, gt.compression_hook)
+    gamma = (p - 1) * U / (1 - (p - 1) * U)
+    checked = 0
+    with m.join():
+        for s in range(uneven_steps(rank())):
+            m.zero_grad()
+            backward(m, s)
+            grads = []
+            for r in range(p):
+                if uneven_steps(r) <= s:
+                    continue  # rank r has joined: it sends zeros
+                plain.zero_grad()
+                x, y = batch(s, r)
+                torch.nn.functional.cross_entropy(plain(x), y).backward()
+                grads.append([q.grad.double().clone() for q in plain.parameters()])
+            for i, q in enumerate(m.parameters()):
+                exact = sum(g[i] for g in grads) / p
+                bound = (gamma + 3 * U) * sum(g[i].abs() for g in grads) / p * (1 + U) ** 2
+                assert torch.all((q.grad.double() - exact).abs() <= bound), (s, i)
+                checked += int(len(grads) < p)
+    # Every rank ran the hook for every step of the longest, its own and the shadowed ones.
+    assert state.step == uneven_steps(p - 1)
+    # The ranks that ran longest checked steps where others had joined.
+    assert rank() < p - 1 or checked > 0
+
+
+def test_uneven_inputs_with_error_feedback_end_identical_and_drain_the_joined_residuals():
+    # Top-k with error feedback under join(): a joined rank's bucket is zeros, so what it sends
+    # is the top-k of its residual, and its residual can only shrink (e - topk(e)). The job
+    # completes on every rank, DDP's join ends with the same parameters on every rank, and each
+    # rank's residual at the end is no larger than when it joined.
+    m = DDP(model())
+    # allow_uncompressed=False: auto may not send this small bucket whole (which zeroes residuals).
+    state = gt.CompressionState("topk:ratio=0.1", allow_uncompressed=False)
+    m.register_comm_hook(state, gt.compression_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with m.join():
+        for s in range(uneven_steps(rank())):
+            opt.zero_grad()
+            backward(m, s)
+            opt.step()
+        joined = [float(np.linalg.norm(state.residual(q))) for q in m.parameters()]
+    assert sum(joined) > 0  # top-k 10% of these gradients leaves a residual
+    ended = [float(np.linalg.norm(state.residual(q))) for q in m.parameters()]
+    assert all(e <= j for e, j in zip(ended, joined)), (ended, joined)
+    if rank() < size() - 1:
+        assert sum(ended) < sum(joined)  # the shadowed steps sent some of it
+    assert state.step == uneven_steps(size() - 1)
+    same_on_every_rank(list(m.parameters()))
