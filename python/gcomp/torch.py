@@ -570,9 +570,7 @@ def compression_hook(state, bucket):
             state._check.zeroed.clear()
     seed = state.seed & _MASK  # the library mixes in step and index: a seed per bucket and step
     codec, algorithm, allow = state.codec, state.algorithm, state.allow_uncompressed
-    # Where whole steps are compared, the check is where the uncompressed way is weighed: a call
-    # trying it inside a low-rank step would blur the step times the check compares.
-    allow = allow and state._check is None
+    allow = allow and state._check is None  # the step check weighs that way (_StepCheck)
     dense_below = state.dense_below
     ef = views = efs = velocities = shapes = None
     if shaped and not dense:

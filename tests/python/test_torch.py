@@ -62,6 +62,18 @@ def same_on_every_rank(tensors):
             assert torch.equal(other, t.detach()), "ranks differ"
 
 
+def gamma(n):
+    """Higham's gamma_n for float32: the relative error bound of a sum of n + 1 terms."""
+    return n * U / (1 - n * U)
+
+
+def mean_bound(s, p):
+    """How far a float32 mean of p terms (summed in any order, times 1/p) lies from the exact
+    mean, S = sum_r |g_r| / p: (gamma_{p-1} + 3u) S (1 + u)^2, derived in
+    test_the_none_hook_averages_as_ddps_own_allreduce."""
+    return (gamma(p - 1) + 3 * U) * s * (1 + U) ** 2
+
+
 def train(m, opt, steps, first=0):
     for s in range(first, first + steps):
         opt.zero_grad()
@@ -83,13 +95,13 @@ def test_the_none_hook_averages_as_ddps_own_allreduce():
     backward(a, 0)
     backward(b, 0)
     p = size()
-    gamma = (p - 1) * U / (1 - (p - 1) * U)
     for q, pa, pb in zip(plain.parameters(), a.parameters(), b.parameters()):
         grads = [g.double() for g in gathered(q.grad)]
         s = sum(g.abs() for g in grads) / p
         exact = sum(grads) / p
-        assert torch.all((pa.grad.double() - pb.grad.double()).abs() <= (2 * gamma + 4 * U) * s)
-        assert torch.all((pb.grad.double() - exact).abs() <= (gamma + 3 * U) * s * (1 + U) ** 2)
+        assert torch.all((pa.grad.double() - pb.grad.double()).abs()
+                         <= (2 * gamma(p - 1) + 4 * U) * s)
+        assert torch.all((pb.grad.double() - exact).abs() <= mean_bound(s, p))
     # The bound is not vacuous: the gradients are far from zero where it is tight.
     assert any(torch.any(q.grad != 0) for q in plain.parameters())
 
@@ -608,14 +620,12 @@ def test_joined_ranks_contribute_zeros_to_the_mean_over_every_rank():
     # still divides by every rank (as DDP's default divide_by_initial_world_size=True). With
     # lr = 0 the parameters stay put, so an active rank computes every rank's gradient at step
     # s itself (batch(s, r) on a plain copy of the model) and the hook's mean must be the sum of
-    # the active ranks' g_r / P, within (gamma_{P-1} + 3u) S (1 + u)^2 of the exact one as in
-    # test_the_none_hook_averages_as_ddps_own_allreduce (the zeros add no error).
+    # the active ranks' g_r / P, within mean_bound of the exact one (the zeros add no error).
     p = size()
     plain = model()
     m = DDP(model())
     state = gt.CompressionState("none")
     m.register_comm_hook(state, gt.compression_hook)
-    gamma = (p - 1) * U / (1 - (p - 1) * U)
     checked = 0
     with m.join():
         for s in range(uneven_steps(rank())):
@@ -631,9 +641,9 @@ def test_joined_ranks_contribute_zeros_to_the_mean_over_every_rank():
                 grads.append([q.grad.double().clone() for q in plain.parameters()])
             for i, q in enumerate(m.parameters()):
                 exact = sum(g[i] for g in grads) / p
-                bound = (gamma + 3 * U) * sum(g[i].abs() for g in grads) / p * (1 + U) ** 2
+                bound = mean_bound(sum(g[i].abs() for g in grads) / p, p)
                 assert torch.all((q.grad.double() - exact).abs() <= bound), (s, i)
-                checked += int(len(grads) < p)
+            checked += int(len(grads) < p)
     # Every rank ran the hook for every step of the longest, its own and the shadowed ones.
     assert state.step == uneven_steps(p - 1)
     # The ranks that ran longest checked steps where others had joined.
