@@ -87,6 +87,11 @@ Communicator::Communicator(MPI_Comm comm, const NetworkModel& network,
 Communicator::~Communicator() = default;
 
 Communicator::Impl::~Impl() {
+  // After a timeout the agreement is still posted on comm_: freeing it could wait for it.
+  if (!broken_.empty()) {
+    (void)agreement_.release();  // MPI may still write there
+    return;
+  }
   if (comm_ != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -106,8 +111,10 @@ void Communicator::Impl::init(MPI_Comm comm, const NetworkModel* given,
   if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
   detail::apply_wait_policy();  // a bad GCOMP_WAIT throws here, before anything is made
   timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
+  limits_ = detail::wait_limits_from_env();  // a bad GCOMP_STALL/TIMEOUT_SECONDS throws here
   GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
   GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  watch_.init(comm_);
   GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   GCOMP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
   // More ranks on this node than cores: waits must yield, or a spinning rank steals the
@@ -208,6 +215,8 @@ struct Communicator::Impl::Call {
   std::uint64_t group = 0;
   ComputeModel compute;
   double agree_seconds = 0;
+  std::size_t n = 0;         // elements (for the stall report)
+  std::uint64_t number = 0;  // this call's number (Impl::calls_)
   bool sum_bounded = false;  // the sum cannot overflow (Agreement::magnitude): not checked
 };
 
@@ -217,9 +226,12 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
                               const detail::DeviceCall* device,
                               std::span<const detail::MatrixBlock> matrices) {
   Impl& self = *this;
+  if (!self.broken_.empty()) throw Error(Status::timeout, self.broken_);
   Call c{self, codec, ef, opt, extra_signature};
   c.device = device;
   c.matrices = matrices;
+  c.n = in.size();
+  c.number = ++self.calls_;
   // 1. Local work that may fail: a failure is this rank's part of the agreement.
   std::exception_ptr local;
   try {
@@ -248,7 +260,8 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
                 "ranks disagree on the allreduce (codec spec, element count, algorithm, "
                 "options or seed); this rank: " +
                     describe(*codec, in.size(), c.requested, opt, ef != nullptr,
-                             extra_signature));
+                             extra_signature) +
+                    (opt.label ? std::string(" (") + opt.label + ")" : std::string()));
   }
   // 3. The algorithm, from the agreed numbers; then the statistics.
   const Algorithm alg = decide(c, all);
@@ -489,9 +502,34 @@ Agreement Communicator::Impl::agree(Call& c) {
   c.mine.seal(c.sig);
   c.mine.seal_memory((c.memories ? c.memories->signature() : 0) ^ c.state_signature);
   const double start = MPI_Wtime();
-  const Agreement all = detail::agree(self.comm_, c.mine);
+  if (self.limits_.stall <= 0 && self.limits_.timeout <= 0) {
+    const Agreement all = detail::agree(self.comm_, c.mine);
+    c.agree_seconds = MPI_Wtime() - start;
+    return all;
+  }
+  // Watched (stall.hpp): in the Impl's own buffers, which outlive a timeout.
+  Agreement* buf = self.agreement_.get();
+  buf[0] = c.mine;
+  MPI_Request req;
+  GCOMP_CHECK_MPI(MPI_Iallreduce(&buf[0], &buf[1], sizeof(Agreement) / 8, MPI_INT64_T, MPI_MAX,
+                                 self.comm_, &req));
+  try {
+    self.watch_.wait(req, c.number, self.limits_, [&] {
+      std::string d = (c.codec ? "allreduce of " + std::to_string(c.n) + " floats, codec " +
+                                     c.codec->spec()
+                               : std::string("a rank's abandoned call"));
+      if (c.opt.label) d += ", " + std::string(c.opt.label);
+      return d;
+    });
+  } catch (const Error& e) {
+    if (e.code() == Status::timeout) {
+      self.broken_ = std::string("this Communicator timed out earlier and can make no more calls "
+                                 "(its agreement is still posted in MPI): ") + e.what();
+    }
+    throw;
+  }
   c.agree_seconds = MPI_Wtime() - start;
-  return all;
+  return buf[1];
 }
 
 // The algorithm: the requested one, or auto's choice from the agreed numbers (the same on
@@ -640,6 +678,18 @@ void Communicator::allreduce(TensorView<const float> in, TensorView<float> out, 
   }
   impl_->call(host, host, &codec, ef, options, nullptr, 0, &call);
 }
+
+void Communicator::set_stall_seconds(double seconds) {
+  detail::check_wait_seconds(seconds, "stall_seconds");
+  impl_->limits_.stall = seconds;
+}
+void Communicator::set_timeout_seconds(double seconds) {
+  detail::check_wait_seconds(seconds, "timeout_seconds");
+  impl_->limits_.timeout = seconds;
+}
+double Communicator::stall_seconds() const noexcept { return impl_->limits_.stall; }
+double Communicator::timeout_seconds() const noexcept { return impl_->limits_.timeout; }
+std::uint64_t Communicator::calls() const noexcept { return impl_->calls_; }
 
 void Communicator::abandon(Status reason, const std::string& why) {
   const Error e(reason, why);

@@ -19,6 +19,7 @@
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
 #include "learner.hpp"
+#include "stall.hpp"
 #include "workspace.hpp"
 
 namespace gcomp {
@@ -76,6 +77,15 @@ struct Communicator::Impl {
   // ---- Statistics ----
   CallStats last_;
   TotalStats total_;
+
+  // ---- A rank that does not come (stall.hpp) ----
+  detail::StallWatch watch_;
+  detail::WaitLimits limits_;
+  std::uint64_t calls_ = 0;  // the calls made, each numbered in the agreement
+  // The agreement's buffers, on the heap: after a timeout the agreement stays posted in MPI,
+  // which may still write them, and they are given up (never freed) with broken_ set.
+  std::unique_ptr<detail::Agreement[]> agreement_ = std::make_unique<detail::Agreement[]>(2);
+  std::string broken_;  // set by a timeout: what every later call throws
 
   // ---- auto (auto_choice.cpp) ----
   ComputeModel compute_model(const Codec& codec, std::size_t n);

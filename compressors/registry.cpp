@@ -61,6 +61,8 @@ const char* status_name(Status s) noexcept {
       return "mismatch";
     case Status::internal:
       return "internal";
+    case Status::timeout:
+      return "timeout";
   }
   return "unknown";
 }

@@ -25,6 +25,7 @@
 
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
+#include "feedback_slot.hpp"
 #include "gcomp/momentum.hpp"
 #include "wire.hpp"
 
@@ -540,6 +541,20 @@ gcomp::AllreduceOptions options_of(py::handle algorithm, py::handle average, py:
   return o;
 }
 
+// The call's name in a stall report or a timeout (AllreduceOptions::label): label as given,
+// else "step S, index I" where a step is given, else none.
+std::string label_of(py::handle label, py::handle step, py::handle index) {
+  if (!label.is_none()) {
+    if (!py::isinstance<py::str>(label)) {
+      throw py::type_error("label must be a str or None, not " + type_name(label));
+    }
+    return label.cast<std::string>();
+  }
+  if (step.is_none()) return {};
+  return "step " + std::to_string(to_seed(step, "step")) + ", index " +
+         std::to_string(to_seed(index, "index"));
+}
+
 const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made) {
   if (py::isinstance<gcomp::Codec>(codec)) return codec.cast<const gcomp::Codec&>();
   if (py::isinstance<py::str>(codec)) return made.emplace(codec.cast<std::string>());
@@ -548,8 +563,10 @@ const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made
 
 py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::handle ef,
                      py::handle algorithm, py::handle average, py::handle seed,
-                     py::handle allow_uncompressed, py::handle step, py::handle index) {
+                     py::handle allow_uncompressed, py::handle step, py::handle index,
+                     py::handle label) {
   std::optional<Held> buf;
+  std::string label_text;
   std::optional<gcomp::Codec> made;
   const gcomp::Codec* c = nullptr;
   PyErrorFeedback* e = nullptr;
@@ -561,6 +578,8 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
     e = to_ef(ef, buf->size(), "ef");
     using_ef.emplace(e);
     options = options_of(algorithm, average, seed, allow_uncompressed, step, index);
+    label_text = label_of(label, step, index);
+    if (!label_text.empty()) options.label = label_text.c_str();
   });
   {
     py::gil_scoped_release nogil;
@@ -611,8 +630,9 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
                              py::handle average, py::handle seed, py::handle algorithm,
                              py::handle allow_uncompressed, py::handle step, py::handle index,
-                             py::handle shapes) {
+                             py::handle shapes, py::handle label) {
   std::deque<Held> bufs;
+  std::string label_text;
   std::vector<gcomp::MatrixShape> matrices;
   std::vector<std::span<float>> spans;
   std::vector<gcomp::ErrorFeedback*> memories;
@@ -670,6 +690,8 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
     options.bucket_bytes = to_count(bucket_bytes, "bucket_bytes");
     options.dense_below = to_count(dense_below, "dense_below");
     options.allreduce = options_of(algorithm, average, seed, allow_uncompressed, step, index);
+    label_text = label_of(label, step, index);
+    if (!label_text.empty()) options.allreduce.label = label_text.c_str();
   });
   {
     py::gil_scoped_release nogil;
@@ -748,7 +770,8 @@ PYBIND11_MODULE(_gcomp, m) {
       "gcomp.Error",
       "An error of the gcomp library.\n\n"
       "``status`` names its kind: \"invalid_argument\", \"bad_payload\", \"buffer_too_small\",\n"
-      "\"nonfinite\", \"mpi\", \"cuda\", \"mismatch\" or \"internal\"; the message names the\n"
+      "\"nonfinite\", \"mpi\", \"cuda\", \"mismatch\", \"internal\" or \"timeout\" (a rank did\n"
+      "not come to a call within Communicator.timeout_seconds); the message names the\n"
       "offending value. In a collective, a failure on one rank raises on every rank: that rank\n"
       "with its own status, the others with \"mismatch\" naming the rank and the reason.",
       PyExc_RuntimeError, nullptr);
@@ -851,6 +874,25 @@ PYBIND11_MODULE(_gcomp, m) {
           "Each encode writes the new residual to the other of two buffers, so take\n"
           "ef.residual again after an encode; an older view then shows a buffer the library\n"
           "reuses (it stays valid memory as long as the view lives).")
+      .def_property(
+          "kept",
+          [](const PyErrorFeedback& e) {
+            const std::vector<float>& k = gcomp::detail::FeedbackSlot::of(e.ef);
+            py::array_t<float> out(static_cast<py::ssize_t>(k.size()));
+            if (!k.empty()) std::memcpy(out.mutable_data(), k.data(), k.size() * sizeof(float));
+            return out;
+          },
+          [](PyErrorFeedback& e, py::handle values) {
+            const Held in(values, "kept", Elem::float32, false);
+            const Using using_ef(&e);
+            const std::span<const float> v = in.floats();
+            gcomp::detail::FeedbackSlot::of(e.ef).assign(v.begin(), v.end());
+          },
+          "What the collectives keep beside the residual (the low_rank algorithm's warm-start\n"
+          "factor, compressed_reduce_scatter's owner-side residual; empty until an algorithm\n"
+          "keeps something): a float32 copy. Assigning a float32 array sets it, as a checkpoint\n"
+          "restores it (gcomp.torch's state_dict); the algorithm checks what it finds and starts\n"
+          "afresh where it does not fit.")
       .def("reset", [](PyErrorFeedback& e) { e.ef.reset(); }, "reset()\n\nSets the residual to zero.")
       .def("__repr__", [](const PyErrorFeedback& e) {
         return "gcomp.ErrorFeedback(" + std::to_string(e.ef.size()) + ")";
@@ -911,8 +953,9 @@ PYBIND11_MODULE(_gcomp, m) {
           "allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
           py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
           py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
+          py::arg("label") = py::none(),
           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
-          "          allow_uncompressed=True, step=None, index=0) -> x\n\n"
+          "          allow_uncompressed=True, step=None, index=0, label=None) -> x\n\n"
           "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
           "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
           "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
@@ -925,16 +968,42 @@ PYBIND11_MODULE(_gcomp, m) {
           "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
           "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
           "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
-          "differently; step=None uses seed as given (index must then be 0). The GIL is\n"
-          "released while it runs.")
+          "differently; step=None uses seed as given (index must then be 0). label: the call's\n"
+          "name in a stall report or a timeout (stall_seconds; default \"step S, index I\" where a\n"
+          "step is given). The GIL is released while it runs.")
+      .def_property(
+          "stall_seconds", [](const PyCommunicator& c) { return c.get().stall_seconds(); },
+          [](PyCommunicator& c, double s) {
+            py::gil_scoped_release nogil;
+            const std::lock_guard<std::mutex> own(c.busy);  // not during a call
+            c.get().set_stall_seconds(s);
+          },
+          "Seconds a rank waits at the start of a call for a rank that has not come before it\n"
+          "prints once, to stderr, the call (its number, size, codec, label) and the ranks not\n"
+          "there with where each is (default GCOMP_STALL_SECONDS, else 60; 0: never).")
+      .def_property(
+          "timeout_seconds", [](const PyCommunicator& c) { return c.get().timeout_seconds(); },
+          [](PyCommunicator& c, double s) {
+            py::gil_scoped_release nogil;
+            const std::lock_guard<std::mutex> own(c.busy);  // not during a call
+            c.get().set_timeout_seconds(s);
+          },
+          "Seconds after which that wait raises gcomp.Error (status \"timeout\") naming them\n"
+          "instead of waiting on (default GCOMP_TIMEOUT_SECONDS, else 0: never). The\n"
+          "Communicator can make no more calls then (each raises \"timeout\"): end the job.")
+      .def_property_readonly(
+          "calls", [](const PyCommunicator& c) { return c.get().calls(); },
+          "The calls made so far, as the stall report numbers them.")
       .def("allreduce_buckets", &allreduce_buckets, py::arg("tensors"), py::arg("codec"),
            py::arg("efs") = py::none(), py::arg("bucket_bytes") = 25u << 20,
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
            py::arg("algorithm") = "auto", py::arg("allow_uncompressed") = true,
            py::arg("step") = py::none(), py::arg("index") = 0, py::arg("shapes") = py::none(),
+           py::arg("label") = py::none(),
            "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
            "                  average=False, seed=0, algorithm=\"auto\",\n"
-           "                  allow_uncompressed=True, step=None, index=0, shapes=None)\n"
+           "                  allow_uncompressed=True, step=None, index=0, shapes=None,\n"
+           "                  label=None)\n"
            "                  -> tensors\n\n"
            "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
            "of float32, one collective each; tensors of fewer than dense_below elements are\n"
@@ -945,7 +1014,7 @@ PYBIND11_MODULE(_gcomp, m) {
            "matrix of rows = shape[0] and cols = the product of the rest, which a low-rank\n"
            "codec needs (powersgd: each matrix sends its rank-r factors, with efs holding the\n"
            "residual and warm-start Q per tensor; 1-D and small matrices go dense) and the\n"
-           "other codecs ignore. The tensors themselves may be flat.")
+           "other codecs ignore. The tensors themselves may be flat. label: as allreduce's.")
       .def("choose", &choose, py::arg("codec"), py::arg("n"), py::arg("allow_uncompressed") = true,
            "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": "
            "bool}\n\n"

@@ -117,6 +117,9 @@ struct AllreduceOptions {
   // never makes a call slower. Set false when the result must always be the sum of what the codec
   // sent (accuracy experiments, and the C API, whose contract says so).
   bool allow_uncompressed = true;
+  // The caller's name for the call ("bucket 3 of step 120"), said in a stall report or a
+  // timeout's message (set_stall_seconds); not compared between ranks. Null: none.
+  const char* label = nullptr;
 };
 
 // What auto decides: an algorithm, and whether the codec is applied at all.
@@ -309,6 +312,27 @@ class Communicator {
 
   const CallStats& last_stats() const noexcept;
   const TotalStats& total_stats() const noexcept;
+
+  // A rank that does not come to a call. Every call starts with the agreement, which no rank
+  // leaves until all have come; a rank that has waited there stall_seconds (default
+  // GCOMP_STALL_SECONDS, else 60; 0: never) prints once, to stderr, which call it waits at (its
+  // number, size, codec and label) and which ranks are not there, each with where it is: at
+  // another call, or in none of this Communicator's (asked on a duplicate communicator of its
+  // own). With timeout_seconds (default GCOMP_TIMEOUT_SECONDS, else 0: never) the call throws
+  // Error(timeout) naming them instead of waiting on; the Communicator can then make no more
+  // calls (its agreement stays posted in MPI, which cannot cancel a collective): every later
+  // call throws Error(timeout), and the job should end (from a checkpoint, restart it). A rank
+  // that skipped a call and came to the next meets the others' agreement of the skipped one;
+  // where the two differ (size, seed, codec) every rank throws Error(mismatch), each naming its
+  // own call. Waits inside a call, once every rank has come, are not limited. Negative or
+  // non-finite seconds: Error(invalid_argument).
+  void set_stall_seconds(double seconds);
+  void set_timeout_seconds(double seconds);
+  double stall_seconds() const noexcept;
+  double timeout_seconds() const noexcept;
+  // The calls this Communicator has made (each allreduce, each bucket of allreduce_buckets,
+  // each abandon), as the stall report numbers them.
+  std::uint64_t calls() const noexcept;
 
  private:
   // Everything else (collectives/communicator_impl.hpp): the duplicated communicator, the agreed

@@ -17,6 +17,7 @@ enum class Status : int {
   cuda,
   mismatch,
   internal,
+  timeout,  // a collective waited longer than the Communicator's timeout_seconds
 };
 
 // A short lowercase name of a status ("bad_payload"), for messages and logs.

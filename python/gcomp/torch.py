@@ -25,12 +25,14 @@ spec) raises on every rank, from backward (the hook) or from ``step()``, never a
 Reference: docs/python.md, "PyTorch".
 """
 
+import math
 import os
 import pickle
 import queue
 import re
 import threading
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -47,6 +49,7 @@ __all__ = [
     "communicator",
     "compression_hook",
     "init_process_group",
+    "register",
 ]
 
 _MASK = (1 << 64) - 1  # any int seed, as the library's 64 bits (the same seeds mod 2^64)
@@ -123,6 +126,89 @@ def _momentum_of(momentum, error_feedback):
         raise ValueError("momentum correction needs error feedback (error_feedback=True for a "
                          "codec whose error contracts, or \"always\")")
     return m
+
+
+def _weight_decay_of(weight_decay):
+    wd = float(weight_decay)
+    if not wd >= 0.0 or math.isinf(wd):
+        raise ValueError(f"weight_decay must be finite and >= 0, not {weight_decay!r}")
+    return wd
+
+
+def _waits_of(stall_seconds, timeout_seconds):
+    """The stall report's and the timeout's seconds, checked (None: the Communicator's, from
+    GCOMP_STALL_SECONDS and GCOMP_TIMEOUT_SECONDS; 0: never)."""
+    out = []
+    for name, v in (("stall_seconds", stall_seconds), ("timeout_seconds", timeout_seconds)):
+        if v is not None:
+            v = float(v)
+            if not v >= 0.0 or math.isinf(v):
+                raise ValueError(f"{name} must be finite and >= 0 (0: never), not {v!r}")
+        out.append(v)
+    return tuple(out)
+
+
+def _delays(codec, error_feedback):
+    """Whether the codec sends much of each gradient late, through error feedback (the
+    sparsifiers: top-k, unscaled random-k, threshold; and sign): the codecs whose delay plain
+    momentum amplifies, and whose momentum belongs in the hook (DGC's momentum correction)."""
+    c = _codec_or_none(codec)
+    if c is None or not error_feedback:
+        return False
+    props = c.properties
+    return not props["low_rank"] and (props["sparse"] or c.spec.split(":")[0] == "sign")
+
+
+def _take_momentum(optimizer, codec, options, who):
+    """register's and DistributedOptimizer's move of the optimizer's momentum (and weight decay)
+    into momentum correction, for the codecs that delay (_delays): options gains momentum and
+    weight_decay and the optimizer's groups lose them (SGD with one momentum and weight decay
+    over its groups, no Nesterov, no dampening, not maximizing). Where it cannot move them, a
+    warning says why and that the optimizer is left as it is. Returns what moved (a dict, empty
+    when nothing did). A momentum given in options is the caller's choice: nothing moves."""
+    given = options.get("momentum")
+    if optimizer is None or not _delays(codec, _feedback_wanted(codec, options.get(
+            "error_feedback", True))):
+        return {}
+    groups = getattr(optimizer, "param_groups", [])
+    held = sorted({float(g.get("momentum", 0.0)) for g in groups})
+    if given is not None:
+        if float(given) > 0 and any(held):
+            raise ValueError(f"{who}: momentum={given} in the hook and momentum {held[-1]} in "
+                             f"{type(optimizer).__name__} would apply momentum twice; give one")
+        return {}
+    name = type(optimizer).__name__
+    if not isinstance(optimizer, torch.optim.SGD):
+        warnings.warn(f"{who}: {name} is left as it is: momentum correction moves SGD's momentum "
+                      f"only, so {codec} compresses the gradient and {name} applies its update "
+                      "to the delayed sum (docs/python.md, \"The one line\")", stacklevel=3)
+        return {}
+    if not any(held):
+        return {}
+    why = []
+    if any(g.get("nesterov") for g in groups):
+        why.append("Nesterov momentum (momentum correction is heavy-ball momentum)")
+    if any(float(g.get("dampening", 0.0)) for g in groups):
+        why.append("dampening")
+    if any(g.get("maximize") for g in groups):
+        why.append("maximize=True")
+    if len(held) > 1:
+        why.append(f"different momentum in its groups ({', '.join(map(str, held))})")
+    decays = {float(g.get("weight_decay", 0.0)) for g in groups}
+    if len(decays) > 1:
+        why.append("different weight decay in its groups")
+    if why:
+        warnings.warn(f"{who}: SGD keeps its momentum ({'; '.join(why)} cannot move into the "
+                      f"hook): {codec} then sends each gradient late and momentum amplifies the "
+                      "delay, which costs accuracy (docs/python.md, \"The one line\")",
+                      stacklevel=3)
+        return {}
+    moved = {"momentum": held[0], "weight_decay": decays.pop()}
+    for g in groups:
+        g["momentum"] = 0.0
+        g["weight_decay"] = 0.0
+    options.update(moved)
+    return moved
 
 
 # ---- the communication thread ----
@@ -267,7 +353,35 @@ class _Stats:
 class _PerParameterFeedback:
     """Where each parameter's error-feedback residual lives: _home maps a parameter's id to
     (ErrorFeedback, offset, numel), its own ErrorFeedback (offset 0) or its share of a
-    bucket's."""
+    bucket's. _keys names each parameter met for checkpoints (its name where known, else its
+    place in the order first met); _loaded holds a loaded checkpoint's values until each
+    parameter is met again."""
+
+    _format = None  # the checkpoint's "format" (set by each subclass)
+
+    def _init_feedback(self, names=None):
+        self._velocity = {}  # parameter id -> its velocity (momentum correction)
+        self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
+        # parameter id -> its name (checkpoint keys), from (name, parameter) pairs
+        self._names = {id(q): n for n, q in (names or [])}
+        self._keys = {}  # parameter id -> its checkpoint key, in the order first met
+        self._params = {}  # parameter id -> the parameter (kept for state_dict)
+        self._loaded = {"residuals": {}, "kept": {}, "velocities": {}, "buckets": {}}
+
+    def _meet(self, params):
+        """Gives each parameter not met before its checkpoint key."""
+        keys = self._keys
+        for p in params:
+            if id(p) not in keys:
+                keys[id(p)] = self._names.get(id(p), f"#{len(keys)}")
+                self._params[id(p)] = p
+
+    def _label(self, kind, index, step, params):
+        """A call's name in a stall report: "DDP bucket 2 of step 17 (fc.weight, fc.bias)"."""
+        names = [self._names[id(p)] for p in params if id(p) in self._names]
+        if len(names) > 3:
+            names = names[:3] + [f"{len(names) - 3} more"]
+        return f"{kind} {index} of step {step}" + (f" ({', '.join(names)})" if names else "")
 
     def residual(self, param):
         """The error-feedback residual of one parameter (a float32 numpy view), or None."""
@@ -278,15 +392,31 @@ class _PerParameterFeedback:
         return ef.residual[offset:offset + numel]
 
     def _feedback_of(self, p):
-        """A parameter's own ErrorFeedback, made once (not a throwaway one every step)."""
+        """A parameter's own ErrorFeedback, made once (not a throwaway one every step), with a
+        loaded checkpoint's residual and kept state where there is one."""
         home = self._home.get(id(p))
         if home is None:
-            home = self._home[id(p)] = (gcomp.ErrorFeedback(p.numel()), 0, p.numel())
+            ef = gcomp.ErrorFeedback(p.numel())
+            key = self._keys.get(id(p))
+            r = self._loaded["residuals"].pop(key, None)
+            if r is not None and r.numel() == p.numel():
+                ef.residual[:] = r.numpy()
+            k = self._loaded["kept"].pop(key, None)
+            if k is not None:
+                ef.kept = k.numpy()
+            home = self._home[id(p)] = (ef, 0, p.numel())
         return home[0]
 
     def velocity(self, param):
         """The momentum-correction velocity of one parameter (a float32 tensor), or None."""
         return self._velocity.get(id(param))
+
+    def _decay(self, params, grads):
+        """Weight decay before compression (where register() moved it from SGD, as DGC adds it
+        before momentum correction): g += weight_decay * p, in place."""
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                g.add_(p.detach().reshape(g.shape), alpha=self.weight_decay)
 
     def _accumulate_momentum(self, params, grads):
         """Momentum correction (Lin et al., DGC), before compression: each parameter's velocity
@@ -297,8 +427,14 @@ class _PerParameterFeedback:
             for p, g in zip(params, grads):
                 u = self._velocity.get(id(p))
                 if u is None:
-                    u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
-                elif g.is_contiguous():
+                    u = self._loaded["velocities"].pop(self._keys.get(id(p)), None)
+                    if u is not None and u.numel() == g.numel():
+                        u = self._velocity[id(p)] = u.clone()
+                    else:
+                        u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
+                        pairs.append((p, u))
+                        continue
+                if g.is_contiguous():
                     gcomp.momentum_correct(u, g.view(-1), self.momentum)  # in place, no GIL
                 else:
                     u.mul_(self.momentum).add_(g.reshape(-1))
@@ -316,6 +452,56 @@ class _PerParameterFeedback:
             r = self.residual(p)
             if r is not None:
                 gcomp.mask_momentum(u, r)
+
+    # ---- checkpoints ----
+
+    def _feedback_state(self):
+        """The per-parameter part of state_dict(): residuals, kept states and velocities by
+        checkpoint key (float32 tensors, copies), and the shared buckets' kept states."""
+        out = {"residuals": {}, "kept": {}, "velocities": {}, "buckets": {}}
+        for pid, key in self._keys.items():
+            home = self._home.get(pid)
+            if home is not None:
+                ef, off, numel = home
+                out["residuals"][key] = torch.from_numpy(ef.residual[off:off + numel].copy())
+                if numel == ef.size:  # its own memory: what the collectives keep beside it
+                    kept = ef.kept
+                    if kept.size:
+                        out["kept"][key] = torch.from_numpy(kept)
+            u = self._velocity.get(pid)
+            if u is not None:
+                out["velocities"][key] = u.clone()
+        # Not yet met since a load: carried on as loaded.
+        for part in ("residuals", "kept", "velocities", "buckets"):
+            for key, v in self._loaded[part].items():
+                out[part].setdefault(key, v)
+        return out
+
+    def _check_format(self, sd):
+        if not isinstance(sd, dict) or sd.get("format") != self._format:
+            raise ValueError(f"load_state_dict: not a {self._format} state_dict "
+                             f"(format {sd.get('format') if isinstance(sd, dict) else type(sd)!r})")
+        if sd.get("version") != 1:
+            raise ValueError(f"load_state_dict: version {sd.get('version')!r} is not known "
+                             "(this gcomp reads version 1)")
+        spec = _codec_or_none(self.codec)
+        spec = spec.spec if spec is not None else str(self.codec)
+        if sd.get("codec") != spec:
+            raise ValueError(f"load_state_dict: the checkpoint is of codec {sd.get('codec')!r}, "
+                             f"this state's is {spec!r}")
+        if float(sd.get("momentum", 0.0)) != self.momentum:
+            raise ValueError(f"load_state_dict: the checkpoint's momentum {sd.get('momentum')} "
+                             f"is not this state's {self.momentum}")
+
+    def _load_feedback(self, sd):
+        """Forgets this rank's residuals and velocities and holds the checkpoint's until each
+        parameter is met (by its key)."""
+        self._velocity.clear()
+        self._home.clear()
+        self._loaded = {part: {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
+                                if part != "buckets" else v
+                                for k, v in dict(sd.get(part, {})).items()}
+                         for part in ("residuals", "kept", "velocities", "buckets")}
 
 
 class CompressionState(_PerParameterFeedback):
@@ -358,7 +544,8 @@ class CompressionState(_PerParameterFeedback):
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
                  dense_below=1024, seed=0, synchronous=False, per_parameter=None,
-                 allow_uncompressed=True, momentum=0.0):
+                 allow_uncompressed=True, momentum=0.0, weight_decay=0.0, stall_seconds=None,
+                 timeout_seconds=None, names=None):
         self.codec = codec
         self.error_feedback = _feedback_wanted(codec, error_feedback)
         self.warmup_steps = int(warmup_steps)
@@ -371,10 +558,11 @@ class CompressionState(_PerParameterFeedback):
         self._shaped = _low_rank(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.momentum = _momentum_of(momentum, self.error_feedback)
-        self._velocity = {}  # parameter id -> its velocity (momentum correction)
+        self.weight_decay = _weight_decay_of(weight_decay)
+        self.stall_seconds, self.timeout_seconds = _waits_of(stall_seconds, timeout_seconds)
+        self._init_feedback(names)
         self.step = 0  # completed backward passes (a bucket with is_last() ends one)
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
-        self._home = {}  # parameter id -> (ErrorFeedback, offset, numel): where its residual is
         self._stats = _Stats()
         self._new_step = True  # the next hook call is a step's first
         # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
@@ -399,7 +587,7 @@ class CompressionState(_PerParameterFeedback):
     def _feedback_for(self, bucket):
         """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
         anew (its rebuild after the first step), a new one filled with each parameter's residual
-        from where it was."""
+        from where it was (or from a loaded checkpoint)."""
         entries = _layout_of(bucket)
         key = tuple(entries)
         known = self._layout.get(bucket.index())
@@ -407,16 +595,63 @@ class CompressionState(_PerParameterFeedback):
             return known[1]
         ef = gcomp.ErrorFeedback(bucket.buffer().numel())
         residual = ef.residual
+        pending = self._loaded["residuals"]
         for pid, off, numel in entries:
             home = self._home.get(pid)
             if home is not None:
                 old, old_off, old_numel = home
                 if old_numel == numel:
                     residual[off:off + numel] = old.residual[old_off:old_off + numel]
+            else:
+                r = pending.pop(self._keys.get(pid), None)
+                if r is not None and r.numel() == numel:
+                    residual[off:off + numel] = r.numpy()
+        # What the collectives kept beside the bucket's residual, where a checkpoint has it for
+        # this very layout.
+        kept = self._loaded["buckets"].pop(self._bucket_key(entries), None)
+        if kept is not None:
+            ef.kept = torch.as_tensor(kept, dtype=torch.float32).numpy()
         for pid, off, numel in entries:
             self._home[pid] = (ef, off, numel)
         self._layout[bucket.index()] = (key, ef)
         return ef
+
+    def _bucket_key(self, entries):
+        return tuple((self._keys.get(pid), off, numel) for pid, off, numel in entries)
+
+    _format = "gcomp.torch.CompressionState"
+
+    def state_dict(self):
+        """state_dict() -> dict: what a resumed job needs to go on exactly where this one is
+        (for torch.save): the step count, every parameter's error-feedback residual and
+        momentum-correction velocity, and what the collectives keep beside a residual (the
+        low-rank warm-start factors), each parameter by its name (register(), names=) or else
+        by its place in the order the hook first met it; float32 tensors, copies. Not in it:
+        what auto learned and the whole-step check, which a resumed job learns again
+        (docs/python.md, "Checkpoints"). Call it between steps (no bucket in flight)."""
+        fb = self._feedback_state()
+        for (layout, ef) in self._layout.values():
+            kept = ef.kept
+            if kept.size:
+                fb["buckets"][self._bucket_key(layout)] = torch.from_numpy(kept)
+        spec = _codec_or_none(self.codec)
+        return {"format": self._format, "version": 1,
+                "codec": spec.spec if spec is not None else str(self.codec),
+                "step": self.step, "momentum": self.momentum, **fb}
+
+    def load_state_dict(self, state_dict):
+        """load_state_dict(state_dict): goes on from a state_dict() of a state with the same
+        codec and momentum (ValueError otherwise), before the hook's first call or between
+        steps: the step count as saved, and each parameter's residual and velocity when the hook
+        next meets it (by its key), whatever buckets DDP has laid it out in."""
+        self._check_format(state_dict)
+        self._load_feedback(state_dict)
+        self._layout.clear()
+        self.step = int(state_dict["step"])
+        self._new_step = True
+        if self._check is not None:  # the whole-step check measures afresh
+            self._check = _StepCheck(max(self.warmup_steps + _start_steps(self.codec),
+                                         self.step) + _StepCheck.window)
 
 
 class _StepCheck:
@@ -541,6 +776,30 @@ def _layout_of(bucket):
     return entries
 
 
+class _Waits:
+    """A state's stall_seconds and timeout_seconds for its calls: set on the Communicator for
+    the call (where given) and set back after it, so that states with their own settings and
+    the module's other calls share the one Communicator."""
+
+    __slots__ = ("stall", "timeout", "old")
+
+    def __init__(self, state):
+        self.stall, self.timeout, self.old = state.stall_seconds, state.timeout_seconds, None
+
+    def set(self, comm):
+        if self.stall is not None or self.timeout is not None:
+            self.old = (comm.stall_seconds, comm.timeout_seconds)
+            if self.stall is not None:
+                comm.stall_seconds = self.stall
+            if self.timeout is not None:
+                comm.timeout_seconds = self.timeout
+
+    def reset(self, comm):
+        if self.old is not None:
+            comm.stall_seconds, comm.timeout_seconds = self.old
+            self.old = None
+
+
 def compression_hook(state, bucket):
     """compression_hook(state, bucket) -> torch.futures.Future[torch.Tensor]
 
@@ -553,6 +812,8 @@ def compression_hook(state, bucket):
     tensor = bucket.buffer()
     step, index = state.step, bucket.index()
     last = bucket.is_last()
+    params = bucket.parameters()
+    state._meet(params)
     per_parameter, shaped = state._split, state._shaped
     dense = step < state.warmup_steps or (not per_parameter and not shaped and
                                           tensor.numel() < state.dense_below)
@@ -585,20 +846,26 @@ def compression_hook(state, bucket):
             efs = [state._feedback_of(p) for p in bucket.parameters()]
     elif state.error_feedback and not dense:
         ef = state._feedback_for(bucket)
-    if state.momentum:
-        params = bucket.parameters()
-        velocities = state._accumulate_momentum(
-            params, views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
+    if state.momentum or state.weight_decay:
+        grads = views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+        if state.weight_decay:
+            state._decay(params, grads)
+        if state.momentum:
+            velocities = state._accumulate_momentum(params, grads)
+    waits = _Waits(state)
+    label = state._label("DDP bucket", index, step, params)
 
     def job(comm):
         started, cpu = time.perf_counter(), time.thread_time()
         try:
+            waits.set(comm)
             if dense or bare:
-                comm.allreduce(tensor, "none", algorithm="dense", average=True)
+                comm.allreduce(tensor, "none", algorithm="dense", average=True, label=label)
             elif plain:
                 comm.allreduce_buckets(views, "none", efs=efs,
                                        bucket_bytes=max(4 * tensor.numel(), 1), dense_below=0,
-                                       average=True, algorithm="dense", step=step, index=index)
+                                       average=True, algorithm="dense", step=step, index=index,
+                                       label=label)
             elif shaped:
                 # dense_below=0: the low-rank algorithm sends the small tensors dense in its
                 # first collective (one collective a bucket, not two), and the views, which lie
@@ -607,19 +874,21 @@ def compression_hook(state, bucket):
                                        bucket_bytes=max(4 * tensor.numel(), 1),
                                        dense_below=0, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                       index=index)
+                                       index=index, label=label)
             elif per_parameter:
                 # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
                 comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
                                        dense_below=dense_below, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                       index=index)
+                                       index=index, label=label)
             else:
                 comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
-                               allow_uncompressed=allow, step=step, index=index)
+                               allow_uncompressed=allow, step=step, index=index, label=label)
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
+        finally:
+            waits.reset(comm)
         state._stats.add(comm, dense or plain)
         if velocities and not dense:
             state._mask_momentum(velocities)
@@ -638,6 +907,33 @@ def compression_hook(state, bucket):
         except Exception:  # noqa: BLE001 - the future holds it; DDP raises it from backward
             pass
     return fut
+
+
+def register(model, optimizer, codec, **options):
+    """register(model, optimizer, codec, **options) -> CompressionState
+
+    The one line for a DistributedDataParallel script: makes a CompressionState(codec,
+    **options) (options as CompressionState's), registers compression_hook with it on model,
+    and returns it. For the codecs that send much of a gradient late through error feedback
+    (the sparsifiers top-k, random-k, threshold; sign), momentum SGD amplifies the delay and
+    loses accuracy; register moves optimizer's momentum (and weight decay) into the hook as
+    DGC's momentum correction: the state gets momentum= and weight_decay= of the optimizer's
+    param groups, and the groups get 0 (a bucket sent whole is then plain momentum SGD, bit for
+    bit the same update). What it cannot move (an optimizer other than SGD, Nesterov momentum,
+    dampening, maximize, groups with different momentum or weight decay) it leaves as it is,
+    with a warning saying so. momentum= among the options is taken as given (nothing moves;
+    a momentum in both places is a ValueError); optimizer None moves nothing. The state's
+    checkpoint keys are model's parameter names."""
+    if not hasattr(model, "register_comm_hook"):
+        raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
+                        f"model (it has register_comm_hook), not {type(model).__name__}")
+    options = dict(options)
+    moved = _take_momentum(optimizer, codec, options, "gcomp.torch.register")
+    options.setdefault("names", list(model.named_parameters()))
+    state = CompressionState(codec, **options)
+    state.moved = moved
+    model.register_comm_hook(state, compression_hook)
+    return state
 
 
 # ---- the optimizer wrapper ----
@@ -665,7 +961,7 @@ class DistributedOptimizer(_PerParameterFeedback):
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
-                 momentum=0.0):
+                 momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -689,11 +985,20 @@ class DistributedOptimizer(_PerParameterFeedback):
         self._split = _splits(codec, per_parameter)
         self._shaped = _low_rank(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
-        self.momentum = _momentum_of(momentum, self.error_feedback)
-        self._velocity = {}  # parameter id -> its velocity (momentum correction)
+        # The wrapped SGD's momentum and weight decay move here for the codecs that delay
+        # (register()'s rule), unless momentum is given.
+        options = {"error_feedback": error_feedback}
+        if momentum is not None:
+            options["momentum"] = momentum
+        if weight_decay is not None:
+            options["weight_decay"] = weight_decay
+        self.moved = _take_momentum(optimizer, codec, options, "gcomp.torch.DistributedOptimizer")
+        self.momentum = _momentum_of(options.get("momentum", 0.0), self.error_feedback)
+        self.weight_decay = _weight_decay_of(options.get("weight_decay", 0.0))
+        self.stall_seconds, self.timeout_seconds = _waits_of(stall_seconds, timeout_seconds)
         self.steps = 0
-        self._names = {id(p): n for n, p in named}
-        self._home = {}  # parameter id -> (its ErrorFeedback, 0, numel)
+        self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
+        self._meet(p for _, p in named)
         self._ready, self._ready_bytes = [], 0
         self._pending, self._buckets = [], 0
         self._stats = _Stats()
@@ -737,11 +1042,15 @@ class DistributedOptimizer(_PerParameterFeedback):
         efs = velocities = None
         if self.error_feedback and not dense:
             efs = [self._feedback_of(p) for p in params]
+        if self.weight_decay:
+            self._decay(params, grads)
         if self.momentum:
             velocities = self._accumulate_momentum(params, grads)
         codec = "none" if dense else self.codec
         algorithm = "dense" if dense else self.algorithm
         seed, step, index = self.seed & _MASK, self.steps, self._buckets  # the library mixes them
+        waits = _Waits(self)
+        label = self._label("bucket", index, step, params)
         self._buckets += 1
         stats, dense_below, allow = self._stats, self.dense_below, self.allow_uncompressed
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own; a low-rank
@@ -752,10 +1061,14 @@ class DistributedOptimizer(_PerParameterFeedback):
 
         def job(comm):
             started, cpu = time.perf_counter(), time.thread_time()
-            comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
-                                   dense_below=dense_below, average=True, seed=seed,
-                                   algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                   index=index, shapes=shapes)
+            waits.set(comm)
+            try:
+                comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
+                                       dense_below=dense_below, average=True, seed=seed,
+                                       algorithm=algorithm, allow_uncompressed=allow, step=step,
+                                       index=index, shapes=shapes, label=label)
+            finally:
+                waits.reset(comm)
             stats.add(comm, dense)
             if velocities and not dense:
                 self._mask_momentum(velocities)
@@ -801,6 +1114,34 @@ class DistributedOptimizer(_PerParameterFeedback):
 
     def zero_grad(self, *args, **kwargs):
         return self.optimizer.zero_grad(*args, **kwargs)
+
+    _format = "gcomp.torch.DistributedOptimizer"
+
+    def state_dict(self):
+        """state_dict() -> dict: the wrapped optimizer's state_dict ("optimizer") and what
+        gcomp keeps ("gcomp": the step count, every parameter's residual, velocity and kept
+        state, by its name in named_parameters), for torch.save; a resumed job loads it with
+        load_state_dict and goes on exactly. Call it between steps."""
+        fb = self._feedback_state()
+        fb.pop("buckets")
+        spec = _codec_or_none(self.codec)
+        return {"optimizer": self.optimizer.state_dict(),
+                "gcomp": {"format": self._format, "version": 1,
+                          "codec": spec.spec if spec is not None else str(self.codec),
+                          "steps": self.steps, "momentum": self.momentum, **fb}}
+
+    def load_state_dict(self, state_dict):
+        """load_state_dict(state_dict): the wrapped optimizer's part into it, gcomp's (same
+        codec and momentum, else ValueError) here. A plain torch optimizer state_dict (without
+        gcomp's part) goes to the wrapped optimizer alone."""
+        if isinstance(state_dict, dict) and "gcomp" not in state_dict:
+            self.optimizer.load_state_dict(state_dict)
+            return
+        ours = state_dict["gcomp"]
+        self._check_format(ours)
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._load_feedback(ours)
+        self.steps = int(ours["steps"])
 
 
 # ---- broadcasts (root's values to every rank), through the same thread ----

@@ -480,6 +480,119 @@ def test_momentum_correction_needs_error_feedback():
     assert gt.CompressionState("topk:ratio=0.01", momentum=0.9).momentum == 0.9
 
 
+def test_register_moves_sgd_momentum_and_weight_decay_into_the_hook():
+    m = DDP(model(), bucket_cap_mb=0.005)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    state = gt.register(m, opt, "topk:ratio=0.05", algorithm="sparse_allgather",
+                        allow_uncompressed=False)
+    assert isinstance(state, gt.CompressionState)
+    assert (state.momentum, state.weight_decay) == (0.9, 1e-3)
+    assert state.moved == {"momentum": 0.9, "weight_decay": 1e-3}
+    assert all(g["momentum"] == 0 and g["weight_decay"] == 0 for g in opt.param_groups)
+    train(m, opt, 4)
+    same_on_every_rank(list(m.parameters()))
+    big = [p for p in m.parameters() if p.numel() >= 1024]
+    for p in big:  # the velocities live in the hook, masked where sent
+        u = state.velocity(p)
+        assert u is not None and 0 < int((u == 0).sum()) < p.numel()
+    # Checkpoint keys are the model's parameter names.
+    assert set(state.state_dict()["residuals"]) == {n for n, _ in m.named_parameters()}
+
+
+def test_register_leaves_a_codec_that_does_not_delay_and_its_optimizer_alone():
+    for spec in ("qsgd:bits=4", "fp16", "powersgd:rank=2"):
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        state = gt.register(m, opt, spec)
+        assert state.momentum == 0 and state.moved == {}
+        assert opt.param_groups[0]["momentum"] == 0.9
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda ps: torch.optim.Adam(ps, lr=1e-3), "Adam is left as it is"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True), "Nesterov"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.1), "dampening"),
+])
+def test_register_warns_and_changes_nothing_it_cannot_move(make, why):
+    m = DDP(model())
+    opt = make(m.parameters())
+    before = [dict(g, params=None) for g in opt.param_groups]
+    with pytest.warns(UserWarning, match=why):
+        state = gt.register(m, opt, "topk:ratio=0.01")
+    assert state.momentum == 0 and state.moved == {}
+    assert [dict(g, params=None) for g in opt.param_groups] == before
+
+
+def test_register_refuses_momentum_twice_and_a_model_without_hooks():
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    with pytest.raises(ValueError, match="twice"):
+        gt.register(m, opt, "topk:ratio=0.01", momentum=0.9)
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        gt.register(model(), opt, "topk:ratio=0.01")
+    # momentum=0 given: the caller keeps it in the optimizer.
+    state = gt.register(m, opt, "topk:ratio=0.01", momentum=0.0)
+    assert state.momentum == 0 and opt.param_groups[0]["momentum"] == 0.9
+
+
+def test_weight_decay_in_the_hook_is_added_to_each_gradient_before_the_mean():
+    # Sent whole (warm-up): the hook's result is the mean over ranks of g + wd p, within the
+    # mean's rounding (mean_bound) plus one rounding of each sum g + wd p (u |g + wd p|).
+    wd = 0.01
+    p = torch.nn.Parameter(torch.linspace(-3, 3, 700))
+    g = torch.Generator().manual_seed(5 + rank())
+    grad = torch.randn(700, generator=g)
+    p.grad = grad.clone()
+    state = gt.CompressionState("topk:ratio=0.01", warmup_steps=1, weight_decay=wd)
+    out = gt.compression_hook(state, FakeBucket(0, [p], True)).wait()
+    terms = [t.double() + wd * p.detach().double() for t in gathered(grad)]
+    s = sum(t.abs() for t in terms) / size()
+    exact = sum(terms) / size()
+    assert torch.all((out.double() - exact).abs() <= mean_bound(s, size()) + 2 * U * s)
+    # And without it the result is another one (the test can fail).
+    plain = sum(t.double() for t in gathered(grad)) / size()
+    assert not torch.all((out.double() - plain).abs() <= mean_bound(s, size()) + 2 * U * s)
+
+
+def test_the_optimizer_takes_momentum_from_the_sgd_it_wraps():
+    m = model()
+    opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                  named_parameters=m.named_parameters(), codec="topk:ratio=0.05")
+    assert opt.momentum == 0.9 and opt.moved["momentum"] == 0.9
+    assert opt.param_groups[0]["momentum"] == 0
+    keep = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=m.named_parameters(), codec="topk:ratio=0.05",
+                                   momentum=0.0)
+    assert keep.momentum == 0 and keep.param_groups[0]["momentum"] == 0.9
+    q = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                named_parameters=m.named_parameters(), codec="qsgd:bits=4")
+    assert q.momentum == 0 and q.param_groups[0]["momentum"] == 0.9
+
+
+def test_checkpoint_of_a_state_refuses_another_codec_or_momentum():
+    a = gt.CompressionState("topk:ratio=0.01", momentum=0.9)
+    sd = a.state_dict()
+    assert sd["format"] == "gcomp.torch.CompressionState" and sd["step"] == 0
+    gt.CompressionState("topk:ratio=0.01", momentum=0.9).load_state_dict(sd)
+    with pytest.raises(ValueError, match="codec"):
+        gt.CompressionState("topk:ratio=0.02", momentum=0.9).load_state_dict(sd)
+    with pytest.raises(ValueError, match="momentum"):
+        gt.CompressionState("topk:ratio=0.01").load_state_dict(sd)
+    with pytest.raises(ValueError, match="format"):
+        gt.CompressionState("topk:ratio=0.01", momentum=0.9).load_state_dict({"step": 3})
+
+
+def test_stall_and_timeout_settings_are_checked():
+    with pytest.raises(ValueError, match="stall_seconds"):
+        gt.CompressionState("topk:ratio=0.01", stall_seconds=-1)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        gt.CompressionState("topk:ratio=0.01", timeout_seconds=float("nan"))
+    comm = gt.communicator()
+    assert comm.stall_seconds == 60.0 and comm.timeout_seconds == 0.0  # the defaults
+    with pytest.raises(gcomp.Error, match="stall_seconds"):
+        comm.stall_seconds = -2.0
+
+
 def wide_model(seed=0):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(20, 96), torch.nn.ReLU(), torch.nn.Linear(96, 80),

@@ -1,0 +1,157 @@
+"""One gcomp.torch training job under mpiexec, for test_torch_jobs.py: a checkpoint's save and
+resume, a rank that sleeps past the stall time, a rank that skips a call under a timeout.
+
+    mpiexec.mpich -n P python3 torch_job.py train --form hook --codec topk:ratio=0.05
+        --first 0 --count 6 [--load FILE] [--save FILE] --out FILE
+    mpiexec.mpich -n P python3 torch_job.py stall --form hook|optimizer --late-rank 1 --sleep 2.5
+    mpiexec.mpich -n P python3 torch_job.py skip --late-rank 1 --sleep 4 (0: at once)
+
+Each rank's own files are FILE with ".rank<r>" appended. The data of step s on rank r is drawn
+from a generator seeded with (s, r), so a job that resumes at step s sees what one run sees.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gcomp
+import gcomp.torch as gt
+
+
+def ddp(net):
+    """DDP with several buckets (about 10 KB each, the first too), which it lays out anew from
+    the gradients' order after the first step."""
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 10000
+    try:
+        return DDP(net, bucket_cap_mb=0.01)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 96), torch.nn.ReLU(), torch.nn.Linear(96, 80),
+                               torch.nn.ReLU(), torch.nn.Linear(80, 5))
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def build(a, rank):
+    """The model, optimizer and (hook form) state, made as a job makes them before training."""
+    net = model()
+    sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    pinned = "low_rank" if a.codec.startswith("powersgd") else "sparse_allgather"
+    if a.form == "hook":
+        net = ddp(net) if a.buckets == "several" else DDP(net)
+        state = gt.register(net, sgd, a.codec, algorithm=pinned, allow_uncompressed=False,
+                            seed=7, stall_seconds=a.stall,
+                            per_parameter=True if a.per_parameter else None)
+        return net, sgd, state
+    opt = gt.DistributedOptimizer(sgd, named_parameters=net.named_parameters(), codec=a.codec,
+                                  algorithm=pinned, allow_uncompressed=False, seed=7,
+                                  bucket_bytes=20000)
+    return net, opt, opt
+
+
+def one_step(net, opt, step, rank):
+    opt.zero_grad()
+    x, y = batch(step, rank)
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+
+
+def train(a, rank):
+    net, opt, state = build(a, rank)
+    if a.load:
+        saved = torch.load(f"{a.load}.rank{rank}")
+        net.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        if a.form == "hook":
+            state.load_state_dict(saved["gcomp"])
+    for s in range(a.first, a.first + a.count):
+        one_step(net, opt, s, rank)
+    if a.save:
+        saved = {"model": net.state_dict(), "optimizer": opt.state_dict()}
+        if a.form == "hook":
+            saved["gcomp"] = state.state_dict()
+        torch.save(saved, f"{a.save}.rank{rank}")
+    torch.save([p.detach().clone() for p in net.parameters()], f"{a.out}.rank{rank}")
+    print(f"rank {rank}: steps {a.first}..{a.first + a.count - 1} done", flush=True)
+
+
+def stall(a, rank):
+    net, opt, _ = build(a, rank)
+    for s in range(4):
+        if s == 2 and rank == a.late_rank:
+            time.sleep(a.sleep)
+        one_step(net, opt, s, rank)
+    print(f"rank {rank}: completed", flush=True)
+
+
+def skip(a, rank):
+    """The late rank skips one call (its hook passes step 1's bucket 0 back without averaging
+    it), sleeps, and goes on to its next call: every rank must raise, none wait for ever."""
+    net = ddp(model())
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    once = []
+    state = gt.CompressionState(a.codec, algorithm="sparse_allgather", allow_uncompressed=False)
+    net.register_comm_hook(state, lambda st, bucket: (
+        skipped(a, bucket, once) if rank == a.late_rank and st.step == 1 and bucket.index() == 0
+        and not once else gt.compression_hook(st, bucket)))
+    try:
+        for s in range(3):
+            one_step(net, opt, s, rank)
+        print(f"rank {rank}: no error", flush=True)
+    except (RuntimeError, gcomp.Error) as e:
+        status = getattr(e, "status", None) or next(
+            (k for k in ("timeout", "mismatch") if f": {k}: " in str(e)), "other")
+        print(f"rank {rank}: raised {status}: {e}", flush=True)
+
+
+def skipped(a, bucket, once):
+    assert not bucket.is_last(), "the skipped call must not be the step's last"
+    once.append(True)
+    time.sleep(a.sleep)
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["train", "stall", "skip"])
+    ap.add_argument("--form", choices=["hook", "optimizer"], default="hook")
+    ap.add_argument("--codec", default="topk:ratio=0.05")
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--count", type=int, default=6)
+    ap.add_argument("--buckets", choices=["one", "several"], default="several",
+                    help="DDP's buckets: one for the model, or several (laid out anew after "
+                         "the first step)")
+    ap.add_argument("--per-parameter", action="store_true")
+    ap.add_argument("--load")
+    ap.add_argument("--save")
+    ap.add_argument("--out")
+    ap.add_argument("--late-rank", type=int, default=1)
+    ap.add_argument("--sleep", type=float, default=2.5)
+    ap.add_argument("--stall", type=float, default=None, help="the hook state's stall_seconds")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    rank, _ = gt.init_process_group()
+    {"train": train, "stall": stall, "skip": skip}[a.mode](a, rank)
+    sys.stdout.flush()
+    if a.mode != "skip":
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
