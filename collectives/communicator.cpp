@@ -510,17 +510,29 @@ Agreement Communicator::Impl::agree(Call& c) {
   // Watched (stall.hpp): in the Impl's own buffers, which outlive a timeout.
   Agreement* buf = self.agreement_.get();
   buf[0] = c.mine;
+  const auto describe = [&] {
+    std::string d = (c.codec ? "allreduce of " + std::to_string(c.n) + " floats, codec " +
+                                   c.codec->spec()
+                             : std::string("a rank's abandoned call"));
+    if (c.opt.label) d += ", " + std::string(c.opt.label);
+    return d;
+  };
   MPI_Request req;
   GCOMP_CHECK_MPI(MPI_Iallreduce(&buf[0], &buf[1], sizeof(Agreement) / 8, MPI_INT64_T, MPI_MAX,
                                  self.comm_, &req));
   try {
-    self.watch_.wait(req, c.number, self.limits_, [&] {
-      std::string d = (c.codec ? "allreduce of " + std::to_string(c.n) + " floats, codec " +
-                                     c.codec->spec()
-                               : std::string("a rank's abandoned call"));
-      if (c.opt.label) d += ", " + std::string(c.opt.label);
-      return d;
-    });
+    self.watch_.wait(req, c.number, self.limits_, describe);
+    // With a timeout, a second step: a rank that came after the others had given up completes
+    // the agreement (their contributions are posted) and would go on into the call's exchanges,
+    // which they never join. No rank passes the barrier until every rank has completed the
+    // agreement in time; a rank that timed out never joins it, so the late rank times out here.
+    if (self.limits_.timeout > 0 && self.size_ > 1) {
+      GCOMP_CHECK_MPI(MPI_Ibarrier(self.comm_, &req));
+      self.watch_.wait(req, c.number, self.limits_, [&] {
+        return describe() + "; past its agreement, which every rank had come to: a rank not "
+                            "there gave up on this call before this rank came";
+      });
+    }
   } catch (const Error& e) {
     if (e.code() == Status::timeout) {
       self.broken_ = std::string("this Communicator timed out earlier and can make no more calls "

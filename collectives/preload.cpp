@@ -33,6 +33,7 @@
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
 #include "gcomp/error.hpp"
+#include "stall.hpp"
 
 namespace {
 
@@ -128,6 +129,9 @@ Settings read_settings() {
     }
     s.ef_memory = mb << 20;
   }
+  // Read again by each communicator's Communicator at its first taken call; checked here so
+  // that a bad value stops the program at MPI_Init as the other settings do.
+  (void)gcomp::detail::wait_limits_from_env();
   if (s.codec) s.error_feedback = feedback_for(*s.codec, s.ef_setting);
   return s;
 }
@@ -313,6 +317,10 @@ int taken_allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Comm comm
     const float* in = sendbuf == MPI_IN_PLACE ? out : static_cast<const float*>(sendbuf);
     gcomp::ErrorFeedback* ef = s.error_feedback ? &feedback_for_site(cs, recvbuf, n) : nullptr;
     gcomp::AllreduceOptions opt;
+    // Its name in a stall report or a timeout's message.
+    const std::string label = "the program's MPI_Allreduce, taken call " +
+                              std::to_string(cs.calls + 1) + " on its communicator";
+    opt.label = label.c_str();
     opt.seed = cs.calls++;
     opt.allow_uncompressed = false;  // the codec always applied, as gcomp_allreduce
     if (s.algorithm != "auto") opt.algorithm = gcomp::parse_algorithm(s.algorithm);

@@ -324,7 +324,11 @@ class Communicator {
   // call throws Error(timeout), and the job should end (from a checkpoint, restart it). A rank
   // that skipped a call and came to the next meets the others' agreement of the skipped one;
   // where the two differ (size, seed, codec) every rank throws Error(mismatch), each naming its
-  // own call. Waits inside a call, once every rank has come, are not limited. Negative or
+  // own call. With a timeout set, each call's agreement is followed by a barrier (one more small
+  // collective a call): a rank that comes after the others timed out completes their posted
+  // agreement but never passes the barrier, which they never join, and throws Error(timeout)
+  // there after timeout_seconds, instead of going on into exchanges nobody else makes. Waits
+  // inside a call, once every rank has passed the agreement, are not limited. Negative or
   // non-finite seconds: Error(invalid_argument).
   void set_stall_seconds(double seconds);
   void set_timeout_seconds(double seconds);

@@ -34,7 +34,8 @@ typedef enum {
   GCOMP_ERR_CUDA,
   GCOMP_ERR_MISMATCH, /* two parties disagree: a payload's element count and the caller's n */
   GCOMP_ERR_INTERNAL,
-  GCOMP_ERR_TIMEOUT /* a collective waited past GCOMP_TIMEOUT_SECONDS for a rank that did not join */
+  GCOMP_ERR_TIMEOUT /* a collective waited past GCOMP_TIMEOUT_SECONDS for a rank that did not come
+                       (gcomp_mpi.h) */
 } gcomp_status;
 
 typedef struct gcomp_codec_s* gcomp_codec; /* a compressor built from a spec string */

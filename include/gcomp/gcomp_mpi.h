@@ -11,6 +11,16 @@
  * are wrong or whose input holds NaN/Inf returns its own status; every other rank returns
  * GCOMP_ERR_MISMATCH (as they do when the ranks disagree), never waits. gcomp_last_error() says
  * which rank failed and why.
+ *
+ * A rank that does not come: a rank that has waited GCOMP_STALL_SECONDS (default 60; 0: never)
+ * at the start of a call for the others prints once, to stderr, which call it waits at and which
+ * ranks are not there. With GCOMP_TIMEOUT_SECONDS set (default 0: never), such a call returns
+ * GCOMP_ERR_TIMEOUT on every rank instead of waiting on (the late rank too, when it comes:
+ * after the timeout it waits at most as long again); the communicator's gcomp state can make no
+ * more calls then (MPI cannot cancel the posted collective: each later call returns
+ * GCOMP_ERR_TIMEOUT), so the program should end. Both are read when a communicator is first used;
+ * a malformed value fails that call with GCOMP_ERR_INVALID_ARGUMENT. Only the wait for every rank
+ * to come is watched: once all have come, a rank that dies inside the call is MPI's to report.
  */
 #ifndef GCOMP_GCOMP_MPI_H
 #define GCOMP_GCOMP_MPI_H

@@ -96,8 +96,41 @@ static int threads_case(int* argc, char*** argv) {
   return 0;
 }
 
+/* "calls late SECONDS [return]": the last rank sleeps SECONDS before the second of two taken
+   allreduces, which the others are already in (GCOMP_STALL_SECONDS / GCOMP_TIMEOUT_SECONDS set by the test). With
+   "return", MPI_COMM_WORLD's errors return: every rank prints "late_status RANK ok" or
+   "late_status RANK error", and the rest of the program runs on. */
+static int late_case(int* argc, char*** argv) {
+  MPI_Init(argc, argv);
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const double seconds = *argc > 2 ? atof((*argv)[2]) : 0;
+  if (*argc > 3 && strcmp((*argv)[3], "return") == 0) {
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  float* x = malloc(sizeof(float) * BIG);
+  float* y = malloc(sizeof(float) * BIG);
+  fill(x, BIG, rank, 10);
+  /* A first taken call, in time: it makes the communicator's gcomp state (collective). */
+  MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == size - 1) {
+    const double until = MPI_Wtime() + seconds;
+    while (MPI_Wtime() < until) {
+    }
+  }
+  const int rc = MPI_Allreduce(x, y, BIG, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  printf("late_status %d %s\n", rank, rc == MPI_SUCCESS ? "ok" : "error");
+  fflush(stdout);
+  free(x);
+  free(y);
+  MPI_Finalize();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "threads") == 0) return threads_case(&argc, &argv);
+  if (argc > 1 && strcmp(argv[1], "late") == 0) return late_case(&argc, &argv);
   MPI_Init(&argc, &argv);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -6,6 +6,7 @@
 # - bad settings fail at MPI_Init on every rank with a one-line message naming the variable (a
 #   low-rank codec among them: the interposer has no shapes);
 # - ranks whose settings differ fail at the first taken call on every rank, within a time limit;
+# - a late rank is named (GCOMP_STALL_SECONDS), or fails every rank (GCOMP_TIMEOUT_SECONDS);
 # - the plain training program: with GCOMP_CODEC=none the same weights, bit for bit, as without
 #   the interposer; with top-k 1% + error feedback it trains, and sends >= 20x fewer bytes;
 # - gcomp-train under it: nothing taken twice (gcomp's own traffic is not the program's).
@@ -93,9 +94,38 @@ bad GCOMP_MIN_COUNT=many
 bad GCOMP_EF=maybe
 bad GCOMP_ALGORITHM=fastest
 bad GCOMP_STATS=loud
+bad GCOMP_STALL_SECONDS=soon
+bad GCOMP_TIMEOUT_SECONDS=-1
 # A low-rank codec needs shapes, which MPI_Allreduce does not give: refused at init, saying so.
 bad GCOMP_CODEC=powersgd:rank=2
 grep -q "needs each tensor's shape" err.txt || fail "powersgd: $(cat err.txt)"
+
+# A rank that does not come (the last of 3 is 2 s late to the second taken call): with
+# GCOMP_STALL_SECONDS each waiting rank names it once and the job completes; with
+# GCOMP_TIMEOUT_SECONDS every rank fails the call, the late one too (it waits at most the
+# timeout again), and none hangs: the job ends through the error handler (fatal by default), or
+# every rank's MPI_Allreduce returns an error under MPI_ERRORS_RETURN.
+run 3 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_STALL_SECONDS=0.5 "$CALLS" late 2 ||
+  fail "late, stall: $(head -c 2000 err.txt)"
+[ "$(grep -c '^late_status [0-2] ok$' out.txt)" -eq 3 ] || fail "late, stall: $(cat out.txt)"
+for r in 0 1; do
+  [ "$(grep -c "^gcomp: rank $r has waited" err.txt)" -eq 1 ] || fail "late, stall: rank $r: $(cat err.txt)"
+done
+grep "^gcomp: rank" err.txt | grep -v "taken call 2 on its communicator); not there: rank 2 (at no gcomp call)$" &&
+  fail "late, stall: a report that does not name the call and rank 2 alone"
+grep -q "^gcomp: rank 2 " err.txt && fail "late, stall: the late rank reported: $(cat err.txt)"
+run 3 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_TIMEOUT_SECONDS=0.5 "$CALLS" late 2
+rc=$?
+[ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "late, timeout: hung"
+[ "$rc" -ne 0 ] || fail "late, timeout: exited 0"
+grep -q "gcomp preload: rank 0: MPI_Allreduce: rank 0 waited 0.5 s (the timeout) .*not there: rank 2 (at no gcomp call)" err.txt ||
+  fail "late, timeout: $(head -c 3000 err.txt)"
+run 3 pre GCOMP_CODEC=topk:ratio=0.01 GCOMP_TIMEOUT_SECONDS=0.5 "$CALLS" late 2 return ||
+  fail "late, timeout, errors returned: $(head -c 2000 err.txt)"
+[ "$(grep -c '^late_status [0-2] error$' out.txt)" -eq 3 ] ||
+  fail "late, timeout, errors returned: not every rank failed: $(cat out.txt)"
+grep -q "gcomp preload: rank 2: MPI_Allreduce: rank 2 waited 0.5 s (the timeout) .*gave up on this call" err.txt ||
+  fail "late, timeout, errors returned: the late rank: $(head -c 3000 err.txt)"
 
 # Settings that differ between ranks: every rank fails at the first taken call, none hangs.
 timeout -k 10 120 "$M" -n 1 env LD_PRELOAD="$PRE" GCOMP_CODEC=topk:ratio=0.01 "$CALLS" : \
