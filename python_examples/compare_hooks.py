@@ -13,8 +13,12 @@ allreduce forced synchronous: what overlap buys); also gcomp_qsgd4_sync, gcomp_t
 gcomp_topk1_layers_sync, gcomp_topk01_layers and gcomp_qsgd4_layers (per parameter instead of
 per DDP bucket),
 gcomp_sign_bucket (one sign scale per bucket), gcomp_topk1_auto (top-k 1% where auto may send a
-tensor uncompressed), and gcomp_topk1_mc, gcomp_topk01_mc (top-k with DGC's momentum
-correction: the hook keeps the momentum, 0.9, and the optimizer is SGD without it);
+tensor uncompressed), gcomp_topk1_by_hand, gcomp_topk01_by_hand (the hook registered by hand,
+SGD keeping its momentum), and gcomp_topk1_mc, gcomp_topk01_mc (DGC's momentum correction asked
+for by hand: the hook keeps the momentum, 0.9, and the optimizer is SGD without it). Every
+top-k row but the _by_hand and _mc ones is registered with the one line a user writes,
+gt.register(model, optimizer, codec, ...), which moves SGD's momentum into the hook as the _mc
+rows do by hand; the table says which rows are which;
 gcomp_powersgd1, gcomp_powersgd4, gcomp_powersgd4_fp16 (factors as binary16) and
 gcomp_powersgd4_alt (alternating: one factor a step) are PowerSGD through gcomp's low_rank
 algorithm on DDP's default buckets (torch's powersgd rows need one bucket, see Row), dense for
@@ -59,24 +63,35 @@ ROWS = ["nocomm", "nocomm_sync", "ddp", "torch_fp16", "powersgd1", "powersgd4", 
 # not show what its codec costs in accuracy. Each is gcomp's default otherwise: sign per
 # parameter, the others on whole DDP buckets (per_parameter=None).
 APPLIED = dict(allow_uncompressed=False)
+# The top-k rows are the one line a user writes, gt.register(model, optimizer, codec, ...),
+# which moves SGD's momentum into the hook (DGC's momentum correction); the _by_hand rows are
+# the same codec with the hook registered by hand and the momentum left in the optimizer (the
+# two lines of before: what register buys). The other rows register the hook by hand.
+ONE_LINE = dict(form="register")
 GCOMP_ROWS = {
     "gcomp_none": dict(codec="none"),
     "gcomp_fp16": dict(codec="fp16", **APPLIED),
-    "gcomp_topk1": dict(codec="topk:ratio=0.01", **APPLIED),
-    "gcomp_topk01": dict(codec="topk:ratio=0.001", **APPLIED),
+    "gcomp_topk1": dict(codec="topk:ratio=0.01", **APPLIED, **ONE_LINE),
+    "gcomp_topk01": dict(codec="topk:ratio=0.001", **APPLIED, **ONE_LINE),
     "gcomp_qsgd4": dict(codec="qsgd:bits=4", **APPLIED),
     "gcomp_sign": dict(codec="sign", **APPLIED),
-    "gcomp_topk1_sync": dict(codec="topk:ratio=0.01", synchronous=True, **APPLIED),
+    "gcomp_topk1_sync": dict(codec="topk:ratio=0.01", synchronous=True, **APPLIED, **ONE_LINE),
     "gcomp_qsgd4_sync": dict(codec="qsgd:bits=4", synchronous=True, **APPLIED),
     # Not in the default rows: the other choice of per_parameter, and auto unpinned.
-    "gcomp_topk1_layers": dict(codec="topk:ratio=0.01", per_parameter=True, **APPLIED),
+    "gcomp_topk1_layers": dict(codec="topk:ratio=0.01", per_parameter=True, **APPLIED,
+                               **ONE_LINE),
     "gcomp_topk1_layers_sync": dict(codec="topk:ratio=0.01", per_parameter=True,
-                                    synchronous=True, **APPLIED),
-    "gcomp_topk01_layers": dict(codec="topk:ratio=0.001", per_parameter=True, **APPLIED),
+                                    synchronous=True, **APPLIED, **ONE_LINE),
+    "gcomp_topk01_layers": dict(codec="topk:ratio=0.001", per_parameter=True, **APPLIED,
+                                **ONE_LINE),
     "gcomp_qsgd4_layers": dict(codec="qsgd:bits=4", per_parameter=True, **APPLIED),
     "gcomp_sign_bucket": dict(codec="sign", per_parameter=False, **APPLIED),
-    "gcomp_topk1_auto": dict(codec="topk:ratio=0.01"),
-    # DGC's momentum correction: the momentum moves from the optimizer into the hook.
+    "gcomp_topk1_auto": dict(codec="topk:ratio=0.01", **ONE_LINE),
+    # The hook registered by hand, SGD keeping its momentum: what the one line replaces.
+    "gcomp_topk1_by_hand": dict(codec="topk:ratio=0.01", **APPLIED),
+    "gcomp_topk01_by_hand": dict(codec="topk:ratio=0.001", **APPLIED),
+    # DGC's momentum correction asked for by hand (momentum=0.9 in the state, SGD without it):
+    # what register does for the top-k rows, spelled out.
     "gcomp_topk1_mc": dict(codec="topk:ratio=0.01", momentum=0.9, **APPLIED),
     "gcomp_topk01_mc": dict(codec="topk:ratio=0.001", momentum=0.9, **APPLIED),
     # PowerSGD through gcomp (the low_rank algorithm) on DDP's default buckets: warm start, error
@@ -111,7 +126,7 @@ class Row:
             dist._DEFAULT_FIRST_BUCKET_BYTES = first
         else:
             self.model = DDP(mlp(a.model == "wide", seed=a.seed))
-        self.state = None
+        self.state, self.form = None, None
         if name in ("nocomm", "nocomm_sync"):
             def no_communication(_, bucket):
                 if name == "nocomm_sync" and bucket.is_last():
@@ -127,16 +142,22 @@ class Row:
                                                      matrix_approximation_rank=int(name[8:]),
                                                      start_powerSGD_iter=a.powersgd_start)
             self.model.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
-        elif name in GCOMP_ROWS:
-            kw = dict(GCOMP_ROWS[name])
-            if kw["codec"].startswith("powersgd"):
-                kw["codec"] += f",start={a.powersgd_start}"
-            self.state = gt.CompressionState(**kw, seed=a.seed)
-            self.model.register_comm_hook(self.state, gt.compression_hook)
-        # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows.
+        # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows (by
+        # hand: momentum= given to the state; or moved there by register).
         in_hook = name in GCOMP_ROWS and GCOMP_ROWS[name].get("momentum", 0) > 0
         self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr,
                                    momentum=0.0 if in_hook else 0.9)
+        if name in GCOMP_ROWS:
+            kw = dict(GCOMP_ROWS[name])
+            self.form = kw.pop("form", "hook")
+            if kw["codec"].startswith("powersgd"):
+                kw["codec"] += f",start={a.powersgd_start}"
+            if self.form == "register":
+                self.state = gt.register(self.model, self.opt, kw.pop("codec"), **kw,
+                                         seed=a.seed)  # the one line
+            else:
+                self.state = gt.CompressionState(**kw, seed=a.seed)
+                self.model.register_comm_hook(self.state, gt.compression_hook)
         self.wall, self.steps, self.step_times, self.evals = 0.0, 0, [], []
         self.phases = []  # (forward, backward, optimizer) seconds of each step
         self.failed = None
@@ -220,6 +241,7 @@ def record(a, r, result, rank, size):
         st = r.state.stats()
         sent, how = st["bytes_sent"], "measured"
         extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"],
+                 "form": r.form, "moved": dict(getattr(r.state, "moved", {}) or {}),
                  # The hook's whole-step check (low-rank under auto): how many steps it sent
                  # uncompressed, in how many checks and switches.
                  "step_check": {k: st[k] for k in ("step_checks", "step_switches", "step_aborts",
@@ -462,6 +484,17 @@ def write(a, base, results):
                          f"{'not reached' if reach is None else f'{reach:.1f} s'} |")
             w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"], r["bytes_how"],
                         r["step_median"], reach if reach is not None else "", ""])
+    one_line = [r["row"] for r in results if r.get("form") == "register"]
+    by_hand = [r["row"] for r in results if r.get("form") == "hook"]
+    if one_line:
+        lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, ...)` "
+                      "(SGD's momentum 0.9 moved into the hook as momentum correction, the "
+                      "optimizer's set to 0): " + ", ".join(one_line) + "."]
+    if by_hand:
+        lines += ["", "Registered by hand, `model.register_comm_hook(gt.CompressionState(codec, "
+                      "...), gt.compression_hook)`, SGD keeping its momentum 0.9 (the _mc rows: "
+                      "momentum=0.9 given to the state, SGD without it): " +
+                      ", ".join(by_hand) + "."]
     lines += split_table(results)
     lines += calls_table(results)
     open(base + ".md", "w").write("\n".join(lines) + "\n")

@@ -29,6 +29,9 @@ PY
 import sys
 text = open(sys.argv[1]).read()
 assert "Where a step's time goes" in text, text
+# The top-k row is the one line (gt.register, momentum moved into the hook), and says so.
+one = [l for l in text.splitlines() if l.startswith("Registered with the one line")]
+assert len(one) == 1 and one[0].endswith(": gcomp_topk1."), text
 lines = {l.split("|")[1].strip(): l for l in text.splitlines() if l.startswith("| ")}
 for row in ("nocomm", "ddp", "powersgd1", "gcomp_topk1"):
     cells = [c.strip() for c in lines[row].split("|")[2:-1]] if row in lines else []
