@@ -507,7 +507,7 @@ class _PerParameterFeedback:
 class CompressionState(_PerParameterFeedback):
     """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
     dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
-    momentum=0.0)
+    momentum=0.0, weight_decay=0.0, stall_seconds=None, timeout_seconds=None, names=None)
 
     The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
     per_parameter: True compresses each parameter's gradient in the bucket on its own (one
@@ -531,7 +531,16 @@ class CompressionState(_PerParameterFeedback):
     u = momentum * u + g, and compresses u with error feedback instead of g: the residual
     accumulates velocities, top-k selects on them, and where a value is sent its velocity is
     zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
-    momentum=0): the momentum is here. Needs error feedback.
+    momentum=0): the momentum is here. Needs error feedback. register() sets it (and
+    weight_decay) from the optimizer. weight_decay: added to each gradient before momentum
+    correction and compression, g += weight_decay * p (SGD's weight decay, moved here).
+    stall_seconds, timeout_seconds: for this hook's calls, the Communicator's (None: its own,
+    from GCOMP_STALL_SECONDS, default 60, and GCOMP_TIMEOUT_SECONDS, default never; 0: never):
+    a rank that waits that long for another at a bucket's call names the call and the missing
+    ranks on stderr, or with the timeout raises gcomp.Error("timeout") from backward on every
+    rank (docs/python.md, "A rank that does not come"). names: (name, parameter) pairs
+    (register() passes model.named_parameters()), the keys of state_dict() and the names in a
+    stall report. state_dict() / load_state_dict(): checkpoints (docs/python.md).
     A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
     bucket.gradients() and sends the bucket's matrices as their factors in one collective, its
     vectors and small matrices dense in the same one (per_parameter and dense_below do not
@@ -942,7 +951,8 @@ def register(model, optimizer, codec, **options):
 class DistributedOptimizer(_PerParameterFeedback):
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
-    synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=0.0)
+    synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=None,
+    weight_decay=None, stall_seconds=None, timeout_seconds=None)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
@@ -952,8 +962,11 @@ class DistributedOptimizer(_PerParameterFeedback):
     each gradient of a bucket compressed on its own (one collective each); False, the bucket's
     gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
     feedback is per parameter, as in CompressionState (True: for the codecs whose error
-    contracts). momentum: DGC's momentum correction, as CompressionState's (wrap an optimizer
-    without momentum). A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
+    contracts). momentum: DGC's momentum correction, as CompressionState's; None (the
+    default) takes the wrapped SGD's momentum and weight decay for the codecs that send much of
+    a gradient late (top-k, random-k, threshold, sign), as register() does, and sets the SGD's
+    to 0; a number is taken as given. stall_seconds, timeout_seconds, state_dict(),
+    load_state_dict(): as CompressionState's. A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
     CompressionState. Every other attribute (param_groups, state_dict, ...) is the wrapped
     optimizer's.
     """
