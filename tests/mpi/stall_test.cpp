@@ -51,8 +51,7 @@ TEST(Stall, SettingsAreChecked) {
   EXPECT_EQ(comm->stall_seconds(), 60.0);  // GCOMP_STALL_SECONDS is not set in these tests
   EXPECT_EQ(comm->timeout_seconds(), 0.0);
   EXPECT_EQ(status_of([&] { comm->set_stall_seconds(-1); }), Status::invalid_argument);
-  EXPECT_EQ(status_of([&] { comm->set_timeout_seconds(std::nan("")); }),
-            Status::invalid_argument);
+  EXPECT_EQ(status_of([&] { comm->set_timeout_seconds(std::nan("")); }), Status::invalid_argument);
   EXPECT_EQ(status_of([&] { comm->set_timeout_seconds(HUGE_VAL); }), Status::invalid_argument);
   comm->set_stall_seconds(0.25);
   comm->set_timeout_seconds(2);
@@ -82,9 +81,10 @@ TEST(Stall, ALateRankIsNamedOnceAndTheCallCompletes) {
   } else {
     EXPECT_EQ(count(err, "gcomp: rank "), 1) << err;
     EXPECT_EQ(count(err, said), 1) << err;
-    const std::string call = " s at the start of call 2 (allreduce of 1000 floats, codec "
-                             "topk:ratio=0.1,values=fp32, bucket 3 of step 7); not there: rank " +
-                             std::to_string(late()) + " (at no gcomp call)\n";
+    const std::string call =
+        " s at the start of call 2 (allreduce of 1000 floats, codec "
+        "topk:ratio=0.1,values=fp32, bucket 3 of step 7); not there: rank " +
+        std::to_string(late()) + " (at no gcomp call)\n";
     EXPECT_EQ(count(err, call), 1) << err;
   }
   // And the next call, in time, says nothing.
@@ -106,8 +106,7 @@ TEST(Stall, ATimeoutFailsEveryRankTheLateOneToo) {
   EXPECT_EQ(out, test::mpi_sum(test::contribution(codec, x, 0)));
   if (rank() == late()) sleep_for(1.5);
   std::string msg;
-  EXPECT_EQ(status_of([&] { comm->allreduce(x, out, codec, nullptr, opt); }, &msg),
-            Status::timeout)
+  EXPECT_EQ(status_of([&] { comm->allreduce(x, out, codec, nullptr, opt); }, &msg), Status::timeout)
       << msg;
   // The ranks that timed out wait here (in MPI: their posted agreement completes when the late
   // rank comes), the late rank after its own timeout at the barrier.
@@ -156,8 +155,7 @@ TEST(Stall, TheCApiTimesOutOnEveryRank) {
   setenv("GCOMP_TIMEOUT_SECONDS", "soon", 1);
   EXPECT_EQ(gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 1, bad),
             GCOMP_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(gcomp_last_error()).find("GCOMP_TIMEOUT_SECONDS=soon"),
-            std::string::npos)
+  EXPECT_NE(std::string(gcomp_last_error()).find("GCOMP_TIMEOUT_SECONDS=soon"), std::string::npos)
       << gcomp_last_error();
   MPI_Comm_free(&bad);
 
@@ -165,7 +163,8 @@ TEST(Stall, TheCApiTimesOutOnEveryRank) {
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   setenv("GCOMP_TIMEOUT_SECONDS", "0.5", 1);
   setenv("GCOMP_STALL_SECONDS", "0", 1);
-  const gcomp_status first = gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 1, comm);
+  const gcomp_status first =
+      gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 1, comm);
   unsetenv("GCOMP_TIMEOUT_SECONDS");
   unsetenv("GCOMP_STALL_SECONDS");
   ASSERT_EQ(first, GCOMP_OK) << gcomp_last_error();

@@ -96,10 +96,10 @@ static int threads_case(int* argc, char*** argv) {
   return 0;
 }
 
-/* "calls late SECONDS [return]": the last rank sleeps SECONDS before the second of two taken
-   allreduces, which the others are already in (GCOMP_STALL_SECONDS / GCOMP_TIMEOUT_SECONDS set by the test). With
-   "return", MPI_COMM_WORLD's errors return: every rank prints "late_status RANK ok" or
-   "late_status RANK error", and the rest of the program runs on. */
+/* "calls late SECONDS [return]": the last rank spins SECONDS before the second of two taken
+   allreduces, which the others are already in (GCOMP_STALL_SECONDS / GCOMP_TIMEOUT_SECONDS set by
+   the test). With "return", MPI_COMM_WORLD's errors return: every rank prints "late_status RANK ok"
+   or "late_status RANK error", and the rest of the program runs on. */
 static int late_case(int* argc, char*** argv) {
   MPI_Init(argc, argv);
   int rank, size;
