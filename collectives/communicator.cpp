@@ -24,8 +24,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "agreement.hpp"
 #include "algorithm_table.hpp"
@@ -86,10 +88,21 @@ Communicator::Communicator(MPI_Comm comm, const NetworkModel& network,
 
 Communicator::~Communicator() = default;
 
+namespace {
+// The agreement buffers of Communicators that timed out: MPI may still write them (a posted
+// collective cannot be cancelled), so they are kept, reachable, until the process ends.
+void keep_until_exit(std::unique_ptr<detail::Agreement[]> buffers) {
+  static std::mutex lock;
+  static auto* kept = new std::vector<std::unique_ptr<detail::Agreement[]>>();
+  const std::lock_guard<std::mutex> hold(lock);
+  kept->push_back(std::move(buffers));
+}
+}  // namespace
+
 Communicator::Impl::~Impl() {
   // After a timeout the agreement is still posted on comm_: freeing it could wait for it.
   if (!broken_.empty()) {
-    (void)agreement_.release();  // MPI may still write there
+    keep_until_exit(std::move(agreement_));
     return;
   }
   if (comm_ != MPI_COMM_NULL) {

@@ -83,15 +83,19 @@ void StallWatch::send(int to, int tag, std::uint64_t a, std::uint64_t b) {
       MPI_Isend(out_.back().data(), 2, MPI_UINT64_T, to, tag, comm_, &sends_.back()));
 }
 
+bool StallWatch::receive(Message& m, MPI_Status& st) {
+  int found = 0;
+  GCOMP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &st));
+  if (!found) return false;
+  GCOMP_CHECK_MPI(MPI_Recv(m.data(), 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, comm_,
+                           MPI_STATUS_IGNORE));
+  return true;
+}
+
 void StallWatch::serve(std::uint64_t call) {
-  for (;;) {
-    int found = 0;
-    MPI_Status st;
-    GCOMP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &st));
-    if (!found) return;
-    Message m{};
-    GCOMP_CHECK_MPI(MPI_Recv(m.data(), 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, comm_,
-                             MPI_STATUS_IGNORE));
+  Message m{};
+  MPI_Status st;
+  while (receive(m, st)) {
     if (st.MPI_TAG == kTagQuery) {
       send(st.MPI_SOURCE, kTagAnswer, m[0], call);
     } else if (st.MPI_TAG == kTagAnswer && m[0] == call) {
@@ -101,14 +105,9 @@ void StallWatch::serve(std::uint64_t call) {
 }
 
 void StallWatch::drop() {
-  for (;;) {
-    int found = 0;
-    MPI_Status st;
-    GCOMP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &st));
-    if (!found) return;
-    Message m{};
-    GCOMP_CHECK_MPI(MPI_Recv(m.data(), 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, comm_,
-                             MPI_STATUS_IGNORE));
+  Message m{};
+  MPI_Status st;
+  while (receive(m, st)) {
   }
 }
 

@@ -56,6 +56,8 @@ class StallWatch {
 
  private:
   using Message = std::array<std::uint64_t, 2>;
+  // Receives one message that has arrived into m (its source and tag in st); false when none.
+  bool receive(Message& m, MPI_Status& st);
   // Receives what has arrived: answers each question with `call`, and records the answers to
   // this rank's question about `call` in where_ (other answers are stale: dropped).
   void serve(std::uint64_t call);

@@ -757,6 +757,16 @@ void add_last_call(gcomp::TotalStats& t, const PyCommunicator& comm, bool codec_
   t.add(s);
 }
 
+// The setter of one of the Communicator's waits (stall_seconds, timeout_seconds): never while a
+// call runs (it waits for the call, the GIL released).
+auto wait_setter(void (gcomp::Communicator::*set)(double)) {
+  return [set](PyCommunicator& c, double seconds) {
+    py::gil_scoped_release nogil;
+    const std::lock_guard<std::mutex> own(c.busy);
+    (c.get().*set)(seconds);
+  };
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gcomp, m) {
@@ -973,21 +983,13 @@ PYBIND11_MODULE(_gcomp, m) {
           "step is given). The GIL is released while it runs.")
       .def_property(
           "stall_seconds", [](const PyCommunicator& c) { return c.get().stall_seconds(); },
-          [](PyCommunicator& c, double s) {
-            py::gil_scoped_release nogil;
-            const std::lock_guard<std::mutex> own(c.busy);  // not during a call
-            c.get().set_stall_seconds(s);
-          },
+          wait_setter(&gcomp::Communicator::set_stall_seconds),
           "Seconds a rank waits at the start of a call for a rank that has not come before it\n"
           "prints once, to stderr, the call (its number, size, codec, label) and the ranks not\n"
           "there with where each is (default GCOMP_STALL_SECONDS, else 60; 0: never).")
       .def_property(
           "timeout_seconds", [](const PyCommunicator& c) { return c.get().timeout_seconds(); },
-          [](PyCommunicator& c, double s) {
-            py::gil_scoped_release nogil;
-            const std::lock_guard<std::mutex> own(c.busy);  // not during a call
-            c.get().set_timeout_seconds(s);
-          },
+          wait_setter(&gcomp::Communicator::set_timeout_seconds),
           "Seconds after which that wait raises gcomp.Error (status \"timeout\") naming them\n"
           "instead of waiting on (default GCOMP_TIMEOUT_SECONDS, else 0: never). The\n"
           "Communicator can make no more calls then (each raises \"timeout\"): end the job.")
