@@ -10,11 +10,12 @@ gt.register(model, optimizer, codec).
 unshaped loopback, and the bytes would then not be the codec's); --algorithm pins gcomp's
 algorithm (auto's learner also tries the others, dense among them); --by-hand registers the
 hook as before register existed (SGD keeps its momentum), for comparison; --wide trains
-784-2048-2048-10 (else 784-512-256-10, 0.5M parameters). SGD lr 0.05 momentum 0.9 (register moves the momentum into
-the hook for top-k, random-k, threshold and sign). --steps stops after that many steps (else
---epochs epochs). Rank 0 prints each epoch's test accuracy and at the end one line: the test
-accuracy, the bytes each rank handed to MPI against a ring allreduce's 2 (P-1)/P of the
-gradients every step, and whether every rank ends with the same parameters.
+784-2048-2048-10 (else 784-512-256-10, 0.5M parameters). SGD lr 0.05 momentum 0.9 (register
+moves the momentum into the hook for top-k, random-k, threshold and sign). --steps stops after
+that many steps (else --epochs epochs); --eval-every N also evaluates every N steps (rank 0).
+Rank 0 prints each epoch's test accuracy and at the end one line: the test accuracy, the bytes
+each rank handed to MPI against a ring allreduce's 2 (P-1)/P of the gradients every step, and
+whether every rank ends with the same parameters.
 """
 
 import argparse
@@ -85,8 +86,10 @@ def main():
             torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
             opt.step()
             steps += 1
-            if a.eval_every and steps % a.eval_every == 0:
-                evals.append(accuracy(model, test_x, test_y))
+            if a.eval_every and steps % a.eval_every == 0 and rank == 0:
+                # The parameters are the same on every rank: rank 0 alone evaluates (the
+                # module itself, outside DDP), the others go on to the next step.
+                evals.append(accuracy(model.module, test_x, test_y))
             if steps == a.steps:
                 break
         acc = accuracy(model, test_x, test_y)
