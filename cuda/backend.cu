@@ -228,4 +228,34 @@ void synchronize(void* stream) {
   GCOMP_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+int current_device() {
+  int d = 0;
+  GCOMP_CUDA(cudaGetDevice(&d));
+  return d;
+}
+
+void set_device(int device) { GCOMP_CUDA(cudaSetDevice(device)); }
+
+int device_of(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // a pointer CUDA does not know: clear the error, it is host memory
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+void order_after(void* stream, void* producer) {
+  if (stream == producer) return;
+  // One event per call: cheap (timing disabled), and it keeps concurrent callers apart.
+  cudaEvent_t e = nullptr;
+  GCOMP_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(e, static_cast<cudaStream_t>(producer));
+  const cudaError_t waited =
+      recorded == cudaSuccess ? cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), e, 0)
+                              : recorded;
+  cudaEventDestroy(e);  // released once the wait is done; the wait stays queued
+  GCOMP_CUDA(waited);
+}
+
 }  // namespace gcomp::cuda

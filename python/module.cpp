@@ -1,11 +1,11 @@
 // gcomp._gcomp: the Python binding of gcomp's C++ API (include/gcomp/codec.hpp, communicator.hpp),
 // re-exported by the package gcomp (python/gcomp/__init__.py). Reference: docs/python.md.
 //
-// What this file does and nothing more: it takes arrays and tensors in place (the buffer
-// protocol; torch CPU tensors through their .numpy() view), checks that each is what the call
-// needs (dtype, 1-D, contiguous, aligned, writable, size) and says so otherwise, releases the GIL
-// around every call into the library, turns gcomp::Error into gcomp.Error, and initializes and
-// finalizes MPI for the Communicator. Every computation is the C++ library's.
+// What this file does and nothing more: it takes arrays and tensors in place, in host memory or
+// on a CUDA device (python/arrays.hpp), checks that each is what the call needs (dtype, 1-D,
+// contiguous, aligned, writable, size, one memory per call) and says so otherwise, releases the
+// GIL around every call into the library, turns gcomp::Error into gcomp.Error, and initializes
+// and finalizes MPI for the Communicator. Every computation is the C++ library's.
 #include <mpi.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -23,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "arrays.hpp"
+#include "device.hpp"
+#include "feedback_slot.hpp"
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
-#include "feedback_slot.hpp"
 #include "gcomp/momentum.hpp"
 #include "wire.hpp"
 
@@ -51,122 +53,16 @@ void raise_gcomp_error(Status status, const char* message) {
   Py_DECREF(instance);
 }
 
-// ---- arrays and tensors, in place ----
-
-enum class Elem { float32, byte };
-
-const char* needed(Elem e) {
-  return e == Elem::float32 ? "a 1-D float32 numpy array or torch CPU tensor"
-                            : "a 1-D uint8 numpy array (or bytes, bytearray, a uint8 torch CPU "
-                              "tensor)";
-}
-
-std::string type_name(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
-
-// torch.Tensor, when torch has been imported by someone (this module never imports it).
-bool is_torch_tensor(py::handle obj) {
-  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
-  if (torch == nullptr) return false;
-  py::object tensor = py::reinterpret_borrow<py::object>(torch).attr("Tensor");
-  return PyObject_IsInstance(obj.ptr(), tensor.ptr()) == 1;
-}
-
-// A buffer exported by a Python object for the length of one call: the object can be neither
-// freed nor resized while it is held. Made and destroyed with the GIL held; used without it.
-class Held {
- public:
-  Held(py::handle obj, const std::string& what, Elem elem, bool writable) {
-    py::handle source = obj;
-    if (!PyObject_CheckBuffer(obj.ptr()) && is_torch_tensor(obj)) {
-      numpy_view_ = torch_view(obj, what, elem, writable);
-      source = numpy_view_;
-    } else if (!PyObject_CheckBuffer(obj.ptr())) {
-      throw py::type_error(what + " must be " + needed(elem) + ", not " + type_name(obj));
-    }
-    if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_RECORDS_RO) != 0) {
-      throw py::error_already_set();
-    }
-    held_ = true;
-    check(obj, what, elem, writable);
-  }
-  ~Held() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-
-  std::size_t size() const { return static_cast<std::size_t>(view_.shape[0]); }
-  std::span<float> floats() const { return {static_cast<float*>(view_.buf), size()}; }
-  std::span<std::byte> bytes() const { return {static_cast<std::byte*>(view_.buf), size()}; }
-
- private:
-  static py::object torch_view(py::handle t, const std::string& what, Elem elem, bool writable) {
-    const std::string device = py::str(t.attr("device").attr("type"));
-    if (device != "cpu") {
-      throw py::type_error(what + " is a " + device + " tensor; " + needed(elem) +
-                           " is needed (the C++ API takes device memory)");
-    }
-    const std::string dtype = py::str(t.attr("dtype"));
-    const char* want = elem == Elem::float32 ? "torch.float32" : "torch.uint8";
-    if (dtype != want) {
-      throw py::type_error(what + " has dtype " + dtype + "; " + needed(elem) + " is needed");
-    }
-    const py::tuple shape = py::reinterpret_steal<py::tuple>(PySequence_Tuple(t.attr("shape").ptr()));
-    if (!shape) throw py::error_already_set();
-    if (shape.size() != 1) {
-      throw py::value_error(what + " has shape " + std::string(py::repr(shape)) + "; " +
-                            needed(elem) + " is needed");
-    }
-    if (!t.attr("is_contiguous")().cast<bool>()) {
-      throw py::value_error(what + " is not contiguous (stride " +
-                            std::string(py::str(t.attr("stride")())) + "); " + needed(elem) +
-                            " is needed (.contiguous() makes one)");
-    }
-    if (writable && t.attr("requires_grad").cast<bool>()) {
-      throw py::value_error(what + " requires grad and would be written in place; pass a "
-                            "tensor that does not (a .grad, or .detach())");
-    }
-    return t.attr("detach")().attr("numpy")();
-  }
-
-  void check(py::handle obj, const std::string& what, Elem elem, bool writable) const {
-    std::string format = view_.format ? view_.format : "B";
-    if (!format.empty() && (format[0] == '@' || format[0] == '=' || format[0] == '<')) {
-      format.erase(0, 1);
-    }
-    const bool ok = elem == Elem::float32
-                        ? format == "f" && view_.itemsize == 4
-                        : (format == "B" || format == "b" || format == "c") && view_.itemsize == 1;
-    if (!ok) {
-      std::string dtype = "buffer format '" + std::string(view_.format ? view_.format : "B") + "'";
-      if (py::hasattr(obj, "dtype")) dtype = py::str(obj.attr("dtype"));
-      throw py::type_error(what + " has dtype " + dtype + "; " + needed(elem) + " is needed");
-    }
-    if (view_.ndim != 1) {
-      std::string shape = "(";
-      for (int d = 0; d < view_.ndim; ++d) {
-        shape += (d ? ", " : "") + std::to_string(view_.shape[d]);
-      }
-      shape += view_.ndim == 1 ? ",)" : ")";
-      throw py::value_error(what + " has shape " + shape + "; " + needed(elem) + " is needed");
-    }
-    if (view_.shape[0] > 1 && view_.strides[0] != view_.itemsize) {
-      throw py::value_error(what + " is not contiguous (stride " +
-                            std::to_string(view_.strides[0]) + " bytes); " + needed(elem) +
-                            " is needed (numpy.ascontiguousarray makes one)");
-    }
-    if (reinterpret_cast<std::uintptr_t>(view_.buf) % view_.itemsize != 0) {
-      throw py::value_error(what + " is not aligned to its element size");
-    }
-    if (writable && view_.readonly) {
-      throw py::value_error(what + " is read-only; it is written in place");
-    }
-  }
-
-  Py_buffer view_{};
-  bool held_ = false;
-  py::object numpy_view_;  // a torch tensor's .numpy(), kept for the call
-};
+using gcomp::python::CallStream;
+using gcomp::python::devices;
+using gcomp::python::DeviceScope;
+using gcomp::python::Elem;
+using gcomp::python::Held;
+using gcomp::python::is_torch_tensor;
+using gcomp::python::needed;
+using gcomp::python::same_memory;
+using gcomp::python::to_stream;
+using gcomp::python::type_name;
 
 std::uint64_t to_seed(py::handle seed, const std::string& what = "seed") {
   const py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(seed.ptr()));
@@ -200,10 +96,12 @@ std::size_t to_count(py::handle v, const std::string& what) {
 // ---- error feedback ----
 
 // gcomp::ErrorFeedback, marked busy while a call uses it with the GIL released, so that two
-// threads never run with one residual.
+// threads never run with one residual. Its memory is the host's (device -1) or a CUDA device's.
 struct PyErrorFeedback {
   explicit PyErrorFeedback(std::size_t n) : ef(n) {}
+  PyErrorFeedback(std::size_t n, int dev) : ef(n, devices().backend(), nullptr), device(dev) {}
   gcomp::ErrorFeedback ef;
+  int device = -1;
   std::atomic<bool> busy{false};
 };
 
@@ -226,51 +124,117 @@ class Using {
   PyErrorFeedback* e_;
 };
 
-PyErrorFeedback* to_ef(py::handle ef, std::size_t n, const std::string& what) {
+std::string memory_name(int device) {
+  return device < 0 ? "host memory" : "CUDA device " + std::to_string(device);
+}
+
+// The error-feedback memory of a tensor (its size and memory: host, or its device).
+PyErrorFeedback* to_ef(py::handle ef, const Held& tensor, const std::string& what) {
   if (ef.is_none()) return nullptr;
   if (!py::isinstance<PyErrorFeedback>(ef)) {
     throw py::type_error(what + " must be a gcomp.ErrorFeedback or None, not " + type_name(ef));
   }
   PyErrorFeedback* e = ef.cast<PyErrorFeedback*>();
-  if (e->ef.size() != n) {
+  if (e->ef.size() != tensor.size()) {
     throw py::value_error(what + " holds " + std::to_string(e->ef.size()) +
-                          " elements; its tensor has " + std::to_string(n));
+                          " elements; its tensor has " + std::to_string(tensor.size()));
+  }
+  if (e->device != tensor.device()) {
+    throw py::value_error(what + " is in " + memory_name(e->device) + " but " + tensor.what() +
+                          " is in " + memory_name(tensor.device()) +
+                          ": make it with gcomp.ErrorFeedback(n, device=...) where its tensor is");
   }
   return e;
 }
 
+// "cuda", "cuda:N", an int N, a torch.device, None or "cpu": the device (-1: host memory).
+int to_device(py::handle device) {
+  if (device.is_none()) return -1;
+  if (PyIndex_Check(device.ptr()) && !py::isinstance<py::bool_>(device)) {
+    const int d = device.cast<int>();
+    if (d < 0)
+      throw py::value_error("device must be a CUDA device number >= 0, not " + std::to_string(d));
+    return d;
+  }
+  const std::string text = py::str(device);  // torch.device("cuda:1") prints as "cuda:1"
+  if (text == "cpu") return -1;
+  if (text == "cuda") return -2;  // the current device
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos && text.size() < 12) {
+    return std::stoi(text.substr(5));
+  }
+  throw py::value_error(
+      "device must be None, \"cpu\", \"cuda\", \"cuda:N\", an int or a "
+      "torch.device, not " +
+      std::string(py::repr(device)));
+}
+
+std::unique_ptr<PyErrorFeedback> make_ef(std::size_t n, py::handle device) {
+  int d = to_device(device);
+  if (d == -1) return std::make_unique<PyErrorFeedback>(n);
+  if (const std::string why = devices().unusable(); !why.empty()) {
+    const std::string text = "ErrorFeedback on " + std::string(py::str(device)) + ": " + why;
+    if (std::string(devices().name()) == "none") throw py::type_error(text);
+    throw py::value_error(text);
+  }
+  if (d == -2) d = devices().current_device();
+  const DeviceScope scope(d);
+  return std::make_unique<PyErrorFeedback>(n, d);
+}
+
 // ---- the codecs ----
 
+// The written prefix of out: a view of the same memory (torch and numpy arrays, gcomp's
+// DeviceArray); for bytearray and other buffers a numpy view that holds an export of out, so
+// that it cannot move.
+py::object prefix_of(py::handle out, std::size_t bytes, bool device) {
+  const auto prefix = py::slice(0, static_cast<py::ssize_t>(bytes), 1);
+  if (gcomp::python::is_device_array(out)) {
+    const auto& a = gcomp::python::device_array_of(out);
+    return gcomp::python::device_array_view(a.data, bytes, Elem::byte, a.device,
+                                            py::reinterpret_borrow<py::object>(out));
+  }
+  if (device || is_torch_tensor(out) || py::isinstance<py::array>(out)) return out[prefix];
+  return py::module_::import("numpy").attr("frombuffer")(out, "uint8", bytes);
+}
+
+std::size_t encode_into(const gcomp::Codec& codec, const Held& in, std::uint64_t seed,
+                        PyErrorFeedback* e, gcomp::TensorView<std::byte> out) {
+  const Using using_ef(e);
+  const DeviceScope scope(in.device());
+  py::gil_scoped_release nogil;
+  return e ? codec.encode_ef(e->ef, in.float_view(), seed, out)
+           : codec.encode(in.float_view(), seed, out);
+}
+
 py::object encode(const gcomp::Codec& codec, py::handle x, py::handle seed, py::handle ef,
-                  py::handle out) {
-  const Held in(x, "x", Elem::float32, false);
+                  py::handle out, py::handle stream) {
+  const CallStream st = to_stream(stream);
+  const Held in(x, "x", Elem::float32, false, &st);
   const std::uint64_t s = to_seed(seed);
-  PyErrorFeedback* e = to_ef(ef, in.size(), "ef");
+  PyErrorFeedback* e = to_ef(ef, in, "ef");
   if (!out.is_none()) {
-    const Held o(out, "out", Elem::byte, true);
-    std::size_t bytes = 0;
-    {
-      const Using using_ef(e);
-      py::gil_scoped_release nogil;
-      bytes = e ? codec.encode_ef(e->ef, in.floats(), s, o.bytes())
-                : codec.encode(in.floats(), s, o.bytes());
-    }
-    const auto prefix = py::slice(0, static_cast<py::ssize_t>(bytes), 1);
-    if (is_torch_tensor(out)) return out[prefix];
-    if (py::isinstance<py::array>(out)) return out[prefix];  // a view; numpy holds out
-    // bytearray, memoryview, ...: a numpy view that holds an export of out, so it cannot move.
-    return py::module_::import("numpy").attr("frombuffer")(out, "uint8", bytes);
+    const Held o(out, "out", Elem::byte, true, &st);
+    same_memory({&in, &o}, st);
+    const std::size_t bytes = encode_into(codec, in, s, e, o.byte_view());
+    return prefix_of(out, bytes, o.on_device());
+  }
+  const int device = same_memory({&in}, st);
+  const std::size_t max = codec.max_bytes(in.size());
+  if (device >= 0) {
+    // The payload in device memory of its own, handed out as a gcomp.DeviceArray.
+    const DeviceScope scope(device);
+    py::object payload = gcomp::python::new_device_array(max, Elem::byte, device);
+    auto& a = gcomp::python::device_array_of(payload);
+    const auto view = gcomp::TensorView<std::byte>::device(static_cast<std::byte*>(a.data), max,
+                                                           st.handle, devices().backend());
+    a.size = encode_into(codec, in, s, e, view);
+    return payload;
   }
   // The payload in numpy's memory (numpy asks for huge pages from 4 MiB, as for its arrays).
-  const std::size_t max = codec.max_bytes(in.size());
   py::array_t<std::uint8_t> payload(static_cast<py::ssize_t>(max));
   const std::span<std::byte> buf(reinterpret_cast<std::byte*>(payload.mutable_data()), max);
-  std::size_t bytes = 0;
-  {
-    const Using using_ef(e);
-    py::gil_scoped_release nogil;
-    bytes = e ? codec.encode_ef(e->ef, in.floats(), s, buf) : codec.encode(in.floats(), s, buf);
-  }
+  const std::size_t bytes = encode_into(codec, in, s, e, buf);
   if (bytes == max) return payload;
   if (bytes >= max / 2) return payload[py::slice(0, static_cast<py::ssize_t>(bytes), 1)];
   // A bound far above the payload (threshold's): keep only what was written.
@@ -279,18 +243,25 @@ py::object encode(const gcomp::Codec& codec, py::handle x, py::handle seed, py::
   return exact;
 }
 
-py::object decode_add(py::handle payload, py::handle acc, double alpha) {
-  const Held p(payload, "payload", Elem::byte, false);
-  const Held a(acc, "acc", Elem::float32, true);
-  // The element count from the header alone (decode_add validates the whole payload).
-  const gcomp::detail::Payload head = gcomp::detail::parse_payload(p.bytes());
-  if (head.n != a.size()) {
-    throw py::value_error("acc has " + std::to_string(a.size()) + " elements; the payload holds " +
-                          std::to_string(head.n));
+py::object decode_add(py::handle payload, py::handle acc, double alpha, py::handle stream) {
+  const CallStream st = to_stream(stream);
+  const Held p(payload, "payload", Elem::byte, false, &st);
+  const Held a(acc, "acc", Elem::float32, true, &st);
+  const int device = same_memory({&p, &a}, st);
+  if (device < 0) {
+    // The element count from the header alone (decode_add validates the whole payload; on the
+    // device it checks the count too, as gcomp.Error "mismatch").
+    const gcomp::detail::Payload head = gcomp::detail::parse_payload(p.bytes());
+    if (head.n != a.size()) {
+      throw py::value_error("acc has " + std::to_string(a.size()) +
+                            " elements; the payload holds " + std::to_string(head.n));
+    }
   }
   {
+    const DeviceScope scope(device);
     py::gil_scoped_release nogil;
-    gcomp::decode_add(p.bytes(), a.floats(), static_cast<float>(alpha));
+    gcomp::decode_add(gcomp::TensorView<const std::byte>(p.byte_view()), a.float_view(),
+                      static_cast<float>(alpha));
   }
   return py::reinterpret_borrow<py::object>(acc);
 }
@@ -564,8 +535,10 @@ const gcomp::Codec& codec_of(py::handle codec, std::optional<gcomp::Codec>& made
 py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::handle ef,
                      py::handle algorithm, py::handle average, py::handle seed,
                      py::handle allow_uncompressed, py::handle step, py::handle index,
-                     py::handle label) {
+                     py::handle label, py::handle stream) {
   std::optional<Held> buf;
+  CallStream st;
+  int device = -1;
   std::string label_text;
   std::optional<gcomp::Codec> made;
   const gcomp::Codec* c = nullptr;
@@ -573,18 +546,21 @@ py::object allreduce(PyCommunicator& self, py::handle x, py::handle codec, py::h
   std::optional<Using> using_ef;
   gcomp::AllreduceOptions options;
   prepared(self, [&] {
-    buf.emplace(x, "x", Elem::float32, true);
+    st = to_stream(stream);
+    buf.emplace(x, "x", Elem::float32, true, &st);
+    device = same_memory({&*buf}, st);
     c = &codec_of(codec, made);
-    e = to_ef(ef, buf->size(), "ef");
+    e = to_ef(ef, *buf, "ef");
     using_ef.emplace(e);
     options = options_of(algorithm, average, seed, allow_uncompressed, step, index);
     label_text = label_of(label, step, index);
     if (!label_text.empty()) options.label = label_text.c_str();
   });
   {
+    const DeviceScope scope(device);
     py::gil_scoped_release nogil;
     const Call call(self);
-    self.get().allreduce(buf->floats(), *c, e ? &e->ef : nullptr, options);
+    self.get().allreduce(buf->float_view(), *c, e ? &e->ef : nullptr, options);
   }
   return py::reinterpret_borrow<py::object>(x);
 }
@@ -630,11 +606,13 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
                              py::handle efs, py::handle bucket_bytes, py::handle dense_below,
                              py::handle average, py::handle seed, py::handle algorithm,
                              py::handle allow_uncompressed, py::handle step, py::handle index,
-                             py::handle shapes, py::handle label) {
+                             py::handle shapes, py::handle label, py::handle stream) {
   std::deque<Held> bufs;
+  CallStream st;
+  int device = -1;
   std::string label_text;
   std::vector<gcomp::MatrixShape> matrices;
-  std::vector<std::span<float>> spans;
+  std::vector<gcomp::TensorView<float>> spans;
   std::vector<gcomp::ErrorFeedback*> memories;
   std::deque<Using> using_efs;
   std::optional<gcomp::Codec> made;
@@ -646,10 +624,14 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
                            "s, not " + type_name(tensors));
     }
     const py::sequence ts = py::reinterpret_borrow<py::sequence>(tensors);
+    st = to_stream(stream);
+    std::vector<const Held*> held;
     for (std::size_t t = 0; t < ts.size(); ++t) {
-      bufs.emplace_back(ts[t], "tensors[" + std::to_string(t) + "]", Elem::float32, true);
-      spans.push_back(bufs.back().floats());
+      bufs.emplace_back(ts[t], "tensors[" + std::to_string(t) + "]", Elem::float32, true, &st);
+      spans.push_back(bufs.back().float_view());
+      held.push_back(&bufs.back());
     }
+    device = same_memory(held, st);
     c = &codec_of(codec, made);
     if (!efs.is_none()) {
       if (!py::isinstance<py::sequence>(efs)) {
@@ -662,7 +644,7 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
                               std::to_string(ts.size()) + " tensors");
       }
       for (std::size_t t = 0; t < es.size(); ++t) {
-        PyErrorFeedback* e = to_ef(es[t], spans[t].size(), "efs[" + std::to_string(t) + "]");
+        PyErrorFeedback* e = to_ef(es[t], bufs[t], "efs[" + std::to_string(t) + "]");
         memories.push_back(e ? &e->ef : nullptr);
         if (e) using_efs.emplace_back(e);
       }
@@ -694,6 +676,7 @@ py::object allreduce_buckets(PyCommunicator& self, py::handle tensors, py::handl
     if (!label_text.empty()) options.allreduce.label = label_text.c_str();
   });
   {
+    const DeviceScope scope(device);
     py::gil_scoped_release nogil;
     const Call call(self);
     if (shapes.is_none()) {
@@ -731,8 +714,8 @@ py::dict by_algorithm(const std::array<std::uint64_t, gcomp::kAlgorithmCount>& c
 py::dict last_stats(const PyCommunicator& self) {
   const gcomp::CallStats& s = self.get().last_stats();
   py::dict d = stats_dict(s);
-  d["algorithm"] = s.calls ? py::object(py::str(gcomp::algorithm_name(s.algorithm)))
-                           : py::object(py::none());
+  d["algorithm"] =
+      s.calls ? py::object(py::str(gcomp::algorithm_name(s.algorithm))) : py::object(py::none());
   d["compressed"] = s.compressed;
   d["algorithms"] = by_algorithm(s.by_algorithm);
   d["compressed_calls"] = s.compressed_calls;
@@ -796,30 +779,50 @@ PYBIND11_MODULE(_gcomp, m) {
     }
   });
 
+  gcomp::python::bind_arrays(m);
+  m.def(
+      "device_status",
+      [] {
+        py::dict d;
+        d["backend"] = devices().name();
+        const std::string why = devices().unusable();
+        d["usable"] = why.empty();
+        d["why"] = why;
+        return d;
+      },
+      "device_status() -> dict\n\n"
+      "Whether this gcomp takes CUDA arrays here: backend (\"cuda\": built with gcomp's CUDA\n"
+      "kernels; \"none\": built without; \"standin\": the test-only build, whose \"device\"\n"
+      "memory is host memory), usable (a GPU is there to use) and why (when not).");
+  devices().bind(m);
+
   m.def("codecs", &codecs,
         "codecs() -> list of dict\n\n"
         "Every codec: its name, summary, spec keys, each key's default (None: required or one of\n"
         "a required pair) and help, as `gcomp list` prints them.");
-  m.def("simd_level", [] { return std::string(gcomp::simd_level()); },
-        "simd_level() -> str\n\nThe SIMD kernels in use: \"avx512\", \"avx2\" or \"baseline\" "
-        "(at most GCOMP_SIMD when set).");
+  m.def(
+      "simd_level", [] { return std::string(gcomp::simd_level()); },
+      "simd_level() -> str\n\nThe SIMD kernels in use: \"avx512\", \"avx2\" or \"baseline\" "
+      "(at most GCOMP_SIMD when set).");
   m.def("set_num_threads", &gcomp::set_num_threads, py::arg("threads"),
         "set_num_threads(threads)\n\nThreads the library may use inside one call (>= 1; default "
         "GCOMP_NUM_THREADS, else 1).");
   m.def("num_threads", &gcomp::num_threads, "num_threads() -> int\n\nSee set_num_threads.");
-  m.def("set_wait_policy",
-        [](std::string_view name) { gcomp::set_wait_policy(gcomp::parse_wait_policy(name)); },
-        py::arg("policy"),
-        "set_wait_policy(policy)\n\n"
-        "How every wait for MPI in this process completes: \"spin\" (MPI_Wait, a core busy while\n"
-        "waiting), \"yield\" (poll, yielding the CPU), \"sleep\" (poll 20 us, then sleep up to\n"
-        "100 us between polls: for communication beside compute on the same cores), or \"auto\"\n"
-        "(GCOMP_WAIT when set, else spin, or yield where ranks outnumber a node's cores). A bad\n"
-        "name raises gcomp.Error (invalid_argument).");
-  m.def("wait_policy",
-        [] { return std::string(gcomp::wait_policy_name(gcomp::effective_wait_policy())); },
-        "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
-        "set_wait_policy).");
+  m.def(
+      "set_wait_policy",
+      [](std::string_view name) { gcomp::set_wait_policy(gcomp::parse_wait_policy(name)); },
+      py::arg("policy"),
+      "set_wait_policy(policy)\n\n"
+      "How every wait for MPI in this process completes: \"spin\" (MPI_Wait, a core busy while\n"
+      "waiting), \"yield\" (poll, yielding the CPU), \"sleep\" (poll 20 us, then sleep up to\n"
+      "100 us between polls: for communication beside compute on the same cores), or \"auto\"\n"
+      "(GCOMP_WAIT when set, else spin, or yield where ranks outnumber a node's cores). A bad\n"
+      "name raises gcomp.Error (invalid_argument).");
+  m.def(
+      "wait_policy",
+      [] { return std::string(gcomp::wait_policy_name(gcomp::effective_wait_policy())); },
+      "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
+      "set_wait_policy).");
 
   py::class_<gcomp::Codec>(
       m, "Codec",
@@ -854,33 +857,54 @@ PYBIND11_MODULE(_gcomp, m) {
       .def("selected", &gcomp::Codec::selected, py::arg("n"),
            "selected(n) -> int\n\nElements a sparse codec keeps out of n (0 for dense codecs).")
       .def("encode", &encode, py::arg("x"), py::arg("seed") = 0, py::arg("ef") = py::none(),
-           py::arg("out") = py::none(),
-           "encode(x, seed=0, ef=None, out=None) -> numpy.ndarray (uint8)\n\n"
-           "Encodes x (a 1-D float32 numpy array or torch CPU tensor, used in place, never\n"
-           "modified) into a payload. With ef (a gcomp.ErrorFeedback of x's size), encodes\n"
-           "x + residual and keeps what was not sent as the new residual. With out (a writable\n"
-           "1-D uint8 array of at least max_bytes(len(x)) bytes), writes there and returns the\n"
-           "written prefix as a view of out, allocating nothing. The GIL is released while it\n"
-           "runs. NaN/Inf in x (or x + residual) raises gcomp.Error(\"nonfinite\"), leaving ef as\n"
-           "it was.")
+           py::arg("out") = py::none(), py::arg("stream") = py::none(),
+           "encode(x, seed=0, ef=None, out=None, stream=None) -> numpy.ndarray (uint8) or\n"
+           "    gcomp.DeviceArray\n\n"
+           "Encodes x (a 1-D float32 numpy array or torch tensor, CPU or CUDA, used in place,\n"
+           "never modified) into a payload. With ef (a gcomp.ErrorFeedback of x's size, in x's\n"
+           "memory), encodes x + residual and keeps what was not sent as the new residual. With\n"
+           "out (a writable 1-D uint8 array of at least max_bytes(len(x)) bytes, in x's memory),\n"
+           "writes there and returns the written prefix as a view of out, allocating nothing.\n"
+           "A CUDA x runs gcomp's CUDA kernels on stream (a cudaStream_t as an int, or a\n"
+           "torch.cuda.Stream; None: the legacy default stream), ordered after the work already\n"
+           "queued there, and returns when the payload is complete: without out, a\n"
+           "gcomp.DeviceArray (torch.from_dlpack takes it); its bytes are those the CPU writes\n"
+           "for the same values. The GIL is released while it runs. NaN/Inf in x (or x +\n"
+           "residual) raises gcomp.Error(\"nonfinite\"), leaving ef as it was.")
       .def("__repr__", [](const gcomp::Codec& c) { return "gcomp.Codec('" + c.spec() + "')"; });
 
   py::class_<PyErrorFeedback>(m, "ErrorFeedback",
                               "ErrorFeedback(n): the error-feedback memory (residual) of one\n"
                               "tensor of n floats, zeros at first. Use one per tensor, with one\n"
                               "thread at a time.")
-      .def(py::init<std::size_t>(), py::arg("n"), "ErrorFeedback(n)")
-      .def_property_readonly("size", [](const PyErrorFeedback& e) { return e.ef.size(); },
-                             "The number of elements.")
-      .def("__len__", [](const PyErrorFeedback& e) { return e.ef.size(); }, "len(ef): its size")
+      .def(py::init(&make_ef), py::arg("n"), py::arg("device") = py::none(),
+           "ErrorFeedback(n, device=None)\n\n"
+           "device: None or \"cpu\" (host memory), or a CUDA device (\"cuda\", \"cuda:N\", N,\n"
+           "a torch.device) for the tensors there.")
+      .def_property_readonly(
+          "device",
+          [](const PyErrorFeedback& e) {
+            return e.device < 0 ? std::string("cpu") : "cuda:" + std::to_string(e.device);
+          },
+          "Where its memory is: \"cpu\" or \"cuda:N\".")
+      .def_property_readonly(
+          "size", [](const PyErrorFeedback& e) { return e.ef.size(); }, "The number of elements.")
+      .def(
+          "__len__", [](const PyErrorFeedback& e) { return e.ef.size(); }, "len(ef): its size")
       .def_property_readonly(
           "residual",
           [](py::object self) {
             PyErrorFeedback& e = self.cast<PyErrorFeedback&>();
+            if (e.device >= 0) {
+              return gcomp::python::device_array_view(e.ef.view().data(), e.ef.size(),
+                                                      Elem::float32, e.device, self);
+            }
             const std::span<float> r = e.ef.residual();
-            return py::array(py::dtype::of<float>(), {r.size()}, {sizeof(float)}, r.data(), self);
+            return py::object(
+                py::array(py::dtype::of<float>(), {r.size()}, {sizeof(float)}, r.data(), self));
           },
-          "The current residual: a float32 numpy view of it (no copy; writing to it changes it).\n"
+          "The current residual: a float32 numpy view of it (no copy; writing to it changes it);\n"
+          "on a device, a gcomp.DeviceArray of it (torch.from_dlpack takes it, no copy).\n"
           "Each encode writes the new residual to the other of two buffers, so take\n"
           "ef.residual again after an encode; an older view then shows a buffer the library\n"
           "reuses (it stays valid memory as long as the view lives).")
@@ -903,15 +927,23 @@ PYBIND11_MODULE(_gcomp, m) {
           "keeps something): a float32 copy. Assigning a float32 array sets it, as a checkpoint\n"
           "restores it (gcomp.torch's state_dict); the algorithm checks what it finds and starts\n"
           "afresh where it does not fit.")
-      .def("reset", [](PyErrorFeedback& e) { e.ef.reset(); }, "reset()\n\nSets the residual to zero.")
+      .def(
+          "reset", [](PyErrorFeedback& e) { e.ef.reset(); },
+          "reset()\n\nSets the residual to zero.")
       .def("__repr__", [](const PyErrorFeedback& e) {
+        if (e.device >= 0) {
+          return "gcomp.ErrorFeedback(" + std::to_string(e.ef.size()) +
+                 ", device=\"cuda:" + std::to_string(e.device) + "\")";
+        }
         return "gcomp.ErrorFeedback(" + std::to_string(e.ef.size()) + ")";
       });
 
   m.def("decode_add", &decode_add, py::arg("payload"), py::arg("acc"), py::arg("alpha") = 1.0,
-        "decode_add(payload, acc, alpha=1.0) -> acc\n\n"
+        py::arg("stream") = py::none(),
+        "decode_add(payload, acc, alpha=1.0, stream=None) -> acc\n\n"
         "acc += alpha * decode(payload), in place. acc is a 1-D float32 numpy array or torch\n"
-        "CPU tensor of the payload's element count. The payload is validated in full first;\n"
+        "tensor of the payload's element count, in the payload's memory (both host, or both on\n"
+        "one CUDA device: then on stream, as encode). The payload is validated in full first;\n"
         "on any error (gcomp.Error \"bad_payload\" for a corrupt or truncated one) acc is\n"
         "unchanged. The GIL is released while it runs.");
   m.def("momentum_correct", &momentum_correct, py::arg("velocity"), py::arg("grad"),
@@ -963,10 +995,11 @@ PYBIND11_MODULE(_gcomp, m) {
           "allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
           py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
           py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
-          py::arg("label") = py::none(),
+          py::arg("label") = py::none(), py::arg("stream") = py::none(),
           "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
-          "          allow_uncompressed=True, step=None, index=0, label=None) -> x\n\n"
-          "x (a 1-D float32 numpy array or torch CPU tensor) becomes, in place, the sum over\n"
+          "          allow_uncompressed=True, step=None, index=0, label=None, stream=None) -> x\n\n"
+          "x (a 1-D float32 numpy array or torch tensor, CPU or CUDA) becomes, in place, the sum "
+          "over\n"
           "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
           "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
           "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
@@ -979,8 +1012,11 @@ PYBIND11_MODULE(_gcomp, m) {
           "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
           "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
           "differently; step=None uses seed as given (index must then be 0). label: the call's\n"
-          "name in a stall report or a timeout (stall_seconds; default \"step S, index I\" where a\n"
-          "step is given). The GIL is released while it runs.")
+          "name in a stall report or a timeout (stall_seconds; default \"step S, index I\" where "
+          "a\n"
+          "step is given). A CUDA x (with ef on its device) is encoded and decoded on the GPU\n"
+          "on stream (as Codec.encode's; returns when x holds the result) and only payloads\n"
+          "cross to host memory for MPI. The GIL is released while it runs.")
       .def_property(
           "stall_seconds", [](const PyCommunicator& c) { return c.get().stall_seconds(); },
           wait_setter(&gcomp::Communicator::set_stall_seconds),
@@ -1001,11 +1037,11 @@ PYBIND11_MODULE(_gcomp, m) {
            py::arg("dense_below") = 1024, py::arg("average") = false, py::arg("seed") = 0,
            py::arg("algorithm") = "auto", py::arg("allow_uncompressed") = true,
            py::arg("step") = py::none(), py::arg("index") = 0, py::arg("shapes") = py::none(),
-           py::arg("label") = py::none(),
+           py::arg("label") = py::none(), py::arg("stream") = py::none(),
            "allreduce_buckets(tensors, codec, efs=None, bucket_bytes=25 << 20, dense_below=1024,\n"
            "                  average=False, seed=0, algorithm=\"auto\",\n"
            "                  allow_uncompressed=True, step=None, index=0, shapes=None,\n"
-           "                  label=None)\n"
+           "                  label=None, stream=None)\n"
            "                  -> tensors\n\n"
            "Allreduces a list of tensors in place, fused into buckets of at most bucket_bytes\n"
            "of float32, one collective each; tensors of fewer than dense_below elements are\n"
@@ -1016,7 +1052,9 @@ PYBIND11_MODULE(_gcomp, m) {
            "matrix of rows = shape[0] and cols = the product of the rest, which a low-rank\n"
            "codec needs (powersgd: each matrix sends its rank-r factors, with efs holding the\n"
            "residual and warm-start Q per tensor; 1-D and small matrices go dense) and the\n"
-           "other codecs ignore. The tensors themselves may be flat. label: as allreduce's.")
+           "other codecs ignore. The tensors themselves may be flat. label: as allreduce's.\n"
+           "The tensors are all in host memory or all on one CUDA device (then on stream, as\n"
+           "allreduce's).")
       .def("choose", &choose, py::arg("codec"), py::arg("n"), py::arg("allow_uncompressed") = true,
            "choose(codec, n, allow_uncompressed=True) -> {\"algorithm\": str, \"compressed\": "
            "bool}\n\n"

@@ -54,6 +54,16 @@ void device_free(void* p) noexcept;
 void copy(void* dst, const void* src, std::size_t bytes);
 void synchronize(void* stream = nullptr);
 
+// The current CUDA device of the calling thread, and setting it (cudaGetDevice, cudaSetDevice).
+int current_device();
+void set_device(int device);
+// The device whose memory p points into (device or managed memory); -1 for host memory and for
+// pointers CUDA does not know.
+int device_of(const void* p);
+// Work queued on `stream` from now on runs after the work already queued on `producer`: an event
+// recorded on producer, waited for on stream (no host wait). Nothing when they are one stream.
+void order_after(void* stream, void* producer);
+
 // An owning array of n T in device memory (uninitialized), for tests, examples and benchmarks.
 template <class T>
 class DeviceBuffer {

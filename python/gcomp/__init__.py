@@ -18,9 +18,11 @@ The Communicator sums tensors over MPI ranks with any codec on the wire
     comm.allreduce(x, c, ef=ef, average=True)    # in place
     print(comm.last_stats)
 
-Arrays are 1-D float32 numpy arrays or torch CPU tensors (payloads: uint8), used in place:
+Arrays are 1-D float32 numpy arrays or torch tensors (payloads: uint8), used in place:
 nothing is copied or converted, and anything else raises TypeError or ValueError saying what
-is needed. The GIL is released while the library works. Errors of the library raise
+is needed. CUDA tensors (any array with DLPack or __cuda_array_interface__) run gcomp's CUDA
+kernels on the stream= given, with their payloads as gcomp.DeviceArray (docs/python.md, "GPUs";
+gcomp.device_status() says whether this build and machine can). The GIL is released while the library works. Errors of the library raise
 gcomp.Error, whose ``status`` names the kind. Reference: docs/python.md.
 """
 
@@ -28,11 +30,13 @@ from ._gcomp import (
     __version__,
     Codec,
     Communicator,
+    DeviceArray,
     Error,
     ErrorFeedback,
     TotalStats,
     codecs,
     decode_add,
+    device_status,
     inspect,
     mask_momentum,
     momentum_correct,
@@ -44,18 +48,20 @@ from ._gcomp import (
 )
 
 Error.__module__ = "gcomp"
-for _cls in (Codec, Communicator, ErrorFeedback, TotalStats):
+for _cls in (Codec, Communicator, DeviceArray, ErrorFeedback, TotalStats):
     _cls.__module__ = "gcomp"
 del _cls
 
 __all__ = [
     "Codec",
     "Communicator",
+    "DeviceArray",
     "Error",
     "ErrorFeedback",
     "TotalStats",
     "codecs",
     "decode_add",
+    "device_status",
     "inspect",
     "mask_momentum",
     "momentum_correct",

@@ -20,6 +20,9 @@
 #include "low_rank.hpp"
 #include "low_rank_reference.hpp"
 #include "mpi_util.hpp"
+#ifndef GCOMP_TEST_CUDA
+#include "standin/standin_device.hpp"
+#endif
 #ifdef GCOMP_TEST_CUDA
 #include "gcomp/cuda.hpp"
 #endif
@@ -33,10 +36,10 @@ using test::world;
 
 #ifdef GCOMP_TEST_CUDA
 // Every rank skips together: they share the machine and its GPU.
-#define GCOMP_NEEDS_DEVICE()                                                   \
-  do {                                                                         \
-    const cuda::DeviceStatus st = cuda::device_status();                       \
-    if (st.count == 0) GTEST_SKIP() << "no usable GPU: " << st.why;            \
+#define GCOMP_NEEDS_DEVICE()                                        \
+  do {                                                              \
+    const cuda::DeviceStatus st = cuda::device_status();            \
+    if (st.count == 0) GTEST_SKIP() << "no usable GPU: " << st.why; \
   } while (0)
 
 const detail::DeviceBackend* backend() {
@@ -62,95 +65,7 @@ std::vector<float> host_copy(TensorView<float> v) {
   do {                       \
   } while (0)
 
-class HostDevice final : public detail::DeviceBackend {
- public:
-  mutable std::size_t copied = 0;  // bytes that crossed between "device" and host memory
-  mutable int encodes = 0;
-  mutable int decodes = 0;
-
-  std::size_t encode(const detail::CodecImpl& codec, const float* x, const float* e_old,
-                     float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,
-                     std::size_t cap, void*) const override {
-    ++encodes;
-    return codec.encode(x, e_old, e_new, n, seed, out, cap);
-  }
-  void decode_add(const std::byte* payload, std::size_t bytes, float* acc, std::size_t n,
-                  float alpha, void*) const override {
-    ++decodes;
-    gcomp::decode_add(std::span<const std::byte>(payload, bytes), std::span<float>(acc, n), alpha);
-  }
-  void* alloc(std::size_t bytes) const override {
-    if (!bytes) return nullptr;
-    void* p = ::operator new(bytes);
-    adopt(p, bytes);
-    return p;
-  }
-  void free(void* p) const noexcept override {
-    forget(p);
-    ::operator delete(p);
-  }
-  void copy(void* dst, const void* src, std::size_t bytes, void*) const override {
-    if (bytes) std::memcpy(dst, src, bytes);
-    if (on_device(dst) != on_device(src)) copied += bytes;
-  }
-  // The "device" memory: what alloc gave and the tests' device arrays, so that copies within it
-  // (allreduce_buckets' fusing) are told apart from those that cross to the host.
-  void adopt(const void* p, std::size_t bytes) const {
-    if (p && bytes) blocks_[static_cast<const std::byte*>(p)] = bytes;
-  }
-  void forget(const void* p) const noexcept { blocks_.erase(static_cast<const std::byte*>(p)); }
-  bool on_device(const void* p) const {
-    const auto* b = static_cast<const std::byte*>(p);
-    auto it = blocks_.upper_bound(b);
-    if (it == blocks_.begin()) return false;
-    --it;
-    return b < it->first + it->second;
-  }
-  void zero(float* p, std::size_t n, void*) const override { std::fill(p, p + n, 0.0f); }
-  void scale(float* p, std::size_t n, float a, void*) const override {
-    for (std::size_t i = 0; i < n; ++i) p[i] *= a;
-  }
-  void sync(void*) const override {}
-  void* alloc_host(std::size_t bytes) const override {
-    return bytes ? ::operator new(bytes) : nullptr;
-  }
-  void free_host(void* p) const noexcept override { ::operator delete(p); }
-  void copy_async(void* dst, const void* src, std::size_t bytes, void* s) const override {
-    copy(dst, src, bytes, s);
-  }
-  void wait_copies(void*) const override {}
-  void check_finite(const float* x, const float* e, std::size_t n, void*) const override {
-    gcomp::check_finite(std::span<const float>(x, n),
-                        e ? std::span<const float>(e, n) : std::span<const float>());
-  }
-  // PowerSGD's arithmetic: the CPU's kernels on the "device" memory.
-  void add(const float* a, const float* b, float* out, std::size_t n, void*) const override {
-    for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-  }
-  void lr_multiply(const float* m, std::size_t rows, std::size_t cols, const float* q,
-                   std::size_t r, float* p, void*) const override {
-    ++products;
-    detail::lr_multiply(m, rows, cols, q, r, p);
-  }
-  void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const float* p,
-                     std::size_t r, float* q, void*) const override {
-    ++products;
-    std::vector<double> acc(cols * r);
-    detail::lr_multiply_t(m, rows, cols, p, r, q, acc.data());
-  }
-  void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
-                      std::size_t r, double out_scale, float* out, double share_scale,
-                      const float* m, float* e, void*) const override {
-    ++reconstructions;
-    std::vector<double> work(cols * r);
-    detail::lr_reconstruct(a, b, rows, cols, r, out_scale, out, share_scale, m, e, work.data());
-  }
-  mutable int products = 0;
-  mutable int reconstructions = 0;
-
- private:
-  mutable std::map<const std::byte*, std::size_t> blocks_;
-};
+using HostDevice = test::StandinDevice;
 
 // Never destroyed: the static world() communicator frees its staging through it at exit.
 const HostDevice& device() {
@@ -295,8 +210,8 @@ TEST(DeviceTensors, FailuresReachEveryRank) {
   } catch (const Error& e) {
     st = e.code();
   }
-  EXPECT_EQ(st, rank() == size() - 1 ? Status::nonfinite
-                                     : (size() > 1 ? Status::mismatch : Status::ok));
+  EXPECT_EQ(
+      st, rank() == size() - 1 ? Status::nonfinite : (size() > 1 ? Status::mismatch : Status::ok));
 
   ErrorFeedback host_ef(n);
   DeviceArray good(test::input(n, 52));
@@ -306,8 +221,8 @@ TEST(DeviceTensors, FailuresReachEveryRank) {
   } catch (const Error& e) {
     st = e.code();
   }
-  EXPECT_EQ(st, rank() == 0 ? Status::invalid_argument
-                            : (size() > 1 ? Status::mismatch : Status::ok));
+  EXPECT_EQ(st,
+            rank() == 0 ? Status::invalid_argument : (size() > 1 ? Status::mismatch : Status::ok));
 }
 
 // Auto's cost model times the codec where the tensor is: the device's codec for device tensors
@@ -345,8 +260,8 @@ TEST(DeviceTensors, AutoTimesTheCodecWhereTheTensorIs) {
     if (size() > 1 || !pays) EXPECT_EQ(got, pays) << what;
   };
   for (const bool slow_device : {false, true}) {
-    const auto timing = std::make_shared<PlacedTiming>(slow_device ? 2e-9 : 1e-3,
-                                                       slow_device ? 1e-3 : 2e-9);
+    const auto timing =
+        std::make_shared<PlacedTiming>(slow_device ? 2e-9 : 1e-3, slow_device ? 1e-3 : 2e-9);
     Communicator comm(MPI_COMM_WORLD, test::test_network(), timing);
     DeviceArray in(test::input(n, 61));
     DeviceArray out{std::vector<float>(n)};
@@ -403,8 +318,8 @@ TEST(DeviceTensors, ErrorFeedbackInDeviceMemory) {
   DeviceArray dx(x);
   std::vector<std::byte> out(codec.max_bytes(100));
   DeviceArrayOf<std::byte> dev_out(std::vector<std::byte>(out.size()));
-  const std::size_t bytes = codec.encode_ef(ef, TensorView<const float>(dx.view()), 3,
-                                            dev_out.view());
+  const std::size_t bytes =
+      codec.encode_ef(ef, TensorView<const float>(dx.view()), 3, dev_out.view());
   ErrorFeedback host(100);
   EXPECT_EQ(bytes, codec.encode_ef(host, x, 3, out));
   const std::vector<std::byte> got = dev_out.host();

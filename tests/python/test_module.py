@@ -388,6 +388,38 @@ def test_nonfinite_input_raises_and_keeps_the_residual():
     assert np.array_equal(ef.residual, before)
 
 
+class _CudaLooking:
+    """Says it is CUDA memory (both protocols) but is a numpy array's host memory."""
+
+    def __init__(self, host):
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": host.dtype.str,
+                                         "data": (host.ctypes.data, False), "version": 2}
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_a_cuda_array_where_none_can_be_used_is_a_clear_error():
+    status = gcomp.device_status()
+    assert status["backend"] in ("cuda", "none")
+    if status["usable"]:
+        pytest.skip("a GPU is usable here: test_device.py and scripts/gpu-check cover CUDA")
+    error = TypeError if status["backend"] == "none" else ValueError
+    fake = _CudaLooking(np.zeros(10, np.float32))
+    with pytest.raises(error) as e:
+        gcomp.Codec("none").encode(fake)
+    assert str(e.value) == "x is a CUDA array, but " + status["why"]
+    with pytest.raises(error, match="acc is a CUDA array, but"):
+        gcomp.decode_add(gcomp.Codec("none").encode(np.zeros(10, np.float32)), fake)
+    with pytest.raises(error, match="ErrorFeedback on cuda: "):
+        gcomp.ErrorFeedback(10, device="cuda")
+    with pytest.raises(TypeError, match="velocity is a CUDA array; this call takes host memory"):
+        gcomp.momentum_correct(fake, np.zeros(10, np.float32), 0.9)
+    with pytest.raises(TypeError, match="DLPack device type 10"):
+        gcomp.Codec("none").encode(type("Rocm", (), {"__dlpack_device__": lambda self: (10, 0)})())
+
+
 # ---- reference counting: what numpy holds stays alive, and nothing more ----
 
 
