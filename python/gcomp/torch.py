@@ -1,4 +1,4 @@
-"""gcomp.torch: compressed gradient averaging for PyTorch data-parallel training (CPU tensors).
+"""gcomp.torch: compressed gradient averaging for PyTorch data-parallel training (CPU and CUDA).
 
 Two ways in, both averaging gradients over the MPI ranks of ``mpiexec.mpich -n P``:
 
@@ -22,9 +22,14 @@ each bucket over as backward produces it and ``step()`` waits for the last. Call
 thread in the same order on every rank (DDP and autograd order the buckets alike), which is what
 the collectives need. A failure on any rank (NaN in a gradient, ranks with different codecs, a bad
 spec) raises on every rank, from backward (the hook) or from ``step()``, never a hang.
+
+CUDA models work the same: buckets and gradients are compressed by gcomp's CUDA kernels on a
+side stream of this module's, ordered after the current stream by an event, and only payloads
+cross to host memory for MPI (docs/python.md, "GPUs").
 Reference: docs/python.md, "PyTorch".
 """
 
+import contextlib
 import math
 import os
 import pickle
@@ -211,6 +216,110 @@ def _take_momentum(optimizer, codec, options, who):
     return moved
 
 
+# ---- CUDA tensors ----
+
+
+class _Cuda:
+    """What this module does with CUDA tensors, in one place. The work on a device's tensors
+    runs on a side stream of this module's (one per device), after an event recorded where the
+    tensors were made ready (the caller's current stream: no device-wide sync); the tensors are
+    kept for the caching allocator until that stream is done with them; a job's future is a
+    CUDA-aware torch future completed on the side stream, so whoever waits on it waits for the
+    result on the device. tests/python/test_torch_device.py swaps in a stand-in that runs this
+    path on CPU tensors with the stand-in build of gcomp, and logs what it is asked to do."""
+
+    def __init__(self):
+        self._side = {}
+
+    def on_device(self, t):
+        return t.is_cuda
+
+    def device(self, t):
+        return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+    def current_stream(self, device):
+        return torch.cuda.current_stream(device)
+
+    def side_stream(self, device):
+        stream = self._side.get(device)
+        if stream is None:
+            stream = self._side[device] = torch.cuda.Stream(device)
+        return stream
+
+    def handle(self, stream):
+        return stream.cuda_stream
+
+    def ready_event(self, stream):
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream, event):
+        stream.wait_event(event)
+
+    def keep_for(self, tensors, stream):
+        for t in tensors:
+            t.record_stream(stream)
+
+    def using(self, stream):
+        return torch.cuda.stream(stream)
+
+    def future(self, device):
+        return torch.futures.Future(devices=[torch.device("cuda", device)])
+
+    def array(self, t):
+        return t  # the module takes CUDA tensors in place (DLPack)
+
+    def residual(self, ef):
+        return torch.from_dlpack(ef.residual)
+
+
+_cuda = _Cuda()
+
+
+def _residual_of(ef):
+    """An ErrorFeedback's residual as a float32 torch tensor over its memory (no copy)."""
+    return _cuda.residual(ef) if ef.device != "cpu" else torch.from_numpy(ef.residual)
+
+
+def _new_feedback(n, like):
+    """An ErrorFeedback of n zeros where the tensor `like` is (host, or its CUDA device)."""
+    if _cuda.on_device(like):
+        return gcomp.ErrorFeedback(n, device=_cuda.device(like))
+    return gcomp.ErrorFeedback(n)
+
+
+class _OnDevice:
+    """The device side of one job on CUDA tensors (None for CPU tensors): the side stream it
+    runs on, the event it waits for, what it hands the module."""
+
+    __slots__ = ("device", "stream", "ready", "stream_handle")
+
+    def __init__(self, tensor, keep):
+        self.device = _cuda.device(tensor)
+        self.stream = _cuda.side_stream(self.device)
+        self.ready = _cuda.ready_event(_cuda.current_stream(self.device))
+        self.stream_handle = _cuda.handle(self.stream)
+        _cuda.keep_for(keep, self.stream)
+
+    def start(self):
+        """In the job, first: the side stream waits for the tensors to be ready."""
+        _cuda.wait(self.stream, self.ready)
+
+    @staticmethod
+    def of(tensor, keep):
+        return _OnDevice(tensor, keep) if _cuda.on_device(tensor) else None
+
+
+def _arrays(on, tensors):
+    """What the module gets for these tensors: themselves, or on a device what _cuda gives."""
+    if on is None or tensors is None:
+        return tensors
+    if isinstance(tensors, list):
+        return [_cuda.array(t) for t in tensors]
+    return _cuda.array(tensors)
+
+
 # ---- the communication thread ----
 
 
@@ -226,18 +335,23 @@ class _Engine:
 
     def _run(self):
         while True:
-            job, fut = self._jobs.get()
-            try:
-                result = job(self.comm)
-            except BaseException as e:  # noqa: B902 - handed to the waiting side
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
+            job, fut, on = self._jobs.get()
+            # A job on CUDA tensors runs on its side stream and completes its future there.
+            with _cuda.using(on.stream) if on is not None else contextlib.nullcontext():
+                try:
+                    if on is not None:
+                        on.start()
+                    result = job(self.comm)
+                except BaseException as e:  # noqa: B902 - handed to the waiting side
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(result)
 
-    def submit(self, job):
-        """Queues job(comm); returns a torch.futures.Future of its result."""
-        fut = torch.futures.Future()
-        self._jobs.put((job, fut))
+    def submit(self, job, on=None):
+        """Queues job(comm); returns a torch.futures.Future of its result (on a device: a
+        CUDA-aware one, whose waiters wait for the job's work on the device)."""
+        fut = _cuda.future(on.device) if on is not None else torch.futures.Future()
+        self._jobs.put((job, fut, on))
         return fut
 
     def run(self, job):
@@ -269,19 +383,37 @@ def _env_int(*names, default):
     return default
 
 
-def init_process_group(backend="gloo", master_addr=None, master_port=None, **kwargs):
-    """init_process_group(backend="gloo", master_addr=None, master_port=None, **kwargs)
+def _default_backend():
+    """torch.distributed's backend for this process's tensors, as torch picks it: nccl for CUDA
+    training where every rank on this host can have a GPU of its own, gloo otherwise (CPU
+    training; or more ranks on a host than GPUs, since NCCL refuses two ranks on one GPU)."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return "gloo"
+    local = _env_int("MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE", default=1)
+    return "nccl" if torch.cuda.device_count() >= local else "gloo"
+
+
+def init_process_group(backend=None, master_addr=None, master_port=None, **kwargs):
+    """init_process_group(backend=None, master_addr=None, master_port=None, **kwargs)
     -> (rank, size)
 
     Initializes torch.distributed from the rank and size that mpiexec.mpich gives each process
     (PMI_RANK, PMI_SIZE; else RANK, WORLD_SIZE; else one process), with the rendezvous at
     master_addr:master_port (default MASTER_ADDR and MASTER_PORT, else 127.0.0.1:29500).
-    Other keyword arguments (timeout, ...) go to torch.distributed.init_process_group.
+    backend None picks as torch does for the device: "nccl" where CUDA and NCCL are there and
+    each rank on this host (MPI_LOCALNRANKS, else LOCAL_WORLD_SIZE) can have a GPU of its own,
+    which it then makes the rank's current device (GPU MPI_LOCALRANKID, else LOCAL_RANK);
+    "gloo" otherwise. Other keyword arguments (timeout, ...) go to
+    torch.distributed.init_process_group.
     """
     rank = _env_int("PMI_RANK", "RANK", default=0)
     size = _env_int("PMI_SIZE", "WORLD_SIZE", default=1)
     addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = master_port or os.environ.get("MASTER_PORT", "29500")
+    if backend is None:
+        backend = _default_backend()
+        if backend == "nccl":
+            torch.cuda.set_device(_env_int("MPI_LOCALRANKID", "LOCAL_RANK", default=0))
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=size, **kwargs)
     return rank, size
@@ -384,23 +516,25 @@ class _PerParameterFeedback:
         return f"{kind} {index} of step {step}" + (f" ({', '.join(names)})" if names else "")
 
     def residual(self, param):
-        """The error-feedback residual of one parameter (a float32 numpy view), or None."""
+        """The error-feedback residual of one parameter, or None: a float32 numpy view (CPU
+        parameters) or a torch tensor view on the parameter's device (CUDA parameters)."""
         home = self._home.get(id(param))
         if home is None:
             return None
         ef, offset, numel = home
-        return ef.residual[offset:offset + numel]
+        r = ef.residual if ef.device == "cpu" else _residual_of(ef)
+        return r[offset:offset + numel]
 
     def _feedback_of(self, p):
         """A parameter's own ErrorFeedback, made once (not a throwaway one every step), with a
         loaded checkpoint's residual and kept state where there is one."""
         home = self._home.get(id(p))
         if home is None:
-            ef = gcomp.ErrorFeedback(p.numel())
+            ef = _new_feedback(p.numel(), p)
             key = self._keys.get(id(p))
             r = self._loaded["residuals"].pop(key, None)
             if r is not None and r.numel() == p.numel():
-                ef.residual[:] = r.numpy()
+                _residual_of(ef).copy_(r)
             k = self._loaded["kept"].pop(key, None)
             if k is not None:
                 ef.kept = k.numpy()
@@ -429,14 +563,14 @@ class _PerParameterFeedback:
                 if u is None:
                     u = self._loaded["velocities"].pop(self._keys.get(id(p)), None)
                     if u is not None and u.numel() == g.numel():
-                        u = self._velocity[id(p)] = u.clone()
+                        u = self._velocity[id(p)] = u.to(g.device, copy=True)
                     else:
                         u = self._velocity[id(p)] = g.detach().reshape(-1).clone()
                         pairs.append((p, u))
                         continue
-                if g.is_contiguous():
+                if g.is_contiguous() and not _cuda.on_device(g):
                     gcomp.momentum_correct(u, g.view(-1), self.momentum)  # in place, no GIL
-                else:
+                else:  # the same two roundings, by torch (on the device, on its stream)
                     u.mul_(self.momentum).add_(g.reshape(-1))
                     g.copy_(u.view_as(g))
                 pairs.append((p, u))
@@ -450,8 +584,13 @@ class _PerParameterFeedback:
         was delayed, and the update is plain momentum SGD."""
         for p, u in pairs:
             r = self.residual(p)
-            if r is not None:
+            if r is None:
+                continue
+            if isinstance(r, np.ndarray):
                 gcomp.mask_momentum(u, r)
+            else:  # on the device, without a host sync: the same zeros as mask_momentum's
+                sent = r == 0
+                u.masked_fill_(sent & ~sent.all(), 0.0)
 
     # ---- checkpoints ----
 
@@ -463,7 +602,7 @@ class _PerParameterFeedback:
             home = self._home.get(pid)
             if home is not None:
                 ef, off, numel = home
-                out["residuals"][key] = torch.from_numpy(ef.residual[off:off + numel].copy())
+                out["residuals"][key] = _residual_of(ef)[off:off + numel].to("cpu", copy=True)
                 if numel == ef.size:  # its own memory: what the collectives keep beside it
                     kept = ef.kept
                     if kept.size:
@@ -602,19 +741,19 @@ class CompressionState(_PerParameterFeedback):
         known = self._layout.get(bucket.index())
         if known is not None and known[0] == key:
             return known[1]
-        ef = gcomp.ErrorFeedback(bucket.buffer().numel())
-        residual = ef.residual
+        ef = _new_feedback(bucket.buffer().numel(), bucket.buffer())
+        residual = _residual_of(ef)
         pending = self._loaded["residuals"]
         for pid, off, numel in entries:
             home = self._home.get(pid)
             if home is not None:
                 old, old_off, old_numel = home
                 if old_numel == numel:
-                    residual[off:off + numel] = old.residual[old_off:old_off + numel]
+                    residual[off:off + numel] = _residual_of(old)[old_off:old_off + numel]
             else:
                 r = pending.pop(self._keys.get(pid), None)
                 if r is not None and r.numel() == numel:
-                    residual[off:off + numel] = r.numpy()
+                    residual[off:off + numel] = r
         # What the collectives kept beside the bucket's residual, where a checkpoint has it for
         # this very layout.
         kept = self._loaded["buckets"].pop(self._bucket_key(entries), None)
@@ -863,18 +1002,24 @@ def compression_hook(state, bucket):
             velocities = state._accumulate_momentum(params, grads)
     waits = _Waits(state)
     label = state._label("DDP bucket", index, step, params)
+    # CUDA buckets: the work runs on the module's side stream after the bucket is ready on the
+    # current stream (the momentum correction above included), and the future completes there.
+    on = _OnDevice.of(tensor, [tensor] + [u for _, u in velocities or []])
+    stream = on.stream_handle if on is not None else None
+    whole, views = _arrays(on, tensor), _arrays(on, views)
 
     def job(comm):
         started, cpu = time.perf_counter(), time.thread_time()
         try:
             waits.set(comm)
             if dense or bare:
-                comm.allreduce(tensor, "none", algorithm="dense", average=True, label=label)
+                comm.allreduce(whole, "none", algorithm="dense", average=True, label=label,
+                               stream=stream)
             elif plain:
                 comm.allreduce_buckets(views, "none", efs=efs,
                                        bucket_bytes=max(4 * tensor.numel(), 1), dense_below=0,
                                        average=True, algorithm="dense", step=step, index=index,
-                                       label=label)
+                                       label=label, stream=stream)
             elif shaped:
                 # dense_below=0: the low-rank algorithm sends the small tensors dense in its
                 # first collective (one collective a bucket, not two), and the views, which lie
@@ -883,16 +1028,17 @@ def compression_hook(state, bucket):
                                        bucket_bytes=max(4 * tensor.numel(), 1),
                                        dense_below=0, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                       index=index, label=label)
+                                       index=index, label=label, stream=stream)
             elif per_parameter:
                 # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
                 comm.allreduce_buckets(views, codec, efs=efs, bucket_bytes=1,
                                        dense_below=dense_below, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                       index=index, label=label)
+                                       index=index, label=label, stream=stream)
             else:
-                comm.allreduce(tensor, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
-                               allow_uncompressed=allow, step=step, index=index, label=label)
+                comm.allreduce(whole, codec, ef=ef, algorithm=algorithm, average=True, seed=seed,
+                               allow_uncompressed=allow, step=step, index=index, label=label,
+                               stream=stream)
         except gcomp.Error as e:
             # DDP raises the future's failure from backward as text: keep the status in it.
             raise RuntimeError(f"gcomp compression_hook, bucket {index}: {e.status}: {e}") from e
@@ -909,7 +1055,7 @@ def compression_hook(state, bucket):
     if last:
         state.step += 1
     submitted = time.perf_counter()
-    fut = _engine().submit(job)
+    fut = _engine().submit(job, on)
     if state.synchronous:
         try:
             fut.wait()
@@ -1071,15 +1217,19 @@ class DistributedOptimizer(_PerParameterFeedback):
         shaped = self._shaped and not dense
         bucket_bytes = 1 if self._split and not dense and not shaped else self.bucket_bytes
         shapes = [tuple(p.shape) for p in params] if shaped else None
+        # CUDA gradients: on the side stream, after they are ready on the current stream.
+        on = _OnDevice.of(grads[0], grads + [u for _, u in velocities or []])
+        stream = on.stream_handle if on is not None else None
+        arrays = _arrays(on, grads)
 
         def job(comm):
             started, cpu = time.perf_counter(), time.thread_time()
             waits.set(comm)
             try:
-                comm.allreduce_buckets(grads, codec, efs=efs, bucket_bytes=bucket_bytes,
+                comm.allreduce_buckets(arrays, codec, efs=efs, bucket_bytes=bucket_bytes,
                                        dense_below=dense_below, average=True, seed=seed,
                                        algorithm=algorithm, allow_uncompressed=allow, step=step,
-                                       index=index, shapes=shapes, label=label)
+                                       index=index, shapes=shapes, label=label, stream=stream)
             finally:
                 waits.reset(comm)
             stats.add(comm, dense)
@@ -1090,7 +1240,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                              cpu=time.thread_time() - cpu)
 
         submitted = time.perf_counter()
-        fut = _engine().submit(job)
+        fut = _engine().submit(job, on)
         self._pending.append(fut)
         if self.synchronous:
             self._wait()
