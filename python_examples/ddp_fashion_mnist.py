@@ -13,6 +13,9 @@ hook as before register existed (SGD keeps its momentum), for comparison; --wide
 784-2048-2048-10 (else 784-512-256-10, 0.5M parameters). SGD lr 0.05 momentum 0.9 (register
 moves the momentum into the hook for top-k, random-k, threshold and sign). --steps stops after
 that many steps (else --epochs epochs); --eval-every N also evaluates every N steps (rank 0).
+--device cuda trains on the GPUs (rank r on GPU r mod their count; torch.distributed's backend
+as gt.init_process_group picks it: gloo where ranks share a GPU) and compresses on them with
+gcomp's CUDA kernels; --data is the Fashion-MNIST folder (default Debian's).
 Rank 0 prints each epoch's test accuracy and at the end one line: the test accuracy, the bytes
 each rank handed to MPI against a ring allreduce's 2 (P-1)/P of the gradients every step, and
 whether every rank ends with the same parameters.
@@ -26,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gcomp.torch as gt
-from fashion_mnist import accuracy, load, mlp, shard
+from fashion_mnist import DATA, accuracy, load, mlp, shard
 
 
 def same_everywhere(model, held):
@@ -35,7 +38,7 @@ def same_everywhere(model, held):
     thread drops its reference to a finished call's tensors a moment after the call returns,
     and where that is the last one it needs the GIL, which the main thread holds while the
     process group's destructor waits for that thread (a deadlock at exit, seen here)."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     mine = flat.clone()
     dist.broadcast(flat, 0)
     ok = torch.tensor([1 if torch.equal(flat, mine) else 0])
@@ -61,12 +64,20 @@ def main():
                          "SGD keeping its momentum: the form register replaces, for comparison")
     ap.add_argument("--eval-every", type=int, default=0,
                     help="also evaluate every this many steps (rank 0 prints them)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--data", default=DATA, help="the Fashion-MNIST folder")
     a = ap.parse_args()
 
     rank, size = gt.init_process_group()
     torch.set_num_threads(1)
-    train_x, train_y, test_x, test_y = load()
-    model = DDP(mlp(a.wide))
+    train_x, train_y, test_x, test_y = load(a.data)
+    if a.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
+        model = DDP(mlp(a.wide).to(device), device_ids=[device.index])
+    else:
+        model = DDP(mlp(a.wide))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     state = None
     if a.codec != "default":
@@ -82,6 +93,7 @@ def main():
     for epoch in range(a.epochs):
         began = time.perf_counter()
         for idx in shard(len(train_x), epoch, rank, size, a.batch):
+            idx = idx.to(train_x.device)
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
             opt.step()
@@ -105,7 +117,8 @@ def main():
     same = same_everywhere(model, held)
     if rank == 0:
         sent = state.stats()["bytes_sent"] if state else ring
-        print(f"result: codec {a.codec}, {size} ranks, {steps} steps, test accuracy {acc:.4f}, "
+        print(f"result: codec {a.codec}, {size} ranks on {a.device}, {steps} steps, "
+              f"test accuracy {acc:.4f}, "
               f"sent {sent / 1e6:.2f} MB per rank, ring {ring / 1e6:.2f} MB "
               f"({ring / sent:.1f}x fewer), same parameters on every rank: {same}, "
               f"{time.perf_counter() - start:.1f} s"
