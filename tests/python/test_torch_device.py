@@ -169,6 +169,9 @@ def test_backend_none_picks_as_torch_would(monkeypatch):
     ("qsgd:bits=4", {"algorithm": "allgather"}),
     ("sign", {"per_parameter": True, "algorithm": "allgather"}),
     ("fp16", {"warmup_steps": 2, "algorithm": "dense"}),
+    ("powersgd:rank=2", {"algorithm": "low_rank"}),
+    ("randomk:ratio=0.1", {"algorithm": "sparse_split"}),
+    ("terngrad", {"algorithm": "compressed_reduce_scatter"}),
 ])
 def test_the_hook_on_the_device_path_gives_the_cpus_parameters(codec, options):
     steps = 5
