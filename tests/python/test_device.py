@@ -18,27 +18,10 @@ import pytest
 
 import gcomp
 from gcomp import _gcomp
+from cases import SPECS, gradient  # tests/python, which pytest puts on sys.path
 
 standin = getattr(_gcomp, "standin", None)
 pytestmark = pytest.mark.skipif(standin is None, reason="not the stand-in build of the module")
-
-SPECS = [
-    "none",
-    "fp16",
-    "bf16",
-    "topk:ratio=0.01",
-    "topk:k=7,values=fp16",
-    "randomk:ratio=0.05",
-    "threshold:tau=1.5",
-    "qsgd",
-    "qsgd:bits=2,bucket=100",
-    "terngrad",
-    "sign",
-]
-
-
-def gradient(n, seed):
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
 
 
 def on_device(values, device=0):

@@ -21,29 +21,10 @@ import numpy as np
 import pytest
 
 import gcomp
+from cases import SPECS, gradient  # tests/python, which pytest puts on sys.path
 
 CLI = os.environ.get("GCOMP_CLI", "gcomp")
 REFERENCE = os.environ.get("GCOMP_PYTHON_REFERENCE", "gcomp_python_reference")
-
-# One spec per codec, and the variants whose bytes differ in kind.
-SPECS = [
-    "none",
-    "fp16",
-    "bf16",
-    "topk:ratio=0.01",
-    "topk:k=7,values=fp16",
-    "randomk:ratio=0.05",
-    "randomk:ratio=0.1,scale=true",
-    "threshold:tau=1.5",
-    "qsgd",
-    "qsgd:bits=2,bucket=100",
-    "terngrad",
-    "sign",
-]
-
-
-def gradient(n, seed):
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
 
 
 def run(args, **kw):
