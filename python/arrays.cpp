@@ -130,9 +130,10 @@ Held::Held(py::handle obj, std::string what, Elem elem, bool writable, const Cal
   }
 }
 
-Held::~Held() {
-  if (held_) PyBuffer_Release(&view_);
-  if (managed_ && managed_->deleter) managed_->deleter(managed_);
+Held::~Held() = default;
+
+Held::Export::~Export() {
+  if (managed && managed->deleter) managed->deleter(managed);
 }
 
 std::span<float> Held::floats() const {
@@ -195,10 +196,10 @@ void Held::take_buffer(py::handle obj, Elem elem, bool writable) {
   } else if (!PyObject_CheckBuffer(obj.ptr())) {
     throw py::type_error(what_ + " must be " + needed(elem) + ", not " + type_name(obj));
   }
-  if (PyObject_GetBuffer(source.ptr(), &view_, PyBUF_RECORDS_RO) != 0) {
+  if (PyObject_GetBuffer(source.ptr(), &buffer_.view, PyBUF_RECORDS_RO) != 0) {
     throw py::error_already_set();
   }
-  held_ = true;
+  buffer_.held = true;
   check_host(obj, elem, writable);
   data_ = view_.buf;
   size_ = static_cast<std::size_t>(view_.shape[0]);
@@ -253,7 +254,7 @@ void Held::take_dlpack(py::handle obj, Elem elem, const CallStream& stream) {
   }
   // Ours now: the capsule must not release it too.
   if (PyCapsule_SetName(capsule.ptr(), "used_dltensor") != 0) throw py::error_already_set();
-  managed_ = m;
+  export_.managed = m;
   const DLTensor& t = m->dl_tensor;
   const DLDataType want =
       elem == Elem::float32 ? DLDataType{kDLFloat, 32, 1} : DLDataType{kDLUInt, 8, 1};

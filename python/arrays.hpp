@@ -75,10 +75,29 @@ class Held {
   std::size_t size_ = 0;
   int device_ = -1;
   void* stream_ = nullptr;
-  Py_buffer view_{};
-  bool held_ = false;
-  py::object numpy_view_;               // a torch CPU tensor's .numpy(), kept for the call
-  DLManagedTensor* managed_ = nullptr;  // a DLPack export, released after the call
+  // What is held, released by the members themselves, so also when the constructor throws
+  // (a refused array is let go at once, not kept exported).
+  struct Buffer {
+    Py_buffer view{};
+    bool held = false;
+    Buffer() = default;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer() {
+      if (held) PyBuffer_Release(&view);
+    }
+  };
+  struct Export {
+    DLManagedTensor* managed = nullptr;  // a DLPack export, given back after the call
+    Export() = default;
+    Export(const Export&) = delete;
+    Export& operator=(const Export&) = delete;
+    ~Export();
+  };
+  py::object numpy_view_;  // a torch CPU tensor's .numpy(), kept for the call
+  Buffer buffer_;
+  Export export_;
+  const Py_buffer& view_ = buffer_.view;
 };
 
 // The memory of one call's arrays: all host (-1) or all on one CUDA device (returned). Mixed

@@ -184,17 +184,17 @@ std::unique_ptr<PyErrorFeedback> make_ef(std::size_t n, py::handle device) {
 
 // ---- the codecs ----
 
-// The written prefix of out: a view of the same memory (torch and numpy arrays, gcomp's
-// DeviceArray); for bytearray and other buffers a numpy view that holds an export of out, so
-// that it cannot move.
-py::object prefix_of(py::handle out, std::size_t bytes, bool device) {
+// The written prefix of out: a view of the same memory (numpy arrays and torch tensors through
+// their slicing, gcomp.DeviceArray and other device arrays as a DeviceArray that keeps out);
+// for bytearray and other buffers a numpy view that holds an export of out, so that it cannot
+// move.
+py::object prefix_of(py::handle out, const Held& o, std::size_t bytes) {
   const auto prefix = py::slice(0, static_cast<py::ssize_t>(bytes), 1);
-  if (gcomp::python::is_device_array(out)) {
-    const auto& a = gcomp::python::device_array_of(out);
-    return gcomp::python::device_array_view(a.data, bytes, Elem::byte, a.device,
+  if (is_torch_tensor(out) || py::isinstance<py::array>(out)) return out[prefix];
+  if (o.on_device()) {
+    return gcomp::python::device_array_view(o.byte_view().data(), bytes, Elem::byte, o.device(),
                                             py::reinterpret_borrow<py::object>(out));
   }
-  if (device || is_torch_tensor(out) || py::isinstance<py::array>(out)) return out[prefix];
   return py::module_::import("numpy").attr("frombuffer")(out, "uint8", bytes);
 }
 
@@ -217,7 +217,7 @@ py::object encode(const gcomp::Codec& codec, py::handle x, py::handle seed, py::
     const Held o(out, "out", Elem::byte, true, &st);
     same_memory({&in, &o}, st);
     const std::size_t bytes = encode_into(codec, in, s, e, o.byte_view());
-    return prefix_of(out, bytes, o.on_device());
+    return prefix_of(out, o, bytes);
   }
   const int device = same_memory({&in}, st);
   const std::size_t max = codec.max_bytes(in.size());

@@ -210,6 +210,26 @@ def test_dlpack_is_asked_for_the_calls_stream():
     assert sys.getrefcount(x) == before, "every DLPack export was released after its call"
 
 
+def test_a_refused_dlpack_array_is_given_back():
+    x = on_device(gradient(100, 1))
+    before = sys.getrefcount(x)
+    for _ in range(5):
+        with pytest.raises(TypeError, match="payload has DLPack dtype"):
+            gcomp.decode_add(DLPackArray(x), on_device(np.zeros(100, np.float32)))
+    gc.collect()
+    assert sys.getrefcount(x) == before, "a refused DLPack export was given back"
+
+
+def test_encode_into_any_device_array_returns_a_view_that_keeps_it():
+    n = 1000
+    codec = gcomp.Codec("qsgd")
+    memory = np.zeros(codec.max_bytes(n), np.uint8)
+    got = codec.encode(on_device(gradient(n, 1)), out=CudaArray(memory))
+    assert isinstance(got, gcomp.DeviceArray) and got.data_ptr == memory.ctypes.data
+    gc.collect()
+    assert standin.host(got).tobytes() == bits(codec.encode(gradient(n, 1)))
+
+
 def test_a_device_array_exports_itself_through_both_protocols():
     a = on_device(np.arange(10, dtype=np.float32))
     assert a.__dlpack_device__() == (2, 0)

@@ -447,6 +447,22 @@ def test_the_callers_arrays_hold_no_extra_reference():
     b.extend(b"\0")  # would raise BufferError had the export leaked
 
 
+def test_a_refused_array_is_let_go():
+    wide = np.zeros((2, 2), np.float32)
+    strided = np.zeros(20, np.float32)[::2]
+    counts = sys.getrefcount(wide), sys.getrefcount(strided)
+    for _ in range(10):
+        with pytest.raises(ValueError):
+            gcomp.Codec("none").encode(wide)
+        with pytest.raises(ValueError):
+            gcomp.Codec("none").encode(strided)
+    assert (sys.getrefcount(wide), sys.getrefcount(strided)) == counts
+    b = bytearray(8)
+    with pytest.raises(TypeError, match="acc has dtype"):
+        gcomp.decode_add(gcomp.Codec("none").encode(np.zeros(2, np.float32)), b)
+    b.extend(b"\0")  # would raise BufferError had the refused export leaked
+
+
 # ---- the GIL ----
 
 
