@@ -173,7 +173,7 @@ std::unique_ptr<PyErrorFeedback> make_ef(std::size_t n, py::handle device) {
   int d = to_device(device);
   if (d == -1) return std::make_unique<PyErrorFeedback>(n);
   if (const std::string why = devices().unusable(); !why.empty()) {
-    const std::string text = "ErrorFeedback on " + std::string(py::str(device)) + ": " + why;
+    const std::string text = "ErrorFeedback(device=" + std::string(py::repr(device)) + "): " + why;
     if (std::string(devices().name()) == "none") throw py::type_error(text);
     throw py::value_error(text);
   }

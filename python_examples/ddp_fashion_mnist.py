@@ -72,6 +72,8 @@ def main():
     torch.set_num_threads(1)
     train_x, train_y, test_x, test_y = load(a.data)
     if a.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no GPU here (torch.cuda.is_available())")
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))

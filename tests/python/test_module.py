@@ -393,7 +393,7 @@ def test_a_cuda_array_where_none_can_be_used_is_a_clear_error():
     assert str(e.value) == "x is a CUDA array, but " + status["why"]
     with pytest.raises(error, match="acc is a CUDA array, but"):
         gcomp.decode_add(gcomp.Codec("none").encode(np.zeros(10, np.float32)), fake)
-    with pytest.raises(error, match="ErrorFeedback on cuda: "):
+    with pytest.raises(error, match=r"ErrorFeedback\(device='cuda'\): "):
         gcomp.ErrorFeedback(10, device="cuda")
     with pytest.raises(TypeError, match="velocity is a CUDA array; this call takes host memory"):
         gcomp.momentum_correct(fake, np.zeros(10, np.float32), 0.9)
