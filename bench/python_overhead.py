@@ -7,7 +7,8 @@ C++ benchmarks, in one run, alternating, medians.
 
 Codecs (1 library thread): encode and decode_add of fp16, top-k 1% and 4-bit QSGD, against
 gcomp_bench_codecs' rows of the same names. Python's encode is timed twice: into a given buffer
-(out=, as the C++ benchmark encodes into one) and returning a new payload array each call.
+(out=, as the C++ benchmark encodes into one) and returning a new payload array each call; where
+torch imports, encode and decode_add are timed again on torch CPU tensors over the same memory.
 Allreduce: a 4-rank (--ranks) allreduce of none (dense), top-k 1% (sparse_allgather) and 4-bit
 QSGD (compressed_reduce_scatter) under mpiexec.mpich, against gcomp_bench_collectives' rows; both
 time an iteration as the C++ benchmark does (a barrier, then the slowest rank's time).
@@ -69,6 +70,10 @@ def c_api(build):
 def python_codecs(build, sizes):
     import numpy as np
     import gcomp
+    try:
+        import torch
+    except ImportError:
+        torch = None
     gcomp.set_num_threads(1)
     lib, ctypes = c_api(build)
     lib.gcomp_set_num_threads(1)
@@ -102,6 +107,12 @@ def python_codecs(build, sizes):
             rows[("encode", spec, n)] = median_batch_seconds(enc_out)
             rows[("encode (new array)", spec, n)] = median_batch_seconds(enc_new)
             rows[("decode_add", spec, n)] = median_batch_seconds(lambda: gcomp.decode_add(p, acc))
+            if torch is not None:  # the same calls on torch CPU tensors over the same memory
+                tx, tacc = torch.from_numpy(x), torch.from_numpy(acc)
+                rows[("encode (torch CPU)", spec, n)] = median_batch_seconds(
+                    lambda: c.encode(tx, 1, out=out))
+                rows[("decode_add (torch CPU)", spec, n)] = median_batch_seconds(
+                    lambda: gcomp.decode_add(p, tacc))
             rows[("c_api encode", spec, n)] = median_batch_seconds(enc_c)
             rows[("c_api decode_add", spec, n)] = median_batch_seconds(
                 lambda: lib.gcomp_decode_add(p.ctypes.data, p.size, acc.ctypes.data, n, 1.0))
@@ -243,11 +254,12 @@ def main():
     for (op, spec, n), ts in py.items():
         if op.startswith("c_api"):
             continue
-        base = cpp.get(("encode" if op.startswith("encode") else op, spec, n))
+        call = op.split(" (")[0]  # "encode (new array)", "decode_add (torch CPU)": the same call
+        base = cpp.get((call, spec, n))
         if not base:
             continue
         c, p = statistics.median(base), statistics.median(ts)
-        capi = py.get(("c_api " + ("encode" if op.startswith("encode") else op), spec, n))
+        capi = py.get(("c_api " + call, spec, n))
         capi = statistics.median(capi) if capi else None
         table.append((op, spec, n, c * 1e6, capi * 1e6 if capi else None, p * 1e6, p / c,
                       p / capi if capi else None, (p - c) * 1e6))

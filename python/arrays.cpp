@@ -51,6 +51,9 @@ enum class Source { host, dlpack, interface };
 
 Source source_of(py::handle obj, const std::string& what) {
   if (PyObject_CheckBuffer(obj.ptr())) return Source::host;  // numpy, bytes, memoryview
+  // A torch tensor says where it is through is_cuda, a C attribute; its __dlpack_device__ is
+  // Python code that costs a CPU tensor's call more than the binding's own work on a small one.
+  if (is_torch_tensor(obj) && !obj.attr("is_cuda").cast<bool>()) return Source::host;
   if (py::hasattr(obj, "__dlpack_device__")) {
     const py::tuple dev =
         py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.attr("__dlpack_device__")().ptr()));
@@ -178,7 +181,8 @@ py::object torch_view(py::handle t, const std::string& what, Elem elem, bool wri
                           std::string(py::str(t.attr("stride")())) + "); " + needed(elem) +
                           " is needed (.contiguous() makes one)");
   }
-  if (writable && t.attr("requires_grad").cast<bool>()) {
+  if (!t.attr("requires_grad").cast<bool>()) return t.attr("numpy")();
+  if (writable) {
     throw py::value_error(what +
                           " requires grad and would be written in place; pass a "
                           "tensor that does not (a .grad, or .detach())");
