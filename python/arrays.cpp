@@ -47,13 +47,13 @@ std::intptr_t to_intptr(py::handle v, const std::string& what) {
 }
 
 // Where an object's memory is, as far as the protocols say.
-enum class Source { host, dlpack, interface };
+enum class Source { host, torch_cpu, dlpack, interface };
 
 Source source_of(py::handle obj, const std::string& what) {
   if (PyObject_CheckBuffer(obj.ptr())) return Source::host;  // numpy, bytes, memoryview
   // A torch tensor says where it is through is_cuda, a C attribute; its __dlpack_device__ is
   // Python code that costs a CPU tensor's call more than the binding's own work on a small one.
-  if (is_torch_tensor(obj) && !obj.attr("is_cuda").cast<bool>()) return Source::host;
+  if (is_torch_tensor(obj) && !obj.attr("is_cuda").cast<bool>()) return Source::torch_cpu;
   if (py::hasattr(obj, "__dlpack_device__")) {
     const py::tuple dev =
         py::reinterpret_steal<py::tuple>(PySequence_Tuple(obj.attr("__dlpack_device__")().ptr()));
@@ -62,7 +62,7 @@ Source source_of(py::handle obj, const std::string& what) {
       throw py::type_error(what + ".__dlpack_device__() is not a (type, id) pair");
     }
     const int type = dev[0].cast<int>();
-    if (type == kDLCPU || type == kDLCUDAHost) return Source::host;  // torch CPU tensors
+    if (type == kDLCPU || type == kDLCUDAHost) return Source::host;  // through the buffer protocol
     if (type == kDLCUDA || type == kDLCUDAManaged) {
       return py::hasattr(obj, "__dlpack__") ? Source::dlpack : Source::interface;
     }
@@ -114,8 +114,8 @@ CallStream to_stream(py::handle stream) {
 Held::Held(py::handle obj, std::string what, Elem elem, bool writable, const CallStream* stream)
     : what_(std::move(what)) {
   const Source source = source_of(obj, what_);
-  if (source == Source::host) {
-    take_buffer(obj, elem, writable);
+  if (source == Source::host || source == Source::torch_cpu) {
+    take_buffer(obj, elem, writable, source == Source::torch_cpu);
     return;
   }
   if (stream == nullptr) {
@@ -192,9 +192,9 @@ py::object torch_view(py::handle t, const std::string& what, Elem elem, bool wri
 
 }  // namespace
 
-void Held::take_buffer(py::handle obj, Elem elem, bool writable) {
+void Held::take_buffer(py::handle obj, Elem elem, bool writable, bool torch_cpu) {
   py::handle source = obj;
-  if (!PyObject_CheckBuffer(obj.ptr()) && is_torch_tensor(obj)) {
+  if (torch_cpu) {
     numpy_view_ = torch_view(obj, what_, elem, writable);
     source = numpy_view_;
   } else if (!PyObject_CheckBuffer(obj.ptr())) {

@@ -65,7 +65,7 @@ class Held {
   TensorView<std::byte> byte_view() const;
 
  private:
-  void take_buffer(py::handle obj, Elem elem, bool writable);
+  void take_buffer(py::handle obj, Elem elem, bool writable, bool torch_cpu);
   void take_dlpack(py::handle obj, Elem elem, const CallStream& stream);
   void take_interface(py::handle obj, Elem elem, bool writable, const CallStream& stream);
   void check_host(py::handle obj, Elem elem, bool writable) const;

@@ -310,6 +310,11 @@ class _OnDevice:
     def of(tensor, keep):
         return _OnDevice(tensor, keep) if _cuda.on_device(tensor) else None
 
+    @staticmethod
+    def stream_of(on):
+        """The stream= the module's calls get: the side stream's handle, or None (host)."""
+        return on.stream_handle if on is not None else None
+
 
 def _arrays(on, tensors):
     """What the module gets for these tensors: themselves, or on a device what _cuda gives."""
@@ -1005,7 +1010,7 @@ def compression_hook(state, bucket):
     # CUDA buckets: the work runs on the module's side stream after the bucket is ready on the
     # current stream (the momentum correction above included), and the future completes there.
     on = _OnDevice.of(tensor, [tensor] + [u for _, u in velocities or []])
-    stream = on.stream_handle if on is not None else None
+    stream = _OnDevice.stream_of(on)
     whole, views = _arrays(on, tensor), _arrays(on, views)
 
     def job(comm):
@@ -1219,7 +1224,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         shapes = [tuple(p.shape) for p in params] if shaped else None
         # CUDA gradients: on the side stream, after they are ready on the current stream.
         on = _OnDevice.of(grads[0], grads + [u for _, u in velocities or []])
-        stream = on.stream_handle if on is not None else None
+        stream = _OnDevice.stream_of(on)
         arrays = _arrays(on, grads)
 
         def job(comm):

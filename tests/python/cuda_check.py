@@ -17,15 +17,15 @@ import numpy as np
 import torch
 
 import gcomp
+import cases  # tests/python's shared specs and gradients (this script's folder is on sys.path)
+from cases import SPECS
 
-SPECS = ["none", "fp16", "bf16", "topk:ratio=0.01", "topk:k=7,values=fp16", "randomk:ratio=0.05",
-         "threshold:tau=1.5", "qsgd", "qsgd:bits=2,bucket=100", "terngrad", "sign"]
 SIZES = [0, 1, 17, 4097, 1000003]
 RANKS = int(os.environ.get("PMI_SIZE", "1"))
 
 
 def gradient(n, seed):
-    return torch.from_numpy(np.random.default_rng(seed).standard_normal(n).astype(np.float32))
+    return torch.from_numpy(cases.gradient(n, seed))
 
 
 def bits(t):
