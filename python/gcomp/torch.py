@@ -381,6 +381,53 @@ def communicator():
     return _engine().comm
 
 
+# ---- gcomp's world against torch.distributed's ----
+
+_world_checked = None  # torch's (rank, size) that gcomp's world was found to match
+
+
+def _world_error(text):
+    e = gcomp.Error(text)
+    e.status = "mismatch"
+    return e
+
+
+def _check_world(comm, who):
+    """Raises gcomp.Error ("mismatch") on every rank unless gcomp's world (comm's size, and
+    this process's rank in it) is torch.distributed's default group's. Otherwise each process
+    would average with a different set of ranks (a singleton MPI world under a launcher that
+    is not mpiexec: every process alone) and train a model of its own, silently. Collective
+    over comm when the sizes agree (the ranks' places are compared on every rank); a no-op
+    without torch.distributed, and after the first check that passed."""
+    global _world_checked
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    torch_world = (dist.get_rank(), dist.get_world_size())
+    if _world_checked == torch_world:
+        return
+    trank, tsize = torch_world
+    places = None
+    if comm.size == tsize:
+        # Each rank's torch rank at its gcomp rank, summed over gcomp's world: exact in float32.
+        places = np.zeros(tsize, np.float32)
+        places[comm.rank] = trank + 1
+        comm.allreduce(places, "none", algorithm="dense", label="the world check")
+        if all(int(v) == r + 1 for r, v in enumerate(places)):
+            _world_checked = torch_world
+            return
+    mine = f"{comm.size} rank{'s' if comm.size != 1 else ''}, this process rank {comm.rank}"
+    theirs = f"{tsize} rank{'s' if tsize != 1 else ''}, this process rank {trank}"
+    order = "" if places is None else (
+        "; gcomp's ranks 0.. are torch's " + ", ".join(str(int(v) - 1) for v in places))
+    raise _world_error(
+        f"{who}: gcomp's world ({mine}) is not torch.distributed's ({theirs}){order}: each "
+        "process would average gradients with other ranks than torch's and train a model of "
+        "its own. Launch every process of the job one way: with mpiexec.mpich -n "
+        f"{tsize} python3 script.py and gt.init_process_group() (torch's world from "
+        "mpiexec's ranks), or with torch's own init_process_group whose RANK and WORLD_SIZE "
+        "are mpiexec's PMI_RANK and PMI_SIZE.")
+
+
 def _env_int(*names, default):
     for n in names:
         if n in os.environ:
@@ -421,6 +468,7 @@ def init_process_group(backend=None, master_addr=None, master_port=None, **kwarg
             torch.cuda.set_device(_env_int("MPI_LOCALRANKID", "LOCAL_RANK", default=0))
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
                             world_size=size, **kwargs)
+    _engine().run(lambda comm: _check_world(comm, "gcomp.torch.init_process_group"))
     return rank, size
 
 
@@ -718,6 +766,7 @@ class CompressionState(_PerParameterFeedback):
         self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
         self._stats = _Stats()
         self._new_step = True  # the next hook call is a step's first
+        self._world_ok = False  # gcomp's world checked against torch's (the first call)
         # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
         self._check = (_StepCheck(self.warmup_steps + _start_steps(codec) + _StepCheck.window)
                        if self._shaped and algorithm == "auto" and self.allow_uncompressed
@@ -1016,6 +1065,9 @@ def compression_hook(state, bucket):
     def job(comm):
         started, cpu = time.perf_counter(), time.thread_time()
         try:
+            if not state._world_ok:  # the state's first call
+                _check_world(comm, "gcomp.torch.compression_hook")
+                state._world_ok = True
             waits.set(comm)
             if dense or bare:
                 comm.allreduce(whole, "none", algorithm="dense", average=True, label=label,
@@ -1091,6 +1143,7 @@ def register(model, optimizer, codec, **options):
     moved = _take_momentum(optimizer, codec, options, "gcomp.torch.register")
     options.setdefault("names", list(model.named_parameters()))
     state = CompressionState(codec, **options)
+    _engine().run(lambda comm: _check_world(comm, "gcomp.torch.register"))
     state.moved = moved
     model.register_comm_hook(state, compression_hook)
     return state
@@ -1167,7 +1220,9 @@ class DistributedOptimizer(_PerParameterFeedback):
         self._pending, self._buckets = [], 0
         self._stats = _Stats()
         self._accumulators = []  # kept alive: their hooks must stay registered
-        _engine()  # the Communicator, made now on every rank alike
+        # The Communicator, made now on every rank alike, and its world checked against
+        # torch.distributed's where that is initialized.
+        _engine().run(lambda comm: _check_world(comm, "gcomp.torch.DistributedOptimizer"))
         for _, p in named:
             if p.requires_grad:
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]

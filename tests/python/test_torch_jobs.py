@@ -1,7 +1,8 @@
 """gcomp.torch across whole jobs (each an `mpiexec.mpich` run of torch_job.py, bounded): a
 checkpoint saved after N steps and loaded by a new job goes on bit for bit as one run of N + M
 steps; a rank that sleeps past the stall time is named and the job completes; a rank that skips
-a call under a timeout makes every rank raise, and none hangs.
+a call under a timeout makes every rank raise, and none hangs; a torch.distributed world that is
+not gcomp's makes every rank raise wherever gcomp.torch meets it.
 
     MPIEXEC=mpiexec.mpich /usr/bin/python3 -m pytest tests/python/test_torch_jobs.py
 """
@@ -142,3 +143,47 @@ def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep):
     assert re.search(r"rank 0: raised timeout: .*waited 1\.\d s \(the timeout\).*not there: "
                      r"rank 1 \(at no gcomp call\)", out), out
     assert raised["1"] in ("timeout", "mismatch"), out
+
+
+def torchrun(ranks, *args, env=None, limit=180, log_dir):
+    """Runs torch_job.py under torch's launcher (no mpiexec); returns (returncode, stdout,
+    stderr). Debian's torch 1.13 needs --redirects and --tee other than 0."""
+    e = dict(os.environ)
+    e.update(env or {})
+    cmd = ["timeout", "-k", "10", str(limit), sys.executable, "-m", "torch.distributed.run",
+           "--nproc_per_node", str(ranks), "--master_port", str(PORT + 10 + ranks),
+           "--redirects", "1", "--tee", "1", "--log_dir", str(log_dir), JOB, *args]
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_every_rank_refused(ranks, out, err, gcomp_world, torch_world):
+    raised = dict(re.findall(r"rank (\d+): raised (\w+)", out))
+    assert sorted(raised) == [str(r) for r in range(ranks)], out + err
+    assert set(raised.values()) == {"mismatch"}, out
+    for line in re.findall(r"rank \d+: raised .*", out):
+        assert f"gcomp's world ({gcomp_world}" in line, line
+        assert f"is not torch.distributed's ({torch_world}" in line, line
+        assert "mpiexec.mpich -n" in line, line
+
+
+@pytest.mark.parametrize("entry", ["register", "hook", "optimizer"])
+def test_torch_ranks_in_another_order_than_gcomps_make_every_rank_raise(entry):
+    # Same size, torch's ranks the reverse of mpiexec's: every rank learns the whole order.
+    ranks = 3
+    rc, out, err = job(ranks, "world", "--entry", entry, "--init", "reversed")
+    assert rc == 0, err
+    assert_every_rank_refused(ranks, out, err, "3 ranks", "3 ranks")
+    assert "gcomp's ranks 0.. are torch's 2, 1, 0" in out, out
+
+
+@pytest.mark.parametrize("entry", ["register", "init"])
+def test_a_world_of_another_size_makes_every_rank_raise(tmp_path, entry):
+    # Launched by torch's launcher: gcomp's MPI world is each process alone (a singleton).
+    ranks = 3
+    init = "none" if entry == "init" else "env"
+    rc, out, err = torchrun(ranks, "world", "--entry", entry, "--init", init, log_dir=tmp_path)
+    assert rc == 0, err
+    for r in range(ranks):
+        assert f"rank {r}: raised mismatch: " in out, out + err
+    assert_every_rank_refused(ranks, out, err, "1 rank, this process rank 0", "3 ranks")

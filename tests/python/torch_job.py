@@ -5,6 +5,9 @@ resume, a rank that sleeps past the stall time, a rank that skips a call under a
         --first 0 --count 6 [--load FILE] [--save FILE] --out FILE
     mpiexec.mpich -n P python3 torch_job.py stall --form hook|optimizer --late-rank 1 --sleep 2.5
     mpiexec.mpich -n P python3 torch_job.py skip --late-rank 1 --sleep 4 (0: at once)
+    mpiexec.mpich -n P python3 torch_job.py world --entry register|hook|optimizer|init
+        --init reversed     (torch's ranks the reverse of mpiexec's)
+    python3 -m torch.distributed.run --nproc_per_node P ... torch_job.py world --init env
 
 Each rank's own files are FILE with ".rank<r>" appended. The data of step s on rank r is drawn
 from a generator seeded with (s, r), so a job that resumes at step s sees what one run sees.
@@ -126,9 +129,42 @@ def skipped(a, bucket, once):
     return fut
 
 
+def world(a):
+    """torch.distributed's world made apart from gcomp's (--init env: from torch's launcher's
+    variables; reversed: torch's ranks the reverse of mpiexec's), then the entry into gcomp.torch
+    tried: every rank must raise gcomp's mismatch naming both worlds."""
+    if a.init == "env":
+        dist.init_process_group("gloo")
+    elif a.init == "reversed":
+        size = int(os.environ["PMI_SIZE"])
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+            rank=size - 1 - int(os.environ["PMI_RANK"]), world_size=size)
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    try:
+        if a.entry == "init":
+            gt.init_process_group()
+        else:
+            net = DDP(model())
+            sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+            if a.entry == "register":
+                gt.register(net, sgd, a.codec)
+            elif a.entry == "hook":
+                net.register_comm_hook(gt.CompressionState(a.codec), gt.compression_hook)
+            else:
+                sgd = gt.DistributedOptimizer(sgd, named_parameters=net.named_parameters(),
+                                              codec=a.codec)
+            one_step(net, sgd, 0, rank)
+        print(f"rank {rank}: no error", flush=True)
+    except (RuntimeError, gcomp.Error) as e:
+        status = getattr(e, "status", None) or ("mismatch" if ": mismatch: " in str(e) else
+                                                "other")
+        print(f"rank {rank}: raised {status}: {e}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["train", "stall", "skip"])
+    ap.add_argument("mode", choices=["train", "stall", "skip", "world"])
     ap.add_argument("--form", choices=["hook", "optimizer"], default="hook")
     ap.add_argument("--codec", default="topk:ratio=0.05")
     ap.add_argument("--first", type=int, default=0)
@@ -143,8 +179,14 @@ def main():
     ap.add_argument("--late-rank", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=2.5)
     ap.add_argument("--stall", type=float, default=None, help="the hook state's stall_seconds")
+    ap.add_argument("--entry", choices=["register", "hook", "optimizer", "init"],
+                    default="register", help="world: where gcomp.torch meets torch's world")
+    ap.add_argument("--init", choices=["env", "reversed", "none"], default="env",
+                    help="world: how torch.distributed's world is made")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.mode == "world":
+        return world(a)
     rank, _ = gt.init_process_group()
     {"train": train, "stall": stall, "skip": skip}[a.mode](a, rank)
     sys.stdout.flush()
