@@ -3,13 +3,10 @@
 
 #include <limits>
 
-#include "mpi_util.hpp"
-
 namespace gcomp::detail {
 
 namespace {
 constexpr std::uint64_t k63 = (std::uint64_t{1} << 63) - 1;
-constexpr int kAgreementWords = sizeof(Agreement) / 8;
 }  // namespace
 
 void Agreement::seal(std::uint64_t signature) {
@@ -38,12 +35,6 @@ bool sum_cannot_overflow(int ranks, std::uint64_t magnitude) {
   if (magnitude >= kNotMeasured || ranks < 1) return false;
   const double m = bits_float(static_cast<std::uint32_t>(magnitude));
   return m * ranks <= std::numeric_limits<float>::max() / 2.0;
-}
-
-Agreement agree(MPI_Comm comm, const Agreement& mine) {
-  Agreement all{};
-  allreduce(&mine, &all, kAgreementWords, MPI_INT64_T, MPI_MAX, comm);
-  return all;
 }
 
 }  // namespace gcomp::detail

@@ -1,5 +1,5 @@
 // The agreement: the one small allreduce before every collective (communicator.cpp, step 2).
-// Every rank contributes an Agreement; MPI_MAX over int64 gives every rank the same combined one,
+// Every rank contributes an Agreement; MAX over int64 gives every rank the same combined one,
 // from which each learns whether all agree on the call (a hash), whether any rank failed (and
 // the first that did), the largest payload, and the slowest codec speeds.
 //
@@ -13,8 +13,6 @@
 // compressed (float bits, ordered like |value|), which tells every rank alike that the sum
 // cannot overflow and needs no check after the collective.
 #pragma once
-
-#include <mpi.h>
 
 #include <bit>
 #include <cstdint>
@@ -37,7 +35,7 @@ struct Agreement {
   std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
   std::uint64_t memory;           // a hash of the algorithms' memories of the tensor
   std::uint64_t not_memory;
-  std::uint64_t magnitude;        // max |value| sent uncompressed (float bits); kNotMeasured
+  std::uint64_t magnitude;  // max |value| sent uncompressed (float bits); kNotMeasured
 
   // This rank's hash of what must agree.
   void seal(std::uint64_t signature);
@@ -66,8 +64,5 @@ bool sum_cannot_overflow(int ranks, std::uint64_t magnitude);
 // Non-negative doubles as fields (their bits order as they do), and back.
 inline std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(v > 0 ? v : 0.0); }
 inline double bitsd(std::uint64_t v) { return std::bit_cast<double>(v); }
-
-// The MAX allreduce of every rank's Agreement.
-Agreement agree(MPI_Comm comm, const Agreement& mine);
 
 }  // namespace gcomp::detail

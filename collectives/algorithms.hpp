@@ -5,8 +5,6 @@
 // rank learns of it in the same step and throws, instead of waiting for data that never comes.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -17,7 +15,7 @@
 #include "gcomp/codec.hpp"
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
-#include "mpi_util.hpp"
+#include "transport.hpp"
 #include "workspace.hpp"
 
 namespace gcomp::detail {
@@ -54,12 +52,12 @@ struct MatrixBlock {
 // What the call is, fixed once every rank has agreed on it (same codec, size, options and
 // algorithm, and no rank failed).
 struct CallSpec {
-  MPI_Comm comm = MPI_COMM_NULL;
+  Transport* net = nullptr;  // the Communicator's transport (transport.hpp)
   int rank = 0;
   int size = 1;
   const Codec* codec = nullptr;
-  std::uint64_t seed = 0;        // this rank's seed for the codec (rank mixed in where it should)
-  std::uint64_t owner_seed = 0;  // for re-encoding a reduced chunk
+  std::uint64_t seed = 0;         // this rank's seed for the codec (rank mixed in where it should)
+  std::uint64_t owner_seed = 0;   // for re-encoding a reduced chunk
   std::uint64_t shared_seed = 0;  // the same on every rank (powersgd's random start of Q)
   bool average = false;
   bool majority_vote = false;
@@ -202,7 +200,7 @@ void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, M
 // (an all-to-all), and the P parts of this rank's own region summed into acc in rank order.
 // each(got) sees every rank's part before it is merged (nullptr: none). Slicing and merging count
 // as decode time.
-void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine, SparseVector& acc,
-                       const std::function<void(const SparseVector&)>& each);
+void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVector& mine,
+                       SparseVector& acc, const std::function<void(const SparseVector&)>& each);
 
 }  // namespace gcomp::detail

@@ -26,7 +26,7 @@ struct AllgatherBuffers {
 void allgather_payloads(Job& job) {
   const std::span<const std::byte> payload = encode_whole(job);
   auto& [all, one, votes] = job.ws.get<AllgatherBuffers>();
-  allgatherv_bytes(job.call.comm, payload, all, job.meter.traffic);
+  job.call.net->allgatherv_bytes(payload, all, job.meter.traffic);
   {
     const auto timed = job.meter.decoding();
     const std::span<float> out = job.buf.out;

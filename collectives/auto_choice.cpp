@@ -15,15 +15,15 @@
 #include "communicator_impl.hpp"
 #include "fnv.hpp"
 #include "learner.hpp"
-#include "mpi_util.hpp"
 #include "sparse_vector.hpp"
+#include "transport.hpp"
 
 namespace gcomp {
 
-using detail::Fnv;
 using detail::calibration_key;
 using detail::default_bytes;
 using detail::default_sent;
+using detail::Fnv;
 using detail::model_input;
 
 ComputeModel Timing::codec_speeds(const Codec& codec, std::size_t n) {
@@ -107,7 +107,7 @@ ComputeModel Communicator::Impl::measure_agreed(const Codec& codec, std::size_t 
   } catch (...) {  // out of memory: the other ranks' numbers stand
   }
   double agreed[2];
-  detail::allreduce(speeds, agreed, 2, MPI_DOUBLE, MPI_MAX, comm_);
+  net_->allreduce(speeds, agreed, 2, detail::Reduction::max_double);
   const ComputeModel m{agreed[0], agreed[1], 0, 0};
   calibrated_[key] = m;
   return m;

@@ -22,11 +22,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "agreement.hpp"
@@ -40,8 +42,12 @@
 #include "gcomp/cost_model.hpp"
 #include "kernels.hpp"
 #include "learner.hpp"
+#include "mpi_util.hpp"
+#include "network.hpp"
 #include "nonfinite.hpp"
 #include "sparse_vector.hpp"
+#include "stall.hpp"
+#include "transport.hpp"
 
 namespace gcomp {
 
@@ -50,13 +56,13 @@ namespace {
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 using detail::Agreement;
+using detail::bitsd;
 using detail::calibration_key;
+using detail::dbits;
 using detail::default_bytes;
 using detail::default_sent;
-using detail::model_input;
-using detail::bitsd;
-using detail::dbits;
 using detail::Fnv;
+using detail::model_input;
 
 // What the agreement's hash covers, spelled out for the mismatch message.
 std::string describe(const Codec& codec, std::size_t n, Algorithm requested,
@@ -77,74 +83,78 @@ std::uint64_t payload_entries(std::span<const std::byte> payload) {
 
 }  // namespace
 
+namespace {
+// The limits and the wait policy from the environment, checked before anything is made (a bad
+// GCOMP_WAIT, GCOMP_STALL_SECONDS or GCOMP_TIMEOUT_SECONDS throws here).
+detail::WaitLimits checked_environment() {
+  detail::apply_wait_policy();
+  return detail::wait_limits_from_env();
+}
+}  // namespace
+
 Communicator::Communicator(MPI_Comm comm) : impl_(std::make_unique<Impl>()) {
-  impl_->init(comm, nullptr, nullptr);
+  impl_->limits_ = checked_environment();
+  impl_->init(detail::make_mpi_transport(comm), nullptr, nullptr);
 }
 Communicator::Communicator(MPI_Comm comm, const NetworkModel& network,
                            std::shared_ptr<Timing> timing)
     : impl_(std::make_unique<Impl>()) {
-  impl_->init(comm, &network, std::move(timing));
+  impl_->limits_ = checked_environment();
+  impl_->init(detail::make_mpi_transport(comm), &network, std::move(timing));
+}
+Communicator::Communicator(gloo::rendezvous::Store& store, int rank, int size,
+                           const GlooOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->limits_ = checked_environment();
+  impl_->init(detail::make_gloo_transport(store, rank, size, options), nullptr, nullptr);
+}
+Communicator::Communicator(gloo::rendezvous::Store& store, int rank, int size,
+                           const NetworkModel& network, std::shared_ptr<Timing> timing,
+                           const GlooOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->limits_ = checked_environment();
+  impl_->init(detail::make_gloo_transport(store, rank, size, options), &network, std::move(timing));
 }
 
 Communicator::~Communicator() = default;
 
-namespace {
-// The agreement buffers of Communicators that timed out: MPI may still write them (a posted
-// collective cannot be cancelled), so they are kept, reachable, until the process ends.
-void keep_until_exit(std::unique_ptr<detail::Agreement[]> buffers) {
-  static std::mutex lock;
-  static auto* kept = new std::vector<std::unique_ptr<detail::Agreement[]>>();
-  const std::lock_guard<std::mutex> hold(lock);
-  kept->push_back(std::move(buffers));
-}
-}  // namespace
-
-Communicator::Impl::~Impl() {
-  // After a timeout the agreement is still posted on comm_: freeing it could wait for it.
-  if (!broken_.empty()) {
-    keep_until_exit(std::move(agreement_));
-    return;
-  }
-  if (comm_ != MPI_COMM_NULL) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
-  }
-}
+Communicator::Impl::~Impl() = default;
 
 int Communicator::rank() const noexcept { return impl_->rank_; }
 int Communicator::size() const noexcept { return impl_->size_; }
-MPI_Comm Communicator::comm() const noexcept { return impl_->comm_; }
+Transport Communicator::transport() const noexcept { return impl_->net_->kind(); }
+MPI_Comm Communicator::comm() const noexcept { return impl_->net_->mpi_comm(); }
+const std::vector<int>& Communicator::hosts() const noexcept { return impl_->net_->hosts(); }
+
+const char* transport_name(Transport t) noexcept {
+  switch (t) {
+    case Transport::mpi:
+      return "mpi";
+    case Transport::gloo:
+      return "gloo";
+  }
+  return "unknown";
+}
 const NetworkModel& Communicator::network() const noexcept { return impl_->network_; }
 const CallStats& Communicator::last_stats() const noexcept { return impl_->last_; }
 const TotalStats& Communicator::total_stats() const noexcept { return impl_->total_; }
 
-void Communicator::Impl::init(MPI_Comm comm, const NetworkModel* given,
+void Communicator::Impl::init(std::unique_ptr<detail::Transport> net, const NetworkModel* given,
                               std::shared_ptr<Timing> timing) {
-  if (comm == MPI_COMM_NULL) throw Error(Status::invalid_argument, "communicator is MPI_COMM_NULL");
-  detail::apply_wait_policy();  // a bad GCOMP_WAIT throws here, before anything is made
   timing_ = timing ? std::move(timing) : std::make_shared<Timing>();
-  limits_ = detail::wait_limits_from_env();  // a bad GCOMP_STALL/TIMEOUT_SECONDS throws here
-  GCOMP_CHECK_MPI(MPI_Comm_dup(comm, &comm_));
-  GCOMP_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  watch_.init(comm_);
-  GCOMP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
-  GCOMP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  net_ = std::move(net);
+  rank_ = net_->rank();
+  size_ = net_->size();
   // More ranks on this node than cores: waits must yield, or a spinning rank steals the
   // timeslice of the rank it waits for (the automatic wait policy; GCOMP_WAIT overrides it).
   {
-    MPI_Comm node;
-    GCOMP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
     cpu_set_t set;
     CPU_ZERO(&set);
     const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    if (local > cores) detail::note_oversubscribed();
+    if (net_->ranks_on_this_host() > cores) detail::note_oversubscribed();
     detail::apply_wait_policy();
   }
-  network_ = given ? *given : measure_network(comm_);
+  network_ = given ? *given : detail::measure_network(*net_);
   const ComputeModel rm = timing_->shared_speeds();
   double local[8] = {network_.alpha,
                      network_.beta,
@@ -155,7 +165,7 @@ void Communicator::Impl::init(MPI_Comm comm, const NetworkModel* given,
                      rm.reduce,
                      rm.merge};
   double agreed[8];
-  detail::allreduce(local, agreed, 8, MPI_DOUBLE, MPI_MAX, comm_);
+  net_->allreduce(local, agreed, 8, detail::Reduction::max_double);
   if (!given) network_ = {agreed[0], agreed[1], agreed[2], agreed[3], agreed[4], agreed[5]};
   // Only ranks 0 and 1 time beta_one (the others send 0): fill the gaps only after the MAX.
   if (network_.beta_all <= 0) network_.beta_all = network_.beta;
@@ -204,23 +214,22 @@ void check_sum_finite(const detail::Job& job, Algorithm alg) {
 
 // One call's state through the protocol's steps.
 struct Communicator::Impl::Call {
-  Call(Impl& s, const Codec* c, ErrorFeedback* e, const AllreduceOptions& o,
-       std::uint64_t extra)
+  Call(Impl& s, const Codec* c, ErrorFeedback* e, const AllreduceOptions& o, std::uint64_t extra)
       : self(s), codec(c), ef(e), opt(o), extra_signature(extra) {}
   Impl& self;
   const Codec* codec;
   ErrorFeedback* ef;
   const AllreduceOptions& opt;
   std::uint64_t extra_signature;
-  const detail::DeviceCall* device = nullptr;  // set for a call on device tensors
+  const detail::DeviceCall* device = nullptr;     // set for a call on device tensors
   std::span<const detail::MatrixBlock> matrices;  // the tensors' shapes, where given
   std::uint64_t state_signature = 0;              // low-rank codecs: of the state in ef's slot
-  double start = MPI_Wtime();
+  double start = detail::now();
   double cpu_start = detail::thread_cpu_seconds();
   std::optional<detail::Job> job;                     // made by make_job
   detail::MemoryStore::Memories* memories = nullptr;  // the algorithms' of this tensor, or null
   Agreement mine{};
-  std::uint64_t sig = 0;          // of what must agree (describe() spells it out)
+  std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
   Algorithm requested = Algorithm::automatic;
   bool choosing = false;          // auto on a codec other than none: the learner decides
   bool known = false;             // the codec's speeds are known (calibrated_)
@@ -264,16 +273,14 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
   if (abandoned) return;
   if (local) std::rethrow_exception(local);
   if (all.any_failed()) {
-    throw Error(Status::mismatch, "allreduce abandoned: rank " +
-                                      std::to_string(all.failed_rank()) + " failed (" +
-                                      status_name(all.failed_status()) + ")");
+    throw Error(Status::mismatch, "allreduce abandoned: rank " + std::to_string(all.failed_rank()) +
+                                      " failed (" + status_name(all.failed_status()) + ")");
   }
   if (!all.same_signature()) {
     throw Error(Status::mismatch,
                 "ranks disagree on the allreduce (codec spec, element count, algorithm, "
                 "options or seed); this rank: " +
-                    describe(*codec, in.size(), c.requested, opt, ef != nullptr,
-                             extra_signature) +
+                    describe(*codec, in.size(), c.requested, opt, ef != nullptr, extra_signature) +
                     (opt.label ? std::string(" (") + opt.label + ")" : std::string()));
   }
   // 3. The algorithm, from the agreed numbers; then the statistics.
@@ -301,9 +308,9 @@ void Communicator::Impl::check_arguments(const Call& c, std::span<const float> i
     throw Error(Status::invalid_argument, "input or output is null");
   }
   if (ef && ef->size() != in.size()) {
-    throw Error(Status::invalid_argument,
-                "error-feedback memory of " + std::to_string(ef->size()) +
-                    " elements for a tensor of " + std::to_string(in.size()));
+    throw Error(Status::invalid_argument, "error-feedback memory of " + std::to_string(ef->size()) +
+                                              " elements for a tensor of " +
+                                              std::to_string(in.size()));
   }
   if (c.device && ef && (!ef->on_device() || ef->view().backend() != c.device->dev)) {
     throw Error(Status::invalid_argument,
@@ -376,7 +383,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
   const bool shared = codec->properties().shared_support;
   const auto rank = static_cast<std::uint64_t>(self.rank_);
   const detail::CallSpec spec{
-      .comm = self.comm_,
+      .net = self.net_.get(),
       .rank = self.rank_,
       .size = self.size_,
       .codec = codec,
@@ -514,47 +521,33 @@ Agreement Communicator::Impl::agree(Call& c) {
   self.pending_key_ = 0;
   c.mine.seal(c.sig);
   c.mine.seal_memory((c.memories ? c.memories->signature() : 0) ^ c.state_signature);
-  const double start = MPI_Wtime();
-  if (self.limits_.stall <= 0 && self.limits_.timeout <= 0) {
-    const Agreement all = detail::agree(self.comm_, c.mine);
-    c.agree_seconds = MPI_Wtime() - start;
-    return all;
-  }
-  // Watched (stall.hpp): in the Impl's own buffers, which outlive a timeout.
-  Agreement* buf = self.agreement_.get();
-  buf[0] = c.mine;
-  const auto describe = [&] {
-    std::string d = (c.codec ? "allreduce of " + std::to_string(c.n) + " floats, codec " +
-                                   c.codec->spec()
-                             : std::string("a rank's abandoned call"));
+  const double start = detail::now();
+  const std::function<std::string()> describe = [&] {
+    std::string d =
+        (c.codec ? "allreduce of " + std::to_string(c.n) + " floats, codec " + c.codec->spec()
+                 : std::string("a rank's abandoned call"));
     if (c.opt.label) d += ", " + std::string(c.opt.label);
     return d;
   };
-  MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallreduce(&buf[0], &buf[1], sizeof(Agreement) / 8, MPI_INT64_T, MPI_MAX,
-                                 self.comm_, &req));
+  Agreement all{};
+  static_assert(sizeof(Agreement) % 8 == 0 && std::is_trivially_copyable_v<Agreement>);
+  std::uint64_t mine[sizeof(Agreement) / 8], agreed[sizeof(Agreement) / 8];
+  std::memcpy(mine, &c.mine, sizeof mine);
   try {
-    self.watch_.wait(req, c.number, self.limits_, describe);
-    // With a timeout, a second step: a rank that came after the others had given up completes
-    // the agreement (their contributions are posted) and would go on into the call's exchanges,
-    // which they never join. No rank passes the barrier until every rank has completed the
-    // agreement in time; a rank that timed out never joins it, so the late rank times out here.
-    if (self.limits_.timeout > 0 && self.size_ > 1) {
-      GCOMP_CHECK_MPI(MPI_Ibarrier(self.comm_, &req));
-      self.watch_.wait(req, c.number, self.limits_, [&] {
-        return describe() + "; past its agreement, which every rank had come to: a rank not "
-                            "there gave up on this call before this rank came";
-      });
-    }
+    self.net_->agree(mine, agreed, sizeof(Agreement) / 8, c.number, self.limits_, describe);
   } catch (const Error& e) {
     if (e.code() == Status::timeout) {
-      self.broken_ = std::string("this Communicator timed out earlier and can make no more calls "
-                                 "(its agreement is still posted in MPI): ") + e.what();
+      self.broken_ = std::string(
+                         "this Communicator timed out earlier and can make no more calls "
+                         "(on MPI its agreement is still posted; on Gloo its connections "
+                         "closed): ") +
+                     e.what();
     }
     throw;
   }
-  c.agree_seconds = MPI_Wtime() - start;
-  return buf[1];
+  std::memcpy(&all, agreed, sizeof all);
+  c.agree_seconds = detail::now() - start;
+  return all;
 }
 
 // The algorithm: the requested one, or auto's choice from the agreed numbers (the same on
@@ -579,8 +572,7 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
     // where each one's tensor is (a device tensor times the GPU's kernels).
     const ComputeModel m = self.measure_agreed(
         codec, n,
-        c.device ? TensorView<const float>::device(c.device->in, n, c.device->stream,
-                                                   c.device->dev)
+        c.device ? TensorView<const float>::device(c.device->in, n, c.device->stream, c.device->dev)
                  : TensorView<const float>(),
         c.calibration);
     compute.encode = m.encode;
@@ -625,8 +617,11 @@ void Communicator::Impl::record(Call& c, Algorithm alg) {
     const Choice ran{alg, !job.skip_codec};
     self.pending_key_ = detail::AutoLearner::key_of(c.group, ran);
     const double cost =
-        detail::learned_cost(detail::wait_mode(), num_threads(), c.device != nullptr,
-                             MPI_Wtime() - c.start, detail::thread_cpu_seconds() - c.cpu_start);
+        // Gloo's waits block (as sleep does): its calls cost their wall time.
+        detail::learned_cost(
+            self.net_->kind() == Transport::gloo ? WaitPolicy::sleep : detail::wait_mode(),
+            num_threads(), c.device != nullptr, detail::now() - c.start,
+            detail::thread_cpu_seconds() - c.cpu_start);
     self.pending_seconds_ = self.timing_->call_seconds(*c.codec, job.buf.in.size(), ran, cost);
   }
   CallStats& s = self.last_;

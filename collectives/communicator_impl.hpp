@@ -5,8 +5,6 @@
 // auto_choice.cpp.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -20,6 +18,7 @@
 #include "gcomp/cost_model.hpp"
 #include "learner.hpp"
 #include "stall.hpp"
+#include "transport.hpp"
 #include "workspace.hpp"
 
 namespace gcomp {
@@ -42,16 +41,17 @@ struct OnDevice {
 
 struct Communicator::Impl {
   Impl() = default;
-  ~Impl();  // frees the duplicated communicator (unless MPI is finalized)
+  ~Impl();
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  // Collective over comm: duplicates it, measures (or takes) the network and the shared
+  // Collective over the transport's ranks: measures (or takes) the network and the shared
   // speeds, and agrees them by MAX.
-  void init(MPI_Comm comm, const NetworkModel* given, std::shared_ptr<Timing> timing);
+  void init(std::unique_ptr<detail::Transport> net, const NetworkModel* given,
+            std::shared_ptr<Timing> timing);
 
   // ---- Agreed at creation ----
-  MPI_Comm comm_ = MPI_COMM_NULL;  // this Communicator's duplicate
+  std::unique_ptr<detail::Transport> net_;  // MPI (a duplicate) or Gloo (transport.hpp)
   int rank_ = 0;
   int size_ = 1;
   NetworkModel network_;
@@ -78,14 +78,10 @@ struct Communicator::Impl {
   CallStats last_;
   TotalStats total_;
 
-  // ---- A rank that does not come (stall.hpp) ----
-  detail::StallWatch watch_;
+  // ---- A rank that does not come (stall.hpp; the transport watches its agreement) ----
   detail::WaitLimits limits_;
   std::uint64_t calls_ = 0;  // the calls made, each numbered in the agreement
-  // The agreement's buffers, on the heap: after a timeout the agreement stays posted in MPI,
-  // which may still write them, and they are given up (never freed) with broken_ set.
-  std::unique_ptr<detail::Agreement[]> agreement_ = std::make_unique<detail::Agreement[]>(2);
-  std::string broken_;  // set by a timeout: what every later call throws
+  std::string broken_;       // set by a timeout: what every later call throws
 
   // ---- auto (auto_choice.cpp) ----
   ComputeModel compute_model(const Codec& codec, std::size_t n);

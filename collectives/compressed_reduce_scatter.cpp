@@ -68,12 +68,12 @@ static void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& 
 const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound) {
   CrsBuffers& b = job.ws.get<CrsBuffers>();
   // 2. Chunk c to its owner.
-  alltoallv_bytes(job.call.comm, b.to, b.from, job.meter.traffic);
+  job.call.net->alltoallv_bytes(b.to, b.from, job.meter.traffic);
   // 3. The owner sums its chunk, then re-encodes it.
   const auto me = static_cast<std::uint64_t>(job.call.rank);
   crs_owner_step(job, b.from, bound[me + 1] - bound[me], b.mine, b.owner_next);
   // 4. Every owner's chunk to every rank; an empty one marks an owner's failure.
-  allgatherv_bytes(job.call.comm, b.mine, b.all, job.meter.traffic);
+  job.call.net->allgatherv_bytes(b.mine, b.all, job.meter.traffic);
   for (int c = 0; c < job.call.size; ++c) {
     if (b.all.sizes[static_cast<std::size_t>(c)] == 0) {
       throw Error(Status::nonfinite,

@@ -51,10 +51,7 @@ void run_dense(Job& job) {
     if (job.call.size == 1) {
       if (send != job.buf.out.data()) std::copy(send, send + n, job.buf.out.data());
     } else {
-      const void* sendbuf =
-          send == job.buf.out.data() ? MPI_IN_PLACE : static_cast<const void*>(send);
-      allreduce(sendbuf, job.buf.out.data(), static_cast<MPI_Count>(n), MPI_FLOAT, MPI_SUM,
-                job.call.comm);
+      job.call.net->allreduce(send, job.buf.out.data(), n, Reduction::sum_float);
       // The volume a bandwidth-optimal allreduce moves per rank.
       const std::uint64_t volume = 2 * (static_cast<std::uint64_t>(job.call.size) - 1) * 4 * n /
                                    static_cast<std::uint64_t>(job.call.size);
@@ -77,17 +74,16 @@ double predict_dense(const ModelInput& in) {
 bool always(const ModelInput&) { return true; }
 
 // A bandwidth-optimal allreduce of float32.
-double bytes_dense(const ModelInput& in) {
-  return 2 * (in.ranks - 1.0) / in.ranks * 4 * in.n;
-}
+double bytes_dense(const ModelInput& in) { return 2 * (in.ranks - 1.0) / in.ranks * 4 * in.n; }
 
 }  // namespace
 
 extern const AlgorithmRow kDenseRow = {
     .id = Algorithm::dense,
     .name = "dense",
-    .description = "MPI_Allreduce of float32: each rank's decoded contribution (or x + e, "
-                   "uncompressed), summed by MPI",
+    .description =
+        "MPI_Allreduce of float32: each rank's decoded contribution (or x + e, "
+        "uncompressed), summed by MPI",
     .sparse_only = false,
     .candidate = always,
     .predict = predict_dense,

@@ -123,7 +123,7 @@ void run_allgather_device(Job& job) {
   if (job.call.majority_vote) return run_on_host(job, algorithm_row(Algorithm::allgather).run);
   const std::span<const std::byte> payload = encode_whole(job);
   Gathered& all = job.ws.get<DeviceAllgatherBuffers>().all;
-  allgatherv_bytes(job.call.comm, payload, all, job.meter.traffic);
+  job.call.net->allgatherv_bytes(payload, all, job.meter.traffic);
   const std::size_t n = job.buf.out.size();
   zero_out(job);
   decode_gathered_on_device(job, all, [](int) { return std::size_t{0}; },

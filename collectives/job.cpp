@@ -81,7 +81,7 @@ void reduce_own_region(Job& job, std::span<const std::uint64_t> bound, SparseVec
       serialize(piece, to[j], half_values(job));
     }
   }
-  alltoallv_bytes(job.call.comm, to, from, job.meter.traffic);
+  job.call.net->alltoallv_bytes(to, from, job.meter.traffic);
   const auto timed = job.meter.decoding();
   const auto me = static_cast<std::size_t>(job.call.rank);
   const std::uint64_t len = bound[me + 1] - bound[me];

@@ -126,7 +126,7 @@ void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
   const auto one = [&](std::span<float> v, const Codec& codec, bool as_is) {
     if (v.empty()) return;
     CallSpec spec;
-    spec.comm = job.call.comm;
+    spec.net = job.call.net;
     spec.rank = job.call.rank;
     spec.size = job.call.size;
     spec.codec = &codec;

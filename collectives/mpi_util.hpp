@@ -1,7 +1,7 @@
-// MPI plumbing for the collectives: error checks that become gcomp::Error, waits that yield the
-// CPU between polls (on an oversubscribed node a spinning rank would steal the timeslice the
-// rank it waits for needs: 8 ms per barrier at 4 ranks on 2 cores, 15 us with yielding), and
-// byte exchanges that count what they hand to MPI.
+// MPI plumbing for the MPI transport (transport_mpi.cpp): error checks that become gcomp::Error,
+// waits that yield the CPU between polls (on an oversubscribed node a spinning rank would steal
+// the timeslice the rank it waits for needs: 8 ms per barrier at 4 ranks on 2 cores, 15 us with
+// yielding), and byte exchanges that count what they hand to MPI.
 #pragma once
 
 #include <mpi.h>
@@ -12,25 +12,19 @@
 #include <vector>
 
 #include "gcomp/communicator.hpp"
+#include "transport.hpp"
 
 namespace gcomp::detail {
 
 [[noreturn]] void throw_mpi(int rc, const char* call, const char* file, int line);
 
-#define GCOMP_CHECK_MPI(call)                                                  \
-  do {                                                                         \
-    const int gcomp_rc_ = (call);                                              \
-    if (gcomp_rc_ != MPI_SUCCESS) {                                            \
-      ::gcomp::detail::throw_mpi(gcomp_rc_, #call, __FILE__, __LINE__);        \
-    }                                                                          \
+#define GCOMP_CHECK_MPI(call)                                           \
+  do {                                                                  \
+    const int gcomp_rc_ = (call);                                       \
+    if (gcomp_rc_ != MPI_SUCCESS) {                                     \
+      ::gcomp::detail::throw_mpi(gcomp_rc_, #call, __FILE__, __LINE__); \
+    }                                                                   \
   } while (0)
-
-// Bytes handed to and delivered by MPI, and the seconds spent in it.
-struct Traffic {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
-  double seconds = 0;
-};
 
 // Completes requests as the wait policy says (gcomp::WaitPolicy; the Communicator resolves
 // automatic): spin blocks in MPI_Wait, which spins on its own core without the cost of a system
@@ -59,18 +53,7 @@ void barrier(MPI_Comm comm);
 void allreduce(const void* sendbuf, void* recvbuf, MPI_Count count, MPI_Datatype type, MPI_Op op,
                MPI_Comm comm);
 
-// Every rank's bytes, concatenated in rank order; offsets[r] and sizes[r] locate rank r's.
-struct Gathered {
-  std::vector<std::byte> bytes;
-  std::vector<std::uint64_t> sizes;
-  std::vector<std::uint64_t> offsets;
-  std::span<const std::byte> of(int r) const {
-    return {bytes.data() + offsets[static_cast<std::size_t>(r)],
-            static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)])};
-  }
-};
-void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out,
-                      Traffic& t);
+void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out, Traffic& t);
 
 // to[r] goes to rank r; from[r] arrives from rank r (to[rank] is copied locally).
 void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& to,
@@ -81,9 +64,6 @@ void sendrecv_bytes(MPI_Comm comm, int partner, std::span<const std::byte> send,
                     std::vector<std::byte>& recv, Traffic& t);
 void send_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, Traffic& t);
 void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& t);
-
-// Seconds since an arbitrary start (MPI_Wtime).
-inline double now() { return MPI_Wtime(); }
 
 // One pause of poll_until: sched_yield, or (sleep) nothing for the first 20 us since start,
 // then a nap of 10 us << naps, at most 100 us (naps counts them).

@@ -1,15 +1,18 @@
 // The network measurement behind the cost model (declared in include/gcomp/cost_model.hpp;
 // docs/algorithms.md, "The network"): alpha from a ping-pong, beta from every rank sending at
 // once, beta_one from one flow alone, beta_all from an all-to-all and beta_allreduce fitted to
-// MPI's own allreduce. Each rank returns its own numbers; the Communicator agrees them by MAX.
+// the transport's own allreduce (MPI's, or Gloo's ring). Each rank returns its own numbers; the
+// Communicator agrees them by MAX.
+#include "network.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "gcomp/cost_model.hpp"
-#include "mpi_util.hpp"
-#include "network.hpp"
+#include "transport.hpp"
 
 namespace gcomp {
 
@@ -41,16 +44,10 @@ std::vector<int> deal_over_hosts(std::span<const int> host_of) {
 namespace {
 
 // The rank this one ping-pongs with for alpha, and whether it sends first; -1 for none.
-std::pair<int, bool> ping_partner(MPI_Comm comm, int rank, int size) {
-  MPI_Comm node;
-  GCOMP_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int host = rank;  // a host is named by its lowest rank
-  MPI_Bcast(&host, 1, MPI_INT, 0, node);
-  MPI_Comm_free(&node);
-  std::vector<int> host_of(static_cast<std::size_t>(size));
-  GCOMP_CHECK_MPI(MPI_Allgather(&host, 1, MPI_INT, host_of.data(), 1, MPI_INT, comm));
-  const std::vector<int> dealt = detail::deal_over_hosts(host_of);
-  const auto at = static_cast<std::size_t>(std::find(dealt.begin(), dealt.end(), rank) - dealt.begin());
+std::pair<int, bool> ping_partner(const detail::Transport& net) {
+  const std::vector<int> dealt = detail::deal_over_hosts(net.hosts());
+  const auto at =
+      static_cast<std::size_t>(std::find(dealt.begin(), dealt.end(), net.rank()) - dealt.begin());
   const std::size_t other = at ^ 1;
   if (other >= dealt.size()) return {-1, false};
   return {dealt[other], at % 2 == 0};
@@ -58,29 +55,29 @@ std::pair<int, bool> ping_partner(MPI_Comm comm, int rank, int size) {
 
 }  // namespace
 
-NetworkModel measure_network(MPI_Comm comm) {
-  int rank = 0, size = 1;
-  GCOMP_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  GCOMP_CHECK_MPI(MPI_Comm_size(comm, &size));
+namespace detail {
+
+NetworkModel measure_network(Transport& net) {
+  const int rank = net.rank(), size = net.size();
   NetworkModel m;
   if (size == 1) return m;
   detail::Traffic t;
   // alpha: ping-pong of 8 bytes between rank pairs, across hosts where there are several (see
   // ping_partner); half the median round trip.
-  const auto [peer, first] = ping_partner(comm, rank, size);
+  const auto [peer, first] = ping_partner(net);
   std::vector<std::byte> small(8), got;
   if (peer >= 0) {
     std::vector<double> trips;
     for (int it = 0; it < 23; ++it) {
-      const double start = MPI_Wtime();
+      const double start = now();
       if (first) {
-        detail::send_bytes(comm, peer, small, t);
-        detail::recv_bytes(comm, peer, got, t);
+        net.send_bytes(peer, small, t);
+        net.recv_bytes(peer, got, t);
       } else {
-        detail::recv_bytes(comm, peer, got, t);
-        detail::send_bytes(comm, peer, small, t);
+        net.recv_bytes(peer, got, t);
+        net.send_bytes(peer, small, t);
       }
-      if (it >= 3) trips.push_back(MPI_Wtime() - start);
+      if (it >= 3) trips.push_back(now() - start);
     }
     std::nth_element(trips.begin(), trips.begin() + trips.size() / 2, trips.end());
     m.alpha = trips[trips.size() / 2] / 2;
@@ -92,31 +89,28 @@ NetworkModel measure_network(MPI_Comm comm) {
   const int prev = (rank + size - 1) % size;
   double best = 1e30;
   for (int rep = 0; rep < 2; ++rep) {
-    detail::barrier(comm);
-    const double start = MPI_Wtime();
-    MPI_Request reqs[2];
+    net.barrier();
+    const double start = now();
     got.resize(kBytes);
-    GCOMP_CHECK_MPI(MPI_Irecv_c(got.data(), kBytes, MPI_BYTE, prev, 7302, comm, &reqs[0]));
-    GCOMP_CHECK_MPI(MPI_Isend_c(big.data(), kBytes, MPI_BYTE, next, 7302, comm, &reqs[1]));
-    detail::wait_all(reqs);
-    best = std::min(best, MPI_Wtime() - start);
+    net.shift_bytes(next, big, prev, got);
+    best = std::min(best, now() - start);
   }
   m.beta = std::max(0.0, best - m.alpha) / static_cast<double>(kBytes);
   // beta_one: rank 0 sends 4 MiB to rank 1 while the others wait.
   {
-    detail::barrier(comm);
+    net.barrier();
     double one = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
-      const double start = MPI_Wtime();
-      if (rank == 0) detail::send_bytes(comm, 1, big, t);
-      if (rank == 1) detail::recv_bytes(comm, 0, got, t);
-      one = std::min(one, MPI_Wtime() - start);
+      const double start = now();
+      if (rank == 0) net.send_bytes(1, big, t);
+      if (rank == 1) net.recv_bytes(0, got, t);
+      one = std::min(one, now() - start);
     }
     m.beta_one = rank <= 1 ? std::max(0.0, one - m.alpha) / static_cast<double>(kBytes) : 0.0;
   }
-  // beta_allreduce: MPI's own allreduce of 1M floats, fitted to its bandwidth term; and where
-  // that is fast (under 40 ms, the slowest rank's), of 8M floats too, since beyond the caches
-  // MPI's copies and sums cost more per byte (twice as much on this project's VMs).
+  // beta_allreduce: the transport's own allreduce of 1M floats, fitted to its bandwidth term;
+  // and where that is fast (under 40 ms, the slowest rank's), of 8M floats too, since beyond the
+  // caches its copies and sums cost more per byte (twice as much on this project's VMs).
   {
     const double p = size;
     const double rounds = 2 * std::ceil(std::log2(p));
@@ -124,14 +118,13 @@ NetworkModel measure_network(MPI_Comm comm) {
       std::vector<float> a(floats, 1.0f), b(floats);
       double ar = 1e30;
       for (int rep = 0; rep < reps; ++rep) {
-        detail::barrier(comm);
-        const double start = MPI_Wtime();
-        detail::allreduce(a.data(), b.data(), static_cast<MPI_Count>(floats), MPI_FLOAT, MPI_SUM,
-                          comm);
-        ar = std::min(ar, MPI_Wtime() - start);
+        net.barrier();
+        const double start = now();
+        net.allreduce(a.data(), b.data(), floats, Reduction::sum_float);
+        ar = std::min(ar, now() - start);
       }
       double slowest = ar;  // every rank must take the same branch below
-      detail::allreduce(&ar, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+      net.allreduce(&ar, &slowest, 1, Reduction::max_double);
       return std::pair{slowest, std::max(0.0, slowest - rounds * m.alpha) /
                                     (2 * (p - 1) / p * 4.0 * static_cast<double>(floats))};
     };
@@ -145,20 +138,23 @@ NetworkModel measure_network(MPI_Comm comm) {
     std::vector<std::byte> sbuf(block * static_cast<std::size_t>(size)), rbuf(sbuf.size());
     best = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
-      detail::barrier(comm);
-      MPI_Request req;
-      const double start = MPI_Wtime();
-      GCOMP_CHECK_MPI(MPI_Ialltoall_c(sbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE,
-                                      rbuf.data(), static_cast<MPI_Count>(block), MPI_BYTE, comm,
-                                      &req));
-      detail::wait(req);
-      best = std::min(best, MPI_Wtime() - start);
+      net.barrier();
+      const double start = now();
+      net.alltoall_bytes(sbuf, rbuf, block);
+      best = std::min(best, now() - start);
     }
     m.beta_all = std::max(0.0, best - m.alpha) / static_cast<double>(block * (size - 1));
   } else {
     m.beta_all = m.beta;
   }
   return m;
+}
+
+}  // namespace detail
+
+NetworkModel measure_network(MPI_Comm comm) {
+  const std::unique_ptr<detail::Transport> net = detail::make_mpi_transport(comm);
+  return detail::measure_network(*net);
 }
 
 }  // namespace gcomp

@@ -1,10 +1,16 @@
-// The network measurement's pairing (network.cpp), exposed for its test.
+// The network measurement (network.cpp) on a transport, and its pairing, exposed for its test.
 #pragma once
 
 #include <span>
 #include <vector>
 
+#include "gcomp/communicator.hpp"
+
 namespace gcomp::detail {
+
+class Transport;
+// Collective: this rank's measurement of the network (the Communicator agrees them by MAX).
+NetworkModel measure_network(Transport& net);
 
 // The ranks dealt round-robin over their hosts (host_of[r]: a host's name, a rank number below
 // host_of.size(); hosts in order of their first rank, each host's ranks in order). Paired as

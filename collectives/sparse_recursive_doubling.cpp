@@ -52,9 +52,9 @@ static void run_sparse_recursive_doubling(Job& job) {
   if (r < 2 * rem) {
     if (r % 2 == 0) {
       send_form();
-      send_bytes(job.call.comm, r + 1, wire, job.meter.traffic);
+      job.call.net->send_bytes(r + 1, wire, job.meter.traffic);
     } else {
-      recv_bytes(job.call.comm, r - 1, got, job.meter.traffic);
+      job.call.net->recv_bytes(r - 1, got, job.meter.traffic);
       merge_from(got);
       newrank = r / 2;
     }
@@ -66,16 +66,16 @@ static void run_sparse_recursive_doubling(Job& job) {
       const int peer_new = newrank ^ mask;
       const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
       send_form();
-      sendrecv_bytes(job.call.comm, peer, wire, got, job.meter.traffic);
+      job.call.net->sendrecv_bytes(peer, wire, got, job.meter.traffic);
       merge_from(got);
     }
   }
   if (r < 2 * rem) {
     if (r % 2 == 1) {
       serialize(s, wire);  // the result as it is, as its round partner holds it
-      send_bytes(job.call.comm, r - 1, wire, job.meter.traffic);
+      job.call.net->send_bytes(r - 1, wire, job.meter.traffic);
     } else {
-      recv_bytes(job.call.comm, r + 1, got, job.meter.traffic);
+      job.call.net->recv_bytes(r + 1, got, job.meter.traffic);
       const auto timed = job.meter.decoding();
       deserialize(got, n, s);
     }
@@ -83,7 +83,6 @@ static void run_sparse_recursive_doubling(Job& job) {
   const auto timed = job.meter.decoding();
   write_out(s, job.buf.out, average_scale(job));  // averaged in the same pass
 }
-
 
 namespace {
 
@@ -152,8 +151,9 @@ double bytes_sparse_recursive_doubling(const ModelInput& in) {
 extern const AlgorithmRow kSparseRecursiveDoublingRow = {
     .id = Algorithm::sparse_recursive_doubling,
     .name = "sparse_recursive_doubling",
-    .description = "SparCML's SSAR_Recursive_double: log2 P rounds exchanging and merging sparse "
-                   "streams, dense once they fill",
+    .description =
+        "SparCML's SSAR_Recursive_double: log2 P rounds exchanging and merging sparse "
+        "streams, dense once they fill",
     .sparse_only = true,
     .candidate = for_sparse_codecs,
     .predict = predict_sparse_recursive_doubling,

@@ -73,12 +73,12 @@ struct SparseRegions final : TensorMemory {
 
 namespace {
 
-constexpr int kQuartiles = 3;     // the points owners report between their region's ends
-constexpr int kBelow = 16;        // half-octave bins of |sum| just below theta
-constexpr double kAim = 1.1;      // theta aims at kAim * k kept entries
-constexpr double kCap = 1.5;      // an owner keeps at most kCap * kAim * k / P + kCapSlack
+constexpr int kQuartiles = 3;  // the points owners report between their region's ends
+constexpr int kBelow = 16;     // half-octave bins of |sum| just below theta
+constexpr double kAim = 1.1;   // theta aims at kAim * k kept entries
+constexpr double kCap = 1.5;   // an owner keeps at most kCap * kAim * k / P + kCapSlack
 constexpr std::uint64_t kCapSlack = 16;
-constexpr int kHistShift = 20;    // first-call histogram bin: the float bits of |sum| >> 20
+constexpr int kHistShift = 20;  // first-call histogram bin: the float bits of |sum| >> 20
 constexpr std::size_t kHistBins = std::size_t{1} << (31 - kHistShift);
 
 // What each owner reports beside its kept entries.
@@ -168,14 +168,14 @@ namespace {
 
 // The buffers a call works in (the workspace's, workspace.hpp).
 struct Buffers {
-  SparseVector mine;    // this rank's payload as a sparse vector
-  SparseVector acc;     // the owner's sum over its region
-  SparseVector kept;    // the owner's entries to send (first, then second allgather)
-  SparseVector piece;   // one owner's gathered entries
+  SparseVector mine;   // this rank's payload as a sparse vector
+  SparseVector acc;    // the owner's sum over its region
+  SparseVector kept;   // the owner's entries to send (first, then second allgather)
+  SparseVector piece;  // one owner's gathered entries
   std::vector<std::uint64_t> positions;  // the indices the owner received (its quartiles)
   std::vector<std::uint64_t> hist, hist_sum;
-  std::vector<Ranked> above;   // the owner's entries above theta, where its cap cuts
-  std::vector<Ranked> ranked;  // every gathered entry
+  std::vector<Ranked> above;       // the owner's entries above theta, where its cap cuts
+  std::vector<Ranked> ranked;      // every gathered entry
   std::vector<std::byte> entries;  // the owner's kept entries, serialized
   std::vector<std::byte> payload;  // this owner's bytes for an allgather
   Gathered all;
@@ -236,9 +236,8 @@ void reduce_scatter(Call& c) {
     std::uint64_t at = c.lo + c.len * static_cast<std::uint64_t>(q + 1) / (kQuartiles + 1);
     if (!any_dense && !b.positions.empty()) {
       const auto nth = b.positions.begin() +
-                       static_cast<std::ptrdiff_t>(b.positions.size() *
-                                                   static_cast<std::size_t>(q + 1) /
-                                                   (kQuartiles + 1));
+                       static_cast<std::ptrdiff_t>(
+                           b.positions.size() * static_cast<std::size_t>(q + 1) / (kQuartiles + 1));
       std::nth_element(b.positions.begin(), nth, b.positions.end());
       at = c.lo + *nth;
     }
@@ -262,8 +261,7 @@ void threshold(Call& c) {
   }
   {
     const auto timed = c.job.meter.communicating();
-    allreduce(b.hist.data(), b.hist_sum.data(), static_cast<MPI_Count>(kHistBins), MPI_UINT64_T,
-              MPI_SUM, c.job.call.comm);
+    c.job.call.net->allreduce(b.hist.data(), b.hist_sum.data(), kHistBins, Reduction::sum_uint64);
     const std::uint64_t volume = 2 * (c.p - 1) * 8 * kHistBins / c.p;
     c.job.meter.traffic.sent += volume;
     c.job.meter.traffic.received += volume;
@@ -285,9 +283,9 @@ void threshold(Call& c) {
 void reselect(Call& c) {
   Buffers& b = c.buf;
   const auto timed = c.job.meter.decoding();
-  const auto cap = static_cast<std::uint64_t>(kCap * static_cast<double>(c.aim) /
-                                              static_cast<double>(c.p)) +
-                   kCapSlack;
+  const auto cap =
+      static_cast<std::uint64_t>(kCap * static_cast<double>(c.aim) / static_cast<double>(c.p)) +
+      kCapSlack;
   SparseVector& kept = b.kept;
   kept.n = c.len;
   kept.full = false;
@@ -349,10 +347,10 @@ void take(Call& c, std::span<const std::byte> bytes, std::uint64_t j) {
     const float v = piece.val[e];
     const std::uint64_t i = c.bound[j] + piece.idx[e];
     if (!std::isfinite(v)) {  // every rank holds the same entries: every rank throws
-      throw Error(Status::nonfinite,
-                  "the sum over ranks is not finite at element " + std::to_string(i) +
-                      " (the ranks' finite contributions overflow float32; "
-                      "sparse_reduce_scatter)");
+      throw Error(Status::nonfinite, "the sum over ranks is not finite at element " +
+                                         std::to_string(i) +
+                                         " (the ranks' finite contributions overflow float32; "
+                                         "sparse_reduce_scatter)");
     }
     c.buf.ranked.push_back({std::fabs(v), i});
     c.job.buf.out[i] = v;
@@ -361,7 +359,7 @@ void take(Call& c, std::span<const std::byte> bytes, std::uint64_t j) {
 
 // 4a. The allgather of every owner's report and kept entries (each report checked).
 void gather_first(Call& c) {
-  allgatherv_bytes(c.job.call.comm, c.buf.payload, c.buf.all, c.job.meter.traffic);
+  c.job.call.net->allgatherv_bytes(c.buf.payload, c.buf.all, c.job.meter.traffic);
   const auto timed = c.job.meter.decoding();
   c.reports.assign(c.p, Report{});
   c.buf.ranked.clear();
@@ -437,7 +435,7 @@ bool gather_second(Call& c) {
     });
     serialize(kept, c.buf.payload, half_values(c.job));
   }
-  allgatherv_bytes(c.job.call.comm, c.buf.payload, c.buf.all, c.job.meter.traffic);
+  c.job.call.net->allgatherv_bytes(c.buf.payload, c.buf.all, c.job.meter.traffic);
   const auto timed = c.job.meter.decoding();
   for (std::uint64_t j = 0; j < c.p; ++j) take(c, c.buf.all.of(static_cast<int>(j)), j);
   if (too_few) {
@@ -455,8 +453,7 @@ void cut_and_remember(Call& c, bool top_k_first) {
   const std::uint64_t k = c.k, aim = c.aim;
   const std::uint64_t gathered = ranked.size();
   if (gathered > k && !top_k_first) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k),
-                     ranked.end());
+    std::nth_element(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end());
   }
   // The next threshold: the 1.1 k-th largest gathered (sought among those after the k-th);
   // else from the held-back histograms; else (everything was sent, fewer than 1.1 k in all)
@@ -540,9 +537,8 @@ double predict_sparse_reduce_scatter(const ModelInput& in) {
   const double kept = std::min(kAim * in.sent, n) / p;
   const double entry = stream_entry_bytes(kept, n / p, in.value_bytes);
   return l.encode + predict_region_exchange(in) +
-         t_allgatherv(in, sizeof(Report) + 8 + kept * entry) +
-         kept * p * c.merge + (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out +
-         l.average;
+         t_allgatherv(in, sizeof(Report) + 8 + kept * entry) + kept * p * c.merge +
+         (in.error_feedback ? in.sent * c.merge : 0.0) + l.write_out + l.average;
 }
 
 // The region exchange, then the kept entries (with the reports) to every rank.
@@ -555,7 +551,9 @@ double bytes_sparse_reduce_scatter(const ModelInput& in) {
 
 // Auto weighs it only with error feedback: its result is the global top-k, not the sum over the
 // union of the ranks' selections, and only error feedback keeps what it leaves out.
-bool with_error_feedback(const ModelInput& in) { return for_sparse_codecs(in) && in.error_feedback; }
+bool with_error_feedback(const ModelInput& in) {
+  return for_sparse_codecs(in) && in.error_feedback;
+}
 
 }  // namespace
 

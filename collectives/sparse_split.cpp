@@ -35,7 +35,7 @@ static void run_sparse_split(Job& job) {
     const auto timed = job.meter.decoding();
     serialize(acc, wire, half_values(job));
   }
-  allgatherv_bytes(job.call.comm, wire, all, job.meter.traffic);
+  job.call.net->allgatherv_bytes(wire, all, job.meter.traffic);
   const auto timed = job.meter.decoding();
   for (std::uint64_t j = 0; j < p; ++j) {
     deserialize(all.of(static_cast<int>(j)), bound[j + 1] - bound[j], piece);

@@ -36,7 +36,8 @@ std::string seconds_text(double s) {
 
 void check_wait_seconds(double seconds, const char* what) {
   if (!std::isfinite(seconds) || seconds < 0) {
-    throw Error(Status::invalid_argument, std::string(what) + " must be a finite number of "
+    throw Error(Status::invalid_argument, std::string(what) +
+                                              " must be a finite number of "
                                               "seconds >= 0 (0: never), not " +
                                               std::to_string(seconds));
   }
@@ -79,16 +80,15 @@ void StallWatch::send(int to, int tag, std::uint64_t a, std::uint64_t b) {
   }
   out_.push_back({a, b});
   sends_.emplace_back();
-  GCOMP_CHECK_MPI(
-      MPI_Isend(out_.back().data(), 2, MPI_UINT64_T, to, tag, comm_, &sends_.back()));
+  GCOMP_CHECK_MPI(MPI_Isend(out_.back().data(), 2, MPI_UINT64_T, to, tag, comm_, &sends_.back()));
 }
 
 bool StallWatch::receive(Message& m, MPI_Status& st) {
   int found = 0;
   GCOMP_CHECK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &found, &st));
   if (!found) return false;
-  GCOMP_CHECK_MPI(MPI_Recv(m.data(), 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, comm_,
-                           MPI_STATUS_IGNORE));
+  GCOMP_CHECK_MPI(
+      MPI_Recv(m.data(), 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE));
   return true;
 }
 
@@ -111,16 +111,39 @@ void StallWatch::drop() {
   }
 }
 
-std::string StallWatch::absent(std::uint64_t call) const {
+double first_limit(const WaitLimits& limits) noexcept {
+  return limits.stall > 0 && limits.timeout > 0 ? std::min(limits.stall, limits.timeout)
+                                                : std::max(limits.stall, limits.timeout);
+}
+
+std::string absent_ranks(const std::vector<std::int64_t>& where, int rank, std::uint64_t call) {
   std::string out;
-  for (int r = 0; r < size_; ++r) {
-    const std::int64_t w = where_[static_cast<std::size_t>(r)];
-    if (r == rank_ || w == static_cast<std::int64_t>(call)) continue;
+  for (int r = 0; r < static_cast<int>(where.size()); ++r) {
+    const std::int64_t w = where[static_cast<std::size_t>(r)];
+    if (r == rank || w == static_cast<std::int64_t>(call)) continue;
     if (!out.empty()) out += ", ";
     out += "rank " + std::to_string(r) +
            (w < 0 ? std::string(" (at no gcomp call)") : " (at call " + std::to_string(w) + ")");
   }
   return out;
+}
+
+namespace {
+std::string missing_text(const std::string& absent) {
+  return absent.empty() ? std::string("every rank answered it is there") : "not there: " + absent;
+}
+}  // namespace
+
+void report_stall(int rank, double waited, const std::string& what, const std::string& absent) {
+  std::fprintf(stderr, "gcomp: rank %d has waited %s at the start of %s; %s\n", rank,
+               seconds_text(waited).c_str(), what.c_str(), missing_text(absent).c_str());
+  std::fflush(stderr);
+}
+
+Error timeout_error(int rank, double waited, const std::string& what, const std::string& absent) {
+  return Error(Status::timeout, "rank " + std::to_string(rank) + " waited " + seconds_text(waited) +
+                                    " (the timeout) at the start of " + what + "; " +
+                                    missing_text(absent));
 }
 
 void StallWatch::wait(MPI_Request& request, std::uint64_t call, const WaitLimits& limits,
@@ -129,9 +152,7 @@ void StallWatch::wait(MPI_Request& request, std::uint64_t call, const WaitLimits
   GCOMP_CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   if (done) return drop();
   const double start = now();
-  const double first = limits.stall > 0 && limits.timeout > 0
-                           ? std::min(limits.stall, limits.timeout)
-                           : std::max(limits.stall, limits.timeout);
+  const double first = first_limit(limits);
   double next_look = start + kLook;
   bool asked = false, reported = false;
   int naps = 0;
@@ -152,19 +173,11 @@ void StallWatch::wait(MPI_Request& request, std::uint64_t call, const WaitLimits
       }
       const bool timed_out = limits.timeout > 0 && waited >= limits.timeout;
       if (timed_out || (!reported && limits.stall > 0 && waited >= limits.stall)) {
-        const std::string where = absent(call);
+        const std::string where = absent_ranks(where_, rank_, call);
         const std::string what = "call " + std::to_string(call) + " (" + describe() + ")";
-        const std::string missing =
-            where.empty() ? std::string("every rank answered it is there") : "not there: " + where;
-        if (timed_out) {
-          throw Error(Status::timeout, "rank " + std::to_string(rank_) + " waited " +
-                                           seconds_text(waited) + " (the timeout) at the start "
-                                           "of " + what + "; " + missing);
-        }
+        if (timed_out) throw timeout_error(rank_, waited, what, where);
         reported = true;
-        std::fprintf(stderr, "gcomp: rank %d has waited %s at the start of %s; %s\n", rank_,
-                     seconds_text(waited).c_str(), what.c_str(), missing.c_str());
-        std::fflush(stderr);
+        report_stall(rank_, waited, what, where);
       }
     }
     pause_between_polls(naps, start);

@@ -1,7 +1,10 @@
 // A rank that does not come to a call (Communicator::set_stall_seconds): the agreement's wait,
-// watched. Every call starts with the agreement (agreement.hpp), a small MPI_Iallreduce that no
-// rank leaves until all have come, so a rank that is late, stuck or gone shows there.
+// watched. Every call starts with the agreement (agreement.hpp), a small allreduce that no rank
+// leaves until all have come, so a rank that is late, stuck or gone shows there. This file holds
+// the MPI transport's watch and what both transports' watches share (the limits, the messages);
+// the Gloo transport's is in transport_gloo.cpp.
 //
+// MPI:
 // While a rank waits at the agreement it polls the request and, every millisecond, its own
 // duplicate communicator for questions. Past half the first limit (the stall or the timeout
 // seconds, whichever is sooner) it asks every other rank "where are you?" (a query holding its
@@ -24,18 +27,26 @@
 #include <string>
 #include <vector>
 
-namespace gcomp::detail {
+#include "gcomp/error.hpp"
+#include "transport.hpp"
 
-struct WaitLimits {
-  double stall = 60;   // seconds before the report (0: never)
-  double timeout = 0;  // seconds before Error(timeout) (0: never)
-};
+namespace gcomp::detail {
 
 // GCOMP_STALL_SECONDS and GCOMP_TIMEOUT_SECONDS over the defaults; Error(invalid_argument) for
 // a value that is not a finite number >= 0.
 WaitLimits wait_limits_from_env();
 // Error(invalid_argument) naming `what` unless seconds is finite and >= 0.
 void check_wait_seconds(double seconds, const char* what);
+
+// The seconds a watch first acts at: the sooner of the two limits that are set (0: neither).
+double first_limit(const WaitLimits& limits) noexcept;
+// "rank 1 (at no gcomp call), rank 2 (at call 17)": the ranks of where (per rank: the call it
+// said it waits at, or -1) not at `call`, this rank left out; "" when every rank is there.
+std::string absent_ranks(const std::vector<std::int64_t>& where, int rank, std::uint64_t call);
+// The stall report, printed once to stderr, and the timeout's error, in the words both
+// transports use. what: "call N (describe())"; absent: absent_ranks().
+void report_stall(int rank, double waited, const std::string& what, const std::string& absent);
+Error timeout_error(int rank, double waited, const std::string& what, const std::string& absent);
 
 class StallWatch {
  public:
@@ -65,9 +76,6 @@ class StallWatch {
   // Receives and drops what has arrived: once every rank has come, questions about a call and
   // their answers are stale (so none is left unreceived when MPI is finalized).
   void drop();
-  // "rank 1 (at no call), rank 2 (at call 17)"; "" when every rank is there.
-  std::string absent(std::uint64_t call) const;
-
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

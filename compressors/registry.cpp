@@ -63,6 +63,8 @@ const char* status_name(Status s) noexcept {
       return "internal";
     case Status::timeout:
       return "timeout";
+    case Status::transport:
+      return "transport";
   }
   return "unknown";
 }

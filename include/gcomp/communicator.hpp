@@ -1,6 +1,8 @@
-// gcomp's collectives over MPI (library gcomp_mpi): a Communicator that allreduces float tensors
-// through any codec, keeping the payloads sparse or compressed on the wire, and picks the
-// algorithm from a cost model unless told which one to use.
+// gcomp's collectives (library gcomp_mpi): a Communicator that allreduces float tensors through
+// any codec, keeping the payloads sparse or compressed on the wire, and picks the algorithm from a
+// cost model unless told which one to use. It runs on a transport: MPI (a communicator of an MPI
+// program) or Gloo (processes that meet through a key-value store: a file store on a shared file
+// system, or torch.distributed's store under gcomp.torch), with the same methods and results.
 //
 // Semantics: on every rank the result is the sum (or, with `average`, the mean) over ranks of
 // what each rank's codec sent, decode(encode(x_r + e_r)); compressed_reduce_scatter adds one more
@@ -21,6 +23,8 @@
 // complete, their tensors reduced and their residuals committed.
 //
 // Threads: a Communicator is used by one thread at a time (MPI_THREAD_FUNNELED is enough).
+// Errors of the transport itself become Error(Status::mpi) on MPI and Error(Status::transport)
+// on Gloo (a connection closed: a process gone, or one that timed out and gave up).
 #pragma once
 
 #include <mpi.h>
@@ -32,10 +36,43 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gcomp/codec.hpp"
 
+namespace gloo::rendezvous {
+class Store;  // gloo/rendezvous/store.h: the key-value store Gloo's processes meet through
+}
+
 namespace gcomp {
+
+// The engine under a Communicator's collectives (docs/algorithms.md, "Transports").
+//   mpi   an MPI communicator (duplicated): MPI programs, mpiexec, the C API and the interposer
+//   gloo  Gloo's TCP transport, its processes met through a key-value store: launchers that are
+//         not mpiexec (torchrun, Slurm's srun, Kubernetes), under gcomp.torch on torch's store
+enum class Transport : int { mpi = 0, gloo };
+const char* transport_name(Transport t) noexcept;  // "mpi", "gloo"
+// Whether this build has the Gloo transport (libgloo-dev found when it was configured).
+bool have_gloo() noexcept;
+
+// How a Communicator on Gloo connects (Communicator(store, rank, size, ...)).
+struct GlooOptions {
+  // The keys of the rendezvous live under this prefix in the store; each Communicator made on
+  // one store needs a prefix of its own (the same on all its ranks).
+  std::string prefix = "gcomp";
+  // The network interface to listen and connect on (e.g. "eth0"). Empty: GLOO_SOCKET_IFNAME
+  // (its first name), else the address of `hostname`.
+  std::string interface;
+  // Empty: the host's name, where it resolves to an address this process can bind, else
+  // 127.0.0.1 (one host only).
+  std::string hostname;
+  // This process's host for the locality the cost model needs (which ranks share a host).
+  // Empty: GCOMP_HOST, else the host's name and network namespace (namespaces on one machine,
+  // as on the per-host testbed, are hosts of their own).
+  std::string host;
+  // Seconds the rendezvous and the connections may take (every rank must come within them).
+  double connect_seconds = 300;
+};
 
 enum class Algorithm : int {
   automatic = 0,              // chosen by the cost model ("auto")
@@ -56,7 +93,8 @@ inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 // How every wait for MPI in this process completes (docs/algorithms.md, "Waiting"):
 //   automatic  GCOMP_WAIT (auto, spin, yield or sleep) when set, else spin, or yield where a
 //              Communicator found more ranks on its node than cores; decided when each
-//              Communicator is made (an unknown GCOMP_WAIT makes that throw Error(invalid_argument))
+//              Communicator is made (an unknown GCOMP_WAIT makes that throw
+//              Error(invalid_argument))
 //   spin       MPI_Wait: MPI's own busy loop, the lowest latency, a core busy while waiting
 //   yield      MPI_Test, and sched_yield between polls
 //   sleep      MPI_Test, polling for the first 20 us, then sleeping between polls (10 us, doubling
@@ -65,7 +103,7 @@ inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 // Applies from the next wait on, to every Communicator; thread-safe.
 enum class WaitPolicy : int { automatic = 0, spin, yield, sleep };
 void set_wait_policy(WaitPolicy policy) noexcept;
-WaitPolicy wait_policy() noexcept;          // as set (automatic unless set)
+WaitPolicy wait_policy() noexcept;            // as set (automatic unless set)
 WaitPolicy effective_wait_policy() noexcept;  // what waits do now: spin, yield or sleep
 const char* wait_policy_name(WaitPolicy policy) noexcept;  // "auto", "spin", "yield", "sleep"
 // Throws Error(invalid_argument) naming the text and the known names.
@@ -139,7 +177,7 @@ struct CallStats {
   double decode_seconds = 0;
   double agree_seconds = 0;  // of comm_seconds, the agreement's (one small allreduce a call)
   Algorithm algorithm = Algorithm::dense;  // allreduce_buckets: the last bucket's
-  bool compressed = true;  // false when auto skipped the codec (see allow_uncompressed)
+  bool compressed = true;   // false when auto skipped the codec (see allow_uncompressed)
   std::uint64_t calls = 0;  // collectives made: 1, or allreduce_buckets' buckets
   std::array<std::uint64_t, kAlgorithmCount> by_algorithm{};  // of those calls, per algorithm
   std::uint64_t compressed_calls = 0;  // of those calls, the ones that applied the codec (not
@@ -218,12 +256,25 @@ class Communicator {
   // of the other measurements (null: the default Timing, which measures).
   Communicator(MPI_Comm comm, const NetworkModel& network,
                std::shared_ptr<Timing> timing = nullptr);
+  // On Gloo: collective over the `size` processes that make it with the same store and
+  // options.prefix, each with its own rank in [0, size). They meet through the store (each
+  // publishes its address under the prefix; gloo::rendezvous::FileStore on a directory every
+  // host sees, or any other Store), connect to one another over TCP, and the network is measured
+  // as above. Needs no MPI (MPI need not be initialized). The store is used only while the
+  // constructor runs. Errors: Error(invalid_argument) for a bad rank, size or option, or in a
+  // build without Gloo (have_gloo()); Error(transport) when the rendezvous or a connection fails
+  // or takes longer than options.connect_seconds.
+  Communicator(gloo::rendezvous::Store& store, int rank, int size, const GlooOptions& options = {});
+  Communicator(gloo::rendezvous::Store& store, int rank, int size, const NetworkModel& network,
+               std::shared_ptr<Timing> timing = nullptr, const GlooOptions& options = {});
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const noexcept;
   int size() const noexcept;
+  Transport transport() const noexcept;
+  // The duplicated MPI communicator; MPI_COMM_NULL on Gloo.
   MPI_Comm comm() const noexcept;
   const NetworkModel& network() const noexcept;
 
@@ -337,6 +388,10 @@ class Communicator {
   // The calls this Communicator has made (each allreduce, each bucket of allreduce_buckets,
   // each abandon), as the stall report numbers them.
   std::uint64_t calls() const noexcept;
+
+  // Every rank's host, as the transport tells them apart (MPI: ranks that share memory; Gloo:
+  // GlooOptions::host): hosts()[r] is the lowest rank on rank r's host.
+  const std::vector<int>& hosts() const noexcept;
 
  private:
   // Everything else (collectives/communicator_impl.hpp): the duplicated communicator, the agreed

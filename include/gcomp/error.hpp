@@ -17,7 +17,8 @@ enum class Status : int {
   cuda,
   mismatch,
   internal,
-  timeout,  // a collective waited longer than the Communicator's timeout_seconds
+  timeout,    // a collective waited longer than the Communicator's timeout_seconds
+  transport,  // the Gloo transport failed: a connection closed (a process gone or given up)
 };
 
 // A short lowercase name of a status ("bad_payload"), for messages and logs.

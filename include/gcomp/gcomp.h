@@ -34,8 +34,9 @@ typedef enum {
   GCOMP_ERR_CUDA,
   GCOMP_ERR_MISMATCH, /* two parties disagree: a payload's element count and the caller's n */
   GCOMP_ERR_INTERNAL,
-  GCOMP_ERR_TIMEOUT /* a collective waited past GCOMP_TIMEOUT_SECONDS for a rank that did not come
-                       (gcomp_mpi.h) */
+  GCOMP_ERR_TIMEOUT, /* a collective waited past GCOMP_TIMEOUT_SECONDS for a rank that did not
+                        come (gcomp_mpi.h) */
+  GCOMP_ERR_TRANSPORT /* the Gloo transport failed: a connection closed (a process gone) */
 } gcomp_status;
 
 typedef struct gcomp_codec_s* gcomp_codec; /* a compressor built from a spec string */

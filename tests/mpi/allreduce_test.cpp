@@ -300,7 +300,8 @@ TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
   // The favourite is the model's minimum (what a fresh communicator runs first).
   const Choice favourite = world().choose(codec, n);
   const auto timing = std::make_shared<SkewedTiming>(favourite);
-  Communicator comm(MPI_COMM_WORLD, test::test_network(), timing);
+  const auto made = test::make_communicator(test::test_network(), timing);
+  Communicator& comm = *made;
   ASSERT_EQ(comm.choose(codec, n).algorithm, favourite.algorithm);
   // The options auto weighs, and those it explores: predicted within 2x the best + 1 ms.
   std::vector<Choice> options = {{Algorithm::dense, false}};
@@ -383,7 +384,8 @@ class SeenTiming : public test::FixedTiming {
 TEST(Allreduce, AutoLearnsTheWallWhereWaitsSleepAndTheCpuWhereTheyYield) {
   if (size() < 2) GTEST_SKIP() << "needs a rank to wait for";
   const auto timing = std::make_shared<SeenTiming>();
-  Communicator comm(MPI_COMM_WORLD, test::test_network(), timing);
+  const auto made = test::make_communicator(test::test_network(), timing);
+  Communicator& comm = *made;
   const Codec codec("qsgd:bits=4");
   const auto x = test::input(4096, 3);
   std::vector<float> out(x.size());

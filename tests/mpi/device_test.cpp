@@ -262,7 +262,8 @@ TEST(DeviceTensors, AutoTimesTheCodecWhereTheTensorIs) {
   for (const bool slow_device : {false, true}) {
     const auto timing =
         std::make_shared<PlacedTiming>(slow_device ? 2e-9 : 1e-3, slow_device ? 1e-3 : 2e-9);
-    Communicator comm(MPI_COMM_WORLD, test::test_network(), timing);
+    const auto made = test::make_communicator(test::test_network(), timing);
+    Communicator& comm = *made;
     DeviceArray in(test::input(n, 61));
     DeviceArray out{std::vector<float>(n)};
     for (int call = 0; call < 2; ++call) {
@@ -390,8 +391,10 @@ TEST(DeviceBuckets, SameBitsAsHostBuckets) {
     }
     // One communicator each: what an algorithm remembers of a tensor from call to call
     // (sparse_reduce_scatter's regions) then follows the same calls on both sides.
-    Communicator host_comm(MPI_COMM_WORLD, test::test_network());
-    Communicator dev_comm(MPI_COMM_WORLD, test::test_network());
+    const auto host_made = test::make_communicator(test::test_network());
+    const auto dev_made = test::make_communicator(test::test_network());
+    Communicator& host_comm = *host_made;
+    Communicator& dev_comm = *dev_made;
     for (int step = 0; step < 3; ++step) {
       o.allreduce.tensor = static_cast<std::uint64_t>(step);
       const auto values = model_values(sizes, 7 + static_cast<std::uint32_t>(step));

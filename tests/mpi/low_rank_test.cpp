@@ -406,8 +406,9 @@ TEST(LowRank, AutoSendsUncompressedWhereThatIsFaster) {
   run(t, codec, {}, o);  // on 10 Gbit (world())
   EXPECT_FALSE(world().last_stats().compressed);
   EXPECT_EQ(world().last_stats().algorithm, Algorithm::dense);
-  Communicator slow(MPI_COMM_WORLD, network_for_rate(1e8, 20e-6),
-                    std::make_shared<test::FixedTiming>());
+  const auto made =
+      test::make_communicator(network_for_rate(1e8, 20e-6), std::make_shared<test::FixedTiming>());
+  Communicator& slow = *made;
   Tensors u = random_tensors({{256, 256}}, 14);
   run(u, codec, {}, o, slow);
   EXPECT_TRUE(slow.last_stats().compressed);

@@ -6,13 +6,18 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
+#ifdef GCOMP_TEST_HAVE_GLOO
+#include <gloo/rendezvous/file_store.h>
+#endif
 
 namespace gcomp::test {
 
@@ -66,10 +71,61 @@ class FixedTiming : public Timing {
   }
 };
 
+// The transport the tests' Communicators run on: Gloo where GCOMP_TEST_TRANSPORT=gloo (the
+// ranks mpiexec started meet through a file store in a directory rank 0 makes; MPI only starts
+// them and computes the references), else MPI (MPI_COMM_WORLD).
+inline bool on_gloo() {
+  const char* t = std::getenv("GCOMP_TEST_TRANSPORT");
+  return t && std::string(t) == "gloo";
+}
+
+#ifdef GCOMP_TEST_HAVE_GLOO
+// The store's directory, made by rank 0 on first use and told to every rank.
+inline const std::string& store_dir() {
+  static const std::string dir = [] {
+    char path[4096] = {};
+    if (rank() == 0) {
+      std::string tmpl = (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+      tmpl += "/gcomp-test-store-XXXXXX";
+      std::strncpy(path, tmpl.c_str(), sizeof path - 1);
+      if (!mkdtemp(path)) path[0] = '\0';
+    }
+    MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+    return std::string(path);
+  }();
+  return dir;
+}
+#endif
+
+// A Communicator of every rank on the tests' transport, measuring the network (network null)
+// or given it and a timing. Each one made on Gloo gets a prefix of its own (every rank makes
+// them in the same order).
+inline std::unique_ptr<Communicator> make_communicator(const NetworkModel* network = nullptr,
+                                                       std::shared_ptr<Timing> timing = nullptr) {
+#ifdef GCOMP_TEST_HAVE_GLOO
+  if (on_gloo()) {
+    static int made = 0;
+    if (store_dir().empty()) throw Error(Status::internal, "rank 0 could not make the store");
+    gloo::rendezvous::FileStore store(store_dir());
+    GlooOptions o;
+    o.prefix = "test" + std::to_string(made++);
+    if (!network) return std::make_unique<Communicator>(store, rank(), size(), o);
+    return std::make_unique<Communicator>(store, rank(), size(), *network, std::move(timing), o);
+  }
+#endif
+  if (!network) return std::make_unique<Communicator>(MPI_COMM_WORLD);
+  return std::make_unique<Communicator>(MPI_COMM_WORLD, *network, std::move(timing));
+}
+inline std::unique_ptr<Communicator> make_communicator(const NetworkModel& network,
+                                                       std::shared_ptr<Timing> timing = nullptr) {
+  return make_communicator(&network, std::move(timing));
+}
+
 // One Communicator for the whole run, on test_network() and FixedTiming.
 inline Communicator& world() {
-  static Communicator c(MPI_COMM_WORLD, test_network(), std::make_shared<FixedTiming>());
-  return c;
+  static const std::unique_ptr<Communicator> c =
+      make_communicator(test_network(), std::make_shared<FixedTiming>());
+  return *c;
 }
 
 // n normal values, different on every rank.

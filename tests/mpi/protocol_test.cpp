@@ -200,9 +200,8 @@ TEST(Agreement, TheMagnitudeBoundsTheSum) {
 TEST(Failure, ASumAtTheBoundIsFinite) {
   const int p = size();
   const float m = std::numeric_limits<float>::max() / 2 / static_cast<float>(p);
-  const Case cases[] = {{"none", Algorithm::dense},
-                        {"none", Algorithm::allgather},
-                        {"none", Algorithm::automatic}};
+  const Case cases[] = {
+      {"none", Algorithm::dense}, {"none", Algorithm::allgather}, {"none", Algorithm::automatic}};
   for (const Case& c : cases) {
     for (bool average : {false, true}) {
       const Codec codec(c.spec);
@@ -307,7 +306,8 @@ TEST(Stats, BytesAreWhatMpiWasHanded) {
 // users' do: the network and speeds come out finite and non-negative, and auto, whatever it
 // chooses from them, sums the contributions.
 TEST(Measured, ACommunicatorThatMeasuresWorks) {
-  Communicator comm(MPI_COMM_WORLD);
+  const auto made = test::make_communicator();
+  Communicator& comm = *made;
   const NetworkModel& m = comm.network();
   for (double v :
        {m.alpha, m.beta, m.beta_all, m.beta_one, m.beta_allreduce, m.beta_allreduce_large}) {

@@ -98,8 +98,9 @@ TEST(Soak, ResidentMemoryStaysFlatAfterWarmUp) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  gcomp::Communicator comm(MPI_COMM_WORLD, gcomp::test::test_network(),
-                           std::make_shared<gcomp::test::FixedTiming>());
+  const auto made = gcomp::test::make_communicator(gcomp::test::test_network(),
+                                                   std::make_shared<gcomp::test::FixedTiming>());
+  gcomp::Communicator& comm = *made;
   const std::vector<Kind> all = kinds();
   const std::size_t calls = (kWarmUpPasses + kMeasuredPasses) * all.size();
   // One input and one memory per (size, error feedback, bucketed), reused: the soak measures

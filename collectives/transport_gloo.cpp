@@ -1,0 +1,744 @@
+// The Gloo transport (transport.hpp): Gloo's TCP device, one context for the calls and one for the
+// watch's questions and answers, both met through a key-value store under the Communicator's
+// prefix (gloo::rendezvous::PrefixStore; under gcomp.torch, torch.distributed's own store).
+//
+// What runs on what:
+//   dense allreduce      gloo::allreduce (ring), what torch's ProcessGroupGloo runs for DDP
+//   small reductions     gloo::allreduce (bcube: log2 P rounds for a few words)
+//   allgatherv           gloo::allgather of the sizes, then gloo::allgatherv (ring)
+//   all-to-all(v)        gloo::alltoall of the sizes, then one unbound buffer per peer
+//   point to point       unbound buffers on slot kSlotPoint: an 8-byte size, then the bytes
+//                        (Gloo's receives need their size; pairs deliver a slot's messages in
+//                        order)
+//   barrier              gloo::barrier
+//   the agreement        the small reduction, with the timeout as Gloo's own; watched by two
+//                        threads of this transport (GlooWatch below)
+// Waits block in Gloo (a condition variable): the wait policy, which is MPI's, does not apply.
+// Gloo's waits take a timeout that ends the whole context when it passes (every connection
+// closes), so only the agreement's wait has one (the user's timeout, after which the
+// Communicator is broken anyway); every other wait is unlimited, as MPI's are.
+#include <net/if.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gcomp/error.hpp"
+#include "stall.hpp"
+#include "transport.hpp"
+
+#ifdef GCOMP_HAVE_GLOO
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#endif
+
+namespace gcomp {
+
+bool have_gloo() noexcept {
+#ifdef GCOMP_HAVE_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace detail {
+
+#ifndef GCOMP_HAVE_GLOO
+
+std::unique_ptr<Transport> make_gloo_transport(gloo::rendezvous::Store&, int, int,
+                                               const GlooOptions&) {
+  throw Error(Status::invalid_argument,
+              "this build of gcomp has no Gloo transport (configure it with libgloo-dev "
+              "installed); use the MPI transport (mpiexec)");
+}
+
+#else
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+// "Unlimited": a year (Gloo adds its timeouts to the steady clock in nanoseconds).
+constexpr Ms kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 365));
+
+// Gloo's collectives use slots with a prefix byte of 1..8 (gloo/types.h); gcomp's own messages
+// use 0x67 ('g').
+constexpr std::uint64_t kSlotBase = std::uint64_t{0x67} << 56;
+constexpr std::uint64_t kSlotPoint = kSlotBase | 1;  // send_bytes, recv_bytes, sendrecv_bytes
+constexpr std::uint64_t kSlotShift = kSlotBase | 2;  // the network measurement's shifts
+constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' and alltoall_bytes' data
+constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
+
+Ms to_ms(double seconds) {
+  return std::max(Ms(1), std::min(kForever, Ms(static_cast<std::int64_t>(seconds * 1e3 + 0.5))));
+}
+
+// Gloo's exceptions as gcomp's: a connection that closed, a wait that passed its timeout, an
+// enforced condition that failed (bad sizes).
+[[noreturn]] void rethrow_gloo(const char* what) {
+  try {
+    throw;
+  } catch (const gloo::IoException& e) {
+    throw Error(Status::transport, std::string("Gloo ") + what + ": " + e.what());
+  } catch (const gloo::Exception& e) {
+    throw Error(Status::transport, std::string("Gloo ") + what + ": " + e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    throw Error(Status::transport, std::string("Gloo ") + what + ": " + e.what());
+  }
+}
+
+template <class F>
+auto guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (...) {
+    rethrow_gloo(what);
+  }
+}
+
+// A context whose transport context's default timeout can be set after the rendezvous (Gloo
+// sets it from the context's own only then).
+class Context final : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+  void set_all_timeouts(Ms t) {
+    setTimeout(t);
+    if (transportContext_) transportContext_->setTimeout(t);
+  }
+};
+
+std::string first_of_list(const char* text) {
+  std::string s = text ? text : "";
+  const auto comma = s.find(',');
+  return comma == std::string::npos ? s : s.substr(0, comma);
+}
+
+std::shared_ptr<gloo::transport::Device> make_device(const GlooOptions& o) {
+  gloo::transport::tcp::attr a;
+  std::string iface =
+      o.interface.empty() ? first_of_list(std::getenv("GLOO_SOCKET_IFNAME")) : o.interface;
+  if (!iface.empty()) {
+    if (if_nametoindex(iface.c_str()) == 0) {
+      throw Error(Status::invalid_argument,
+                  "no network interface '" + iface + "' here (" +
+                      (o.interface.empty() ? "GLOO_SOCKET_IFNAME" : "GlooOptions::interface") +
+                      ")");
+    }
+    a.iface = iface;
+    return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+  }
+  if (!o.hostname.empty()) {
+    a.hostname = o.hostname;
+    return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') {
+    try {
+      a.hostname = name;
+      return gloo::transport::tcp::CreateDevice(a);
+    } catch (...) {
+      // The host's name does not resolve to an address of this host: one host only.
+    }
+  }
+  a.hostname = "127.0.0.1";
+  return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+}
+
+// This process's host, as the locality sees it: GlooOptions::host, GCOMP_HOST, else the host's
+// name and network namespace.
+std::string host_key(const GlooOptions& o) {
+  if (!o.host.empty()) return o.host;
+  if (const char* h = std::getenv("GCOMP_HOST"); h && *h) return h;
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  struct stat st {};
+  const std::string ns =
+      stat("/proc/self/ns/net", &st) == 0 ? std::to_string(st.st_ino) : std::string("?");
+  return std::string(name) + "/netns:" + ns;
+}
+
+std::shared_ptr<Context> connect(gloo::rendezvous::Store& store, const std::string& prefix,
+                                 int rank, int size,
+                                 const std::shared_ptr<gloo::transport::Device>& device,
+                                 Ms connect_timeout) {
+  auto ctx = std::make_shared<Context>(rank, size);
+  ctx->set_all_timeouts(connect_timeout);
+  gloo::rendezvous::PrefixStore prefixed(prefix, store);
+  auto dev = device;
+  guarded("rendezvous", [&] { ctx->connectFullMesh(prefixed, dev); });
+  ctx->set_all_timeouts(kForever);
+  return ctx;
+}
+
+using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+// ---- The watch (stall.hpp's, for Gloo) ----
+//
+// While this rank waits at an agreement (blocked in Gloo), two threads of the transport watch,
+// on a context of their own:
+//   the receiver  blocks on the watch slot; answers every question (through the watcher) with
+//                 the call this rank waits at, or none, and records the answers to this rank's
+//                 question. It never blocks on anything else, so its receive is always posted
+//                 again at once (Gloo sends a message only once its receiver has posted one).
+//   the watcher   past half the first limit asks every other rank where it is, past the stall
+//                 seconds prints the report, and sends what the receiver queued.
+// The timeout itself is Gloo's (the agreement's wait has it); its message names what the
+// answers said. Nothing is sent while calls go on in time. Both threads run from the transport's
+// creation (a rank that has not yet come to a call must answer too) to its end.
+class GlooWatch {
+ public:
+  GlooWatch() = default;
+  GlooWatch(const GlooWatch&) = delete;
+  GlooWatch& operator=(const GlooWatch&) = delete;
+  ~GlooWatch() { stop(); }
+
+  void start(std::shared_ptr<Context> ctx) {
+    ctx_ = std::move(ctx);
+    where_.assign(static_cast<std::size_t>(ctx_->size), -1);
+    if (ctx_->size == 1) return;
+    for (int r = 0; r < ctx_->size; ++r) {
+      if (r != ctx_->rank) others_.push_back(r);
+    }
+    incoming_ = ctx_->createUnboundBuffer(in_.data(), sizeof in_);
+    incoming_->recv(others_, kSlotWatch);
+    receiver_ = std::thread([this] { receive_loop(); });
+    watcher_ = std::thread([this] { watch_loop(); });
+  }
+
+  // The wait of call number `call` begins and ends.
+  void begin(std::uint64_t call, const WaitLimits& limits,
+             const std::function<std::string()>& describe) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    waiting_ = {call, limits, &describe, now(), false, false};
+    active_ = true;
+    at_.store(static_cast<std::int64_t>(call));
+    wake_.notify_all();
+  }
+  void end() {
+    const std::lock_guard<std::mutex> hold(lock_);  // the watcher never describes a call past this
+    active_ = false;
+    at_.store(-1);
+    wake_.notify_all();
+  }
+  // Where each other rank said it is (stall.hpp's absent_ranks), for the message of a timeout.
+  std::string absent(std::uint64_t call) {
+    const std::lock_guard<std::mutex> hold(lock_);
+    return absent_ranks(where_, ctx_->rank, call);
+  }
+
+ private:
+  struct Waiting {
+    std::uint64_t call = 0;
+    WaitLimits limits;
+    const std::function<std::string()>* describe = nullptr;
+    double start = 0;
+    bool asked = false;
+    bool reported = false;
+  };
+  using Message = std::array<std::uint64_t, 3>;  // {kind, call asked about, call answered}
+  struct Outgoing {
+    int to;
+    Message m;
+  };
+  static constexpr std::uint64_t kQuestion = 1, kAnswer = 2, kNone = ~std::uint64_t{0};
+
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> hold(lock_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    if (incoming_) incoming_->abortWaitRecv();
+    if (receiver_.joinable()) receiver_.join();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  void send(const Outgoing& o) {
+    Message m = o.m;
+    try {
+      Buffer out = ctx_->createUnboundBuffer(m.data(), sizeof m);
+      out->send(o.to, kSlotWatch);
+      out->waitSend(nullptr, kForever);
+    } catch (...) {
+      // A rank gone cannot be asked or answered; the agreement's own wait reports it.
+    }
+  }
+
+  void receive_loop() {
+    try {
+      for (;;) {
+        int from = -1;
+        if (!incoming_->waitRecv(&from, kForever)) return;  // stop()
+        const Message m = in_;
+        incoming_->recv(others_, kSlotWatch);
+        if (from < 0 || from >= ctx_->size) continue;
+        const std::lock_guard<std::mutex> hold(lock_);
+        if (m[0] == kQuestion) {
+          const std::int64_t at = at_.load();
+          outbox_.push_back(
+              {from, {kAnswer, m[1], at < 0 ? kNone : static_cast<std::uint64_t>(at)}});
+          wake_.notify_all();
+        } else if (m[0] == kAnswer && active_ && m[1] == waiting_.call) {
+          where_[static_cast<std::size_t>(from)] =
+              m[2] == kNone ? -1 : static_cast<std::int64_t>(m[2]);
+        }
+        // Anything else from a peer is not gcomp's: dropped.
+      }
+    } catch (...) {
+      // The watch context closed (a peer ended): nothing more to answer.
+    }
+  }
+
+  // The next time the waiting call needs the watcher (-1: none).
+  double next_deadline() const {
+    if (!active_) return -1;
+    const Waiting& w = waiting_;
+    const double first = first_limit(w.limits);
+    if (!w.asked && first > 0) return w.start + first / 2;
+    if (!w.reported && w.limits.stall > 0) return w.start + w.limits.stall;
+    return -1;
+  }
+
+  void watch_loop() {
+    std::unique_lock<std::mutex> hold(lock_);
+    for (;;) {
+      if (stopping_) return;
+      if (!outbox_.empty()) {
+        const Outgoing o = outbox_.front();
+        outbox_.pop_front();
+        hold.unlock();
+        send(o);  // completes once the peer's receiver takes it
+        hold.lock();
+        continue;
+      }
+      const double at = next_deadline();
+      if (at < 0) {
+        wake_.wait(hold);
+        continue;
+      }
+      const double t = now();
+      if (t < at) {
+        wake_.wait_for(hold, std::chrono::duration<double>(at - t));
+        continue;  // woken early (a message to send, end, stop) or on time: look again
+      }
+      Waiting& w = waiting_;
+      if (!w.asked) {
+        w.asked = true;
+        where_.assign(static_cast<std::size_t>(ctx_->size), -1);
+        for (const int r : others_) outbox_.push_back({r, {kQuestion, w.call, 0}});
+      } else {
+        w.reported = true;
+        // Held: describe() reads the waiting call's state, which end() keeps alive.
+        report_stall(ctx_->rank, t - w.start,
+                     "call " + std::to_string(w.call) + " (" + (*w.describe)() + ")",
+                     absent_ranks(where_, ctx_->rank, w.call));
+      }
+    }
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::vector<int> others_;
+  Message in_{};
+  Buffer incoming_;
+  std::thread receiver_, watcher_;
+  std::atomic<std::int64_t> at_{-1};  // the call this rank waits at, or -1
+
+  std::mutex lock_;  // guards what follows
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  bool active_ = false;
+  Waiting waiting_;
+  std::deque<Outgoing> outbox_;      // questions and answers to send, in order
+  std::vector<std::int64_t> where_;  // per rank: the call it answered it waits at, or -1
+};
+
+// ---- The transport ----
+
+using ReduceFn = void (*)(void*, const void*, const void*, std::size_t);
+
+ReduceFn reduce_function(Reduction r) {
+  switch (r) {
+    case Reduction::sum_float:
+      return static_cast<ReduceFn>(&gloo::sum<float>);
+    case Reduction::sum_uint64:
+      return static_cast<ReduceFn>(&gloo::sum<std::uint64_t>);
+    case Reduction::max_double:
+      return static_cast<ReduceFn>(&gloo::max<double>);
+    case Reduction::max_int64:
+      break;
+  }
+  return static_cast<ReduceFn>(&gloo::max<std::int64_t>);
+}
+
+std::size_t element_size(Reduction r) { return r == Reduction::sum_float ? 4 : 8; }
+
+class GlooTransport final : public Transport {
+ public:
+  GlooTransport(gloo::rendezvous::Store& store, int rank, int size, const GlooOptions& o)
+      : Transport(gcomp::Transport::gloo, rank, size) {
+    const Ms connect_timeout = to_ms(o.connect_seconds);
+    device_ = make_device(o);
+    ctx_ = connect(store, o.prefix, rank, size, device_, connect_timeout);
+    watch_ctx_ = connect(store, o.prefix + "/watch", rank, size, device_, connect_timeout);
+    watch_.start(watch_ctx_);
+    // The hosts: every rank's key gathered; a host is named by its lowest rank.
+    constexpr std::size_t kKey = 256;
+    std::vector<char> keys(kKey * static_cast<std::size_t>(size));
+    const std::string mine = host_key(o);
+    std::vector<char> key(kKey, '\0');
+    std::memcpy(key.data(), mine.data(), std::min(mine.size(), kKey - 1));
+    guarded("allgather", [&] {
+      gloo::AllgatherOptions opts(ctx_);
+      opts.setInput(key.data(), kKey);
+      opts.setOutput(keys.data(), keys.size());
+      opts.setTimeout(connect_timeout);
+      gloo::allgather(opts);
+    });
+    hosts_.assign(static_cast<std::size_t>(size), 0);
+    for (int r = 0; r < size; ++r) {
+      for (int q = 0; q <= r; ++q) {
+        if (std::memcmp(&keys[kKey * static_cast<std::size_t>(q)],
+                        &keys[kKey * static_cast<std::size_t>(r)], kKey) == 0) {
+          hosts_[static_cast<std::size_t>(r)] = q;
+          break;
+        }
+      }
+    }
+  }
+
+  void allreduce(const void* send, void* recv, std::size_t count, Reduction op) override {
+    const std::size_t bytes = count * element_size(op);
+    if (send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+    if (size() == 1 || count == 0) return;
+    guarded("allreduce", [&] {
+      gloo::AllreduceOptions opts(ctx_);
+      if (op == Reduction::sum_float) {
+        opts.setOutput(static_cast<float*>(recv), count);
+      } else {
+        opts.setOutput(static_cast<std::int64_t*>(recv), count);  // 8-byte elements
+      }
+      opts.setReduceFunction(reduce_function(op));
+      // Small reductions in log2 P rounds; the dense allreduce as torch's gloo runs it (ring).
+      opts.setAlgorithm(bytes <= 4096 ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                      : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setTimeout(kForever);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void barrier() override {
+    if (size() == 1) return;
+    guarded("barrier", [&] {
+      gloo::BarrierOptions opts(ctx_);
+      opts.setTimeout(kForever);
+      gloo::barrier(opts);
+    });
+  }
+
+  void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
+    const auto p = static_cast<std::size_t>(size());
+    const double start = now();
+    out.sizes.assign(p, 0);
+    std::uint64_t my_size = mine.size();
+    guarded("allgather", [&] {
+      if (p == 1) {
+        out.sizes[0] = my_size;
+        return;
+      }
+      gloo::AllgatherOptions opts(ctx_);
+      opts.setInput(&my_size, 1);
+      opts.setOutput(out.sizes.data(), p);
+      opts.setTimeout(kForever);
+      gloo::allgather(opts);
+    });
+    out.offsets.assign(p, 0);
+    std::uint64_t total = 0;
+    std::vector<std::size_t> counts(p);
+    for (std::size_t r = 0; r < p; ++r) {
+      out.offsets[r] = total;
+      counts[r] = static_cast<std::size_t>(out.sizes[r]);
+      total += out.sizes[r];
+    }
+    if (out.sizes[static_cast<std::size_t>(rank())] != my_size) {
+      throw Error(Status::internal, "allgatherv: this rank's own size came back changed");
+    }
+    out.bytes.resize(total);
+    if (total > 0) {
+      guarded("allgatherv", [&] {
+        auto* base = reinterpret_cast<char*>(out.bytes.data());
+        std::memcpy(base + out.offsets[static_cast<std::size_t>(rank())], mine.data(), mine.size());
+        if (p == 1) return;
+        gloo::AllgathervOptions opts(ctx_);
+        opts.setOutput(base, counts);
+        opts.setTimeout(kForever);
+        gloo::allgatherv(opts);
+      });
+    }
+    t.seconds += now() - start;
+    t.sent += (p - 1) * (8 + my_size);
+    t.received += (p - 1) * 8 + total - my_size;
+  }
+
+  // The sizes each rank sends every other: from[r] = what rank r sends this rank.
+  std::vector<std::uint64_t> exchange_sizes(const std::vector<std::uint64_t>& to) {
+    const auto p = static_cast<std::size_t>(size());
+    std::vector<std::uint64_t> from(p);
+    guarded("alltoall", [&] {
+      gloo::AlltoallOptions opts(ctx_);
+      std::vector<std::uint64_t> send = to;
+      opts.setInput(send.data(), p);
+      opts.setOutput(from.data(), p);
+      opts.setTimeout(kForever);
+      gloo::alltoall(opts);
+    });
+    return from;
+  }
+
+  void alltoallv_bytes(const std::vector<std::vector<std::byte> >& to,
+                       std::vector<std::vector<std::byte> >& from, Traffic& t) override {
+    const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
+    const double start = now();
+    std::vector<std::uint64_t> send_sizes(p);
+    for (std::size_t r = 0; r < p; ++r) send_sizes[r] = to[r].size();
+    const std::vector<std::uint64_t> recv_sizes = p == 1 ? send_sizes : exchange_sizes(send_sizes);
+    from.resize(p);
+    guarded("all-to-all", [&] {
+      // Receives posted first, sends staggered (rank + 1, rank + 2, ...), as on MPI.
+      std::vector<Buffer> recvs, sends;
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + p - k) % p;
+        from[r].resize(recv_sizes[r]);
+        if (recv_sizes[r] == 0) continue;
+        recvs.push_back(ctx_->createUnboundBuffer(from[r].data(), from[r].size()));
+        recvs.back()->recv(static_cast<int>(r), kSlotAll);
+      }
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + k) % p;
+        if (to[r].empty()) continue;
+        sends.push_back(
+            ctx_->createUnboundBuffer(const_cast<std::byte*>(to[r].data()), to[r].size()));
+        sends.back()->send(static_cast<int>(r), kSlotAll);
+      }
+      from[me].assign(to[me].begin(), to[me].end());
+      for (auto& b : recvs) b->waitRecv(nullptr, kForever);
+      for (auto& b : sends) b->waitSend(nullptr, kForever);
+    });
+    std::uint64_t stotal = 0, rtotal = 0;
+    for (std::size_t r = 0; r < p; ++r) {
+      stotal += send_sizes[r];
+      rtotal += recv_sizes[r];
+    }
+    t.seconds += now() - start;
+    t.sent += 8 * (p - 1) + stotal - send_sizes[me];
+    t.received += 8 * (p - 1) + rtotal - recv_sizes[me];
+  }
+
+  // A message: its size (8 bytes), then its bytes unless empty; both stay alive in `out` until
+  // finish_send.
+  struct Outgoing {
+    std::uint64_t size = 0;
+    Buffer head, body;
+  };
+  void start_send(int to, std::span<const std::byte> send, Outgoing& out) {
+    out.size = send.size();
+    out.head = ctx_->createUnboundBuffer(&out.size, sizeof out.size);
+    out.head->send(to, kSlotPoint);
+    if (!send.empty()) {
+      out.body = ctx_->createUnboundBuffer(const_cast<std::byte*>(send.data()), send.size());
+      out.body->send(to, kSlotPoint);
+    }
+  }
+  static void finish_send(Outgoing& out) {
+    out.head->waitSend(nullptr, kForever);
+    if (out.body) out.body->waitSend(nullptr, kForever);
+  }
+  std::uint64_t receive(int from, std::vector<std::byte>& recv) {
+    std::uint64_t n = 0;
+    Buffer head = ctx_->createUnboundBuffer(&n, sizeof n);
+    head->recv(from, kSlotPoint);
+    head->waitRecv(nullptr, kForever);
+    recv.resize(static_cast<std::size_t>(n));
+    if (n > 0) {
+      Buffer body = ctx_->createUnboundBuffer(recv.data(), recv.size());
+      body->recv(from, kSlotPoint);
+      body->waitRecv(nullptr, kForever);
+    }
+    return n;
+  }
+
+  void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
+    const double start = now();
+    guarded("send", [&] {
+      Outgoing out;
+      start_send(to, send, out);
+      finish_send(out);
+    });
+    t.seconds += now() - start;
+    t.sent += send.size();
+  }
+
+  void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
+    const double start = now();
+    const std::uint64_t n = guarded("recv", [&] { return receive(from, recv); });
+    t.seconds += now() - start;
+    t.received += n;
+  }
+
+  void sendrecv_bytes(int partner, std::span<const std::byte> send, std::vector<std::byte>& recv,
+                      Traffic& t) override {
+    const double start = now();
+    const std::uint64_t n = guarded("sendrecv", [&] {
+      Outgoing out;
+      start_send(partner, send, out);
+      const std::uint64_t got = receive(partner, recv);
+      finish_send(out);
+      return got;
+    });
+    t.seconds += now() - start;
+    t.sent += send.size();
+    t.received += n;
+  }
+
+  void shift_bytes(int to, std::span<const std::byte> send, int from,
+                   std::span<std::byte> recv) override {
+    guarded("shift", [&] {
+      Buffer in = ctx_->createUnboundBuffer(recv.data(), recv.size());
+      Buffer out = ctx_->createUnboundBuffer(const_cast<std::byte*>(send.data()), send.size());
+      in->recv(from, kSlotShift);
+      out->send(to, kSlotShift);
+      in->waitRecv(nullptr, kForever);
+      out->waitSend(nullptr, kForever);
+    });
+  }
+
+  void alltoall_bytes(std::span<const std::byte> send, std::span<std::byte> recv,
+                      std::size_t block) override {
+    if (size() == 1) {
+      std::copy(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(block), recv.begin());
+      return;
+    }
+    guarded("alltoall", [&] {
+      gloo::AlltoallOptions opts(ctx_);
+      opts.setInput(const_cast<std::byte*>(send.data()), block * static_cast<std::size_t>(size()));
+      opts.setOutput(recv.data(), block * static_cast<std::size_t>(size()));
+      opts.setTimeout(kForever);
+      gloo::alltoall(opts);
+    });
+  }
+
+  void agree(const std::uint64_t* mine, std::uint64_t* all, std::size_t words, std::uint64_t call,
+             const WaitLimits& limits, const std::function<std::string()>& describe) override {
+    if (broken_) {
+      throw Error(Status::timeout, "this Communicator's Gloo connections closed at a timeout");
+    }
+    std::copy(mine, mine + words, all);
+    if (size() == 1) return;
+    const bool watched = limits.stall > 0 || limits.timeout > 0;
+    const Ms limit = limits.timeout > 0 ? to_ms(limits.timeout) : kForever;
+    const double start = now();
+    if (watched) watch_.begin(call, limits, describe);
+    // Gloo's bcube allreduce waits with the context's timeout, not its options'.
+    if (limits.timeout > 0) ctx_->set_all_timeouts(limit);
+    try {
+      gloo::AllreduceOptions opts(ctx_);
+      opts.setOutput(reinterpret_cast<std::int64_t*>(all), words);
+      opts.setReduceFunction(reduce_function(Reduction::max_int64));
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::BCUBE);
+      opts.setTimeout(limit);
+      gloo::allreduce(opts);
+      // With a timeout, every rank passes a barrier too (as on MPI): a rank that came after a
+      // rank gave up finds the connections closed there at the latest.
+      if (limits.timeout > 0) {
+        gloo::BarrierOptions b(ctx_);
+        b.setTimeout(limit);
+        gloo::barrier(b);
+        ctx_->set_all_timeouts(kForever);
+      }
+    } catch (...) {
+      const double waited = now() - start;
+      if (watched) watch_.end();
+      std::string why;
+      try {
+        rethrow_gloo("agreement");
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (limits.timeout <= 0) throw Error(Status::transport, why);
+      // With a timeout, the connections close when any rank's wait passes it: this rank's own
+      // (it waited the timeout) or another's (a rank that gave up, or ended).
+      broken_ = true;
+      const std::string what = "call " + std::to_string(call) + " (" + describe() + ")";
+      const std::string absent = watch_.absent(call);
+      if (waited >= limits.timeout * 0.99) throw timeout_error(rank(), waited, what, absent);
+      throw Error(Status::timeout,
+                  "rank " + std::to_string(rank()) + " at the start of " + what +
+                      ": a rank not there gave up on this call (its timeout passed) or ended, "
+                      "and the connections closed (" +
+                      why + ")" + (absent.empty() ? std::string() : "; not there: " + absent));
+    }
+    if (watched) watch_.end();
+  }
+
+ private:
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<Context> ctx_;        // the calls
+  std::shared_ptr<Context> watch_ctx_;  // the watch's questions and answers
+  // Declared after the contexts, so destroyed first: its threads end before the connections
+  // close.
+  GlooWatch watch_;
+  bool broken_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_gloo_transport(gloo::rendezvous::Store& store, int rank, int size,
+                                               const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw Error(Status::invalid_argument, "a Gloo Communicator needs 0 <= rank < size, not rank " +
+                                              std::to_string(rank) + " of size " +
+                                              std::to_string(size));
+  }
+  if (options.prefix.empty()) {
+    throw Error(Status::invalid_argument, "GlooOptions::prefix must not be empty");
+  }
+  if (!(options.connect_seconds > 0) || !std::isfinite(options.connect_seconds)) {
+    throw Error(Status::invalid_argument,
+                "GlooOptions::connect_seconds must be a finite number "
+                "> 0, not " +
+                    std::to_string(options.connect_seconds));
+  }
+  return std::make_unique<GlooTransport>(store, rank, size, options);
+}
+
+#endif  // GCOMP_HAVE_GLOO
+
+}  // namespace detail
+}  // namespace gcomp

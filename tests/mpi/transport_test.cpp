@@ -1,0 +1,162 @@
+// The transports themselves (collectives/transport.hpp), on whichever the run uses
+// (GCOMP_TEST_TRANSPORT): the Communicator says which it is, knows the ranks' hosts, and on Gloo
+// takes its options (a host of its own per rank, a bad rank or interface refused) and keeps
+// Communicators of different prefixes apart.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gcomp/communicator.hpp"
+#include "gcomp/error.hpp"
+#include "mpi_util.hpp"
+
+#ifdef GCOMP_TEST_HAVE_GLOO
+#include <gloo/rendezvous/file_store.h>
+#endif
+
+namespace gcomp {
+namespace {
+
+using test::rank;
+using test::size;
+using test::status_of;
+using test::world;
+
+TEST(Transport, TheCommunicatorSaysWhichItRunsOn) {
+  EXPECT_EQ(world().transport(), test::on_gloo() ? Transport::gloo : Transport::mpi);
+  EXPECT_STREQ(transport_name(world().transport()), test::on_gloo() ? "gloo" : "mpi");
+  EXPECT_EQ(world().comm() == MPI_COMM_NULL, test::on_gloo());
+  EXPECT_EQ(world().rank(), rank());
+  EXPECT_EQ(world().size(), size());
+}
+
+// The tests' ranks all run on this machine, in one network namespace: one host, named by rank 0.
+TEST(Transport, RanksOfOneMachineShareAHost) {
+  if (std::getenv("GCOMP_HOST")) GTEST_SKIP() << "GCOMP_HOST names hosts here";
+  EXPECT_EQ(world().hosts(), std::vector<int>(static_cast<std::size_t>(size()), 0));
+}
+
+// Every algorithm on tiny tensors, sizes 0 and 1 included (the point-to-point paths send empty
+// messages there): the same bits on every rank, and where the result is the sum of what the
+// codecs sent, MPI's reference sum.
+TEST(Transport, EveryAlgorithmOnTinyAndEmptyTensors) {
+  for (const char* spec : {"topk:k=1", "qsgd:bits=4,bucket=4", "none"}) {
+    const Codec codec(spec);
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+      for (int a = 1; a < kAlgorithmCount; ++a) {
+        const auto alg = static_cast<Algorithm>(a);
+        if (alg == Algorithm::low_rank) continue;  // needs shapes
+        AllreduceOptions opt;
+        opt.algorithm = alg;
+        opt.seed = 3;
+        const bool fits = status_of([&] {
+                            std::vector<float> probe(n, 1.0f);
+                            world().allreduce(probe, codec, nullptr, opt);
+                          }) == Status::ok;
+        if (!fits) continue;  // the algorithm does not take this codec: every rank said so
+        const auto x = test::integers(n, 17 + a);
+        std::vector<float> out(n, -1.0f);
+        world().allreduce(x, out, codec, nullptr, opt);
+        // Every rank holds the same bits.
+        std::vector<float> lo(n), hi(n);
+        MPI_Allreduce(out.data(), lo.data(), static_cast<int>(n), MPI_FLOAT, MPI_MIN,
+                      MPI_COMM_WORLD);
+        MPI_Allreduce(out.data(), hi.data(), static_cast<int>(n), MPI_FLOAT, MPI_MAX,
+                      MPI_COMM_WORLD);
+        EXPECT_EQ(lo, hi) << spec << " " << algorithm_name(alg) << " n=" << n;
+        // The sum of what the codecs sent, but where the owners re-encode or select again.
+        if (alg == Algorithm::compressed_reduce_scatter ||
+            alg == Algorithm::sparse_reduce_scatter) {
+          continue;
+        }
+        const auto ref = test::mpi_sum(test::contribution(codec, x, 3));
+        const auto tol = test::order_tolerance(test::contribution(codec, x, 3));
+        for (std::size_t i = 0; i < n; ++i) {
+          EXPECT_NEAR(out[i], ref[i], tol[i]) << spec << " " << algorithm_name(alg) << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+#ifdef GCOMP_TEST_HAVE_GLOO
+
+std::unique_ptr<gloo::rendezvous::FileStore> store() {
+  return std::make_unique<gloo::rendezvous::FileStore>(test::store_dir());
+}
+
+// Where the host's name cannot tell hosts apart (network namespaces of one machine share it),
+// the options (or GCOMP_HOST) name them.
+TEST(Gloo, NamedHostsAreHostsOfTheirOwn) {
+  if (!test::on_gloo()) GTEST_SKIP() << "the Gloo run's";
+  auto s = store();
+  GlooOptions o;
+  o.prefix = "named-hosts";
+  o.host = "host-" + std::to_string(rank() / 2);  // two ranks a host
+  Communicator c(*s, rank(), size(), test::test_network(), nullptr, o);
+  ASSERT_EQ(c.transport(), Transport::gloo);
+  for (int r = 0; r < size(); ++r) EXPECT_EQ(c.hosts()[static_cast<std::size_t>(r)], r / 2 * 2);
+  std::vector<float> x(100, 1.0f);
+  c.allreduce(x, Codec("none"));
+  EXPECT_EQ(x[0], static_cast<float>(size()));
+}
+
+// Two Communicators of different prefixes live side by side, each with its own connections.
+TEST(Gloo, CommunicatorsOfTwoPrefixesAreApart) {
+  if (!test::on_gloo()) GTEST_SKIP() << "the Gloo run's";
+  auto s = store();
+  GlooOptions a, b;
+  a.prefix = "apart-a";
+  b.prefix = "apart-b";
+  Communicator ca(*s, rank(), size(), test::test_network(), nullptr, a);
+  Communicator cb(*s, rank(), size(), test::test_network(), nullptr, b);
+  std::vector<float> x(1000, 1.0f), y(1000, 2.0f);
+  ca.allreduce(x, Codec("topk:ratio=0.5"));
+  cb.allreduce(y, Codec("none"));
+  EXPECT_EQ(y[0], 2.0f * static_cast<float>(size()));
+  EXPECT_EQ(ca.total_stats().calls, 1u);
+  EXPECT_EQ(cb.total_stats().calls, 1u);
+}
+
+// What can be checked before connecting fails on the rank that has it, at once.
+TEST(Gloo, BadOptionsAreRefusedBeforeConnecting) {
+  if (!test::on_gloo()) GTEST_SKIP() << "the Gloo run's";
+  auto s = store();
+  std::string msg;
+  EXPECT_EQ(status_of([&] { Communicator c(*s, size(), size()); }, &msg), Status::invalid_argument);
+  EXPECT_NE(msg.find("rank " + std::to_string(size())), std::string::npos) << msg;
+  EXPECT_EQ(status_of([&] { Communicator c(*s, 0, 0); }), Status::invalid_argument);
+  GlooOptions o;
+  o.prefix = "";
+  EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }), Status::invalid_argument);
+  o.prefix = "bad-interface";
+  o.interface = "no-such-interface0";
+  EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }, &msg),
+            Status::invalid_argument);
+  EXPECT_NE(msg.find("no-such-interface0"), std::string::npos) << msg;
+  o.interface = "";
+  o.connect_seconds = -1;
+  EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }), Status::invalid_argument);
+}
+
+// A rank that never comes to the rendezvous: the others fail after connect_seconds with the
+// transport's error instead of waiting for ever.
+TEST(Gloo, ARankThatNeverConnectsFailsTheRendezvous) {
+  if (!test::on_gloo() || size() < 2) GTEST_SKIP() << "the Gloo run's, with two ranks";
+  auto s = store();
+  GlooOptions o;
+  o.prefix = "never";
+  o.connect_seconds = 1;
+  if (rank() != size() - 1) {
+    EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }), Status::transport);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+#endif
+
+}  // namespace
+}  // namespace gcomp
