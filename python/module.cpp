@@ -30,6 +30,11 @@
 #include "gcomp/communicator.hpp"
 #include "gcomp/momentum.hpp"
 #include "wire.hpp"
+#ifdef GCOMP_PY_HAVE_GLOO
+#include <gloo/rendezvous/store.h>
+
+#include "store.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -394,8 +399,10 @@ class Serial {
 
 struct PyCommunicator {
   std::unique_ptr<gcomp::Communicator> comm;
-  std::mutex busy;  // one call at a time, as the C++ Communicator requires
+  bool on_mpi = true;  // MPI's rules (initialization, thread level, finalization) apply
+  std::mutex busy;     // one call at a time, as the C++ Communicator requires
 
+  // MPI_COMM_WORLD.
   PyCommunicator() {
     ensure_mpi();
     {
@@ -403,6 +410,20 @@ struct PyCommunicator {
       const Serial serial;
       comm = std::make_unique<gcomp::Communicator>(MPI_COMM_WORLD);
     }
+    mpi().live.insert(this);
+  }
+  // Gloo, met through store (store.hpp); no MPI.
+  PyCommunicator(py::handle store, int rank, int size, const gcomp::GlooOptions& options)
+      : on_mpi(false) {
+#ifdef GCOMP_PY_HAVE_GLOO
+    const std::unique_ptr<gloo::rendezvous::Store> s = gcomp::python::make_store(store);
+    py::gil_scoped_release nogil;
+    comm = std::make_unique<gcomp::Communicator>(*s, rank, size, options);
+#else
+    (void)store, (void)rank, (void)size, (void)options;
+    throw gcomp::Error(Status::invalid_argument,
+                       "this build of gcomp has no Gloo transport (gcomp.have_gloo() is False)");
+#endif
     mpi().live.insert(this);
   }
   ~PyCommunicator() {
@@ -416,6 +437,12 @@ struct PyCommunicator {
   // finalized by someone else, forgets it instead.
   void close() {
     if (!comm) return;
+    if (!on_mpi) {
+      py::gil_scoped_release nogil;
+      const std::lock_guard<std::mutex> own(busy);
+      comm.reset();
+      return;
+    }
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) {
@@ -430,21 +457,70 @@ struct PyCommunicator {
 
   gcomp::Communicator& get() const {
     if (!comm) {
-      throw gcomp::Error(Status::mpi, "this Communicator was closed when MPI was finalized");
+      throw gcomp::Error(on_mpi ? Status::mpi : Status::invalid_argument,
+                         on_mpi ? "this Communicator was closed when MPI was finalized"
+                                : "this Communicator was closed");
     }
     return *comm;
   }
 };
 
-// The locks of one call, taken with the GIL released.
+// The locks of one call, taken with the GIL released (MPI's only on MPI).
 class Call {
  public:
-  explicit Call(PyCommunicator& c) : own_(c.busy) {}
+  explicit Call(PyCommunicator& c) : own_(c.busy) {
+    if (c.on_mpi) serial_.emplace();
+  }
 
  private:
   std::lock_guard<std::mutex> own_;
-  Serial serial_;
+  std::optional<Serial> serial_;
 };
+
+// Communicator(store=None, rank=None, size=None, ...): MPI_COMM_WORLD without a store, else Gloo.
+std::unique_ptr<PyCommunicator> make_communicator(py::handle store, py::handle rank,
+                                                  py::handle size, py::handle prefix,
+                                                  py::handle interface, py::handle hostname,
+                                                  py::handle host, double connect_seconds) {
+  if (store.is_none()) {
+    for (const auto& [name, v] : {std::pair{"rank", rank},
+                                  {"size", size},
+                                  {"prefix", prefix},
+                                  {"interface", interface},
+                                  {"hostname", hostname},
+                                  {"host", host}}) {
+      if (!v.is_none()) {
+        throw py::value_error(std::string(name) +
+                              "= is for a Communicator on Gloo (store=...); without a store the "
+                              "Communicator is MPI_COMM_WORLD's");
+      }
+    }
+    return std::make_unique<PyCommunicator>();
+  }
+  if (rank.is_none() || size.is_none()) {
+    throw py::value_error("a Communicator on Gloo (store=...) needs rank= and size=");
+  }
+  gcomp::GlooOptions o;
+  const auto text = [](py::handle v, const char* name, std::string& into) {
+    if (v.is_none()) return;
+    if (!py::isinstance<py::str>(v)) {
+      throw py::type_error(std::string(name) + " must be a str or None, not " + type_name(v));
+    }
+    into = v.cast<std::string>();
+  };
+  text(prefix, "prefix", o.prefix);
+  text(interface, "interface", o.interface);
+  text(hostname, "hostname", o.hostname);
+  text(host, "host", o.host);
+  o.connect_seconds = connect_seconds;
+  const auto to_int = [](py::handle v, const char* name) {
+    if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+      throw py::type_error(std::string(name) + " must be an int, not " + type_name(v));
+    }
+    return v.cast<int>();
+  };
+  return std::make_unique<PyCommunicator>(store, to_int(rank, "rank"), to_int(size, "size"), o);
+}
 
 void finalize_at_exit() {
   for (PyCommunicator* c : std::set<PyCommunicator*>(mpi().live)) c->close();
@@ -808,6 +884,10 @@ PYBIND11_MODULE(_gcomp, m) {
         "set_num_threads(threads)\n\nThreads the library may use inside one call (>= 1; default "
         "GCOMP_NUM_THREADS, else 1).");
   m.def("num_threads", &gcomp::num_threads, "num_threads() -> int\n\nSee set_num_threads.");
+  m.def("have_gloo", &gcomp::have_gloo,
+        "have_gloo() -> bool\n\n"
+        "Whether this build has the Gloo transport (Communicator(store=...), and gcomp.torch\n"
+        "without mpiexec).");
   m.def(
       "set_wait_policy",
       [](std::string_view name) { gcomp::set_wait_policy(gcomp::parse_wait_policy(name)); },
@@ -965,14 +1045,40 @@ PYBIND11_MODULE(_gcomp, m) {
 
   py::class_<PyCommunicator>(
       m, "Communicator",
-      "Communicator(): gcomp's collectives over MPI_COMM_WORLD (collective over it).\n\n"
-      "Initializes MPI on first use (MPI_Init_thread asking for MPI_THREAD_MULTIPLE) and, when\n"
-      "it did, finalizes it at interpreter exit. Launch with\n"
-      "``mpiexec.mpich -n 4 /usr/bin/python3 script.py``. Measures the network when made.\n"
-      "Every call is collective: all ranks pass the same codec, sizes, options and seed; a\n"
-      "rank that disagrees or fails (a bad argument, NaN in its input) makes every rank raise\n"
-      "instead of hang. One call at a time per Communicator (calls from other threads wait).")
-      .def(py::init<>(), "Communicator()")
+      "Communicator(store=None, rank=None, size=None, prefix=None, interface=None,\n"
+      "             hostname=None, host=None, connect_seconds=300.0)\n\n"
+      "gcomp's collectives over a transport (docs/python.md, \"Transports\"):\n\n"
+      "* store=None: MPI_COMM_WORLD (collective over it). Initializes MPI on first use\n"
+      "  (MPI_Init_thread asking for MPI_THREAD_MULTIPLE) and, when it did, finalizes it at\n"
+      "  interpreter exit. Launch with ``mpiexec.mpich -n 4 /usr/bin/python3 script.py``.\n"
+      "* store given: Gloo over TCP, without MPI, among the size processes that make it with\n"
+      "  the same store and prefix, each with its rank. store: a directory every process sees\n"
+      "  (Gloo's file store; made if missing) or an object with set/get/wait, such as a\n"
+      "  torch.distributed.Store (gcomp.torch passes torch's own). prefix (default \"gcomp\"):\n"
+      "  the rendezvous' keys, one per Communicator on a store. interface: the network\n"
+      "  interface (default GLOO_SOCKET_IFNAME, else the address of hostname, else of the\n"
+      "  host's name). host: this process's host for the cost model (default GCOMP_HOST, else\n"
+      "  the host's name and network namespace). connect_seconds: how long the rendezvous may\n"
+      "  take before it raises gcomp.Error (\"transport\").\n\n"
+      "Measures the network when made. Every call is collective: all ranks pass the same\n"
+      "codec, sizes, options and seed; a rank that disagrees or fails (a bad argument, NaN in\n"
+      "its input) makes every rank raise instead of hang. One call at a time per Communicator\n"
+      "(calls from other threads wait).")
+      .def(py::init(&make_communicator), py::arg("store") = py::none(),
+           py::arg("rank") = py::none(), py::arg("size") = py::none(),
+           py::arg("prefix") = py::none(), py::arg("interface") = py::none(),
+           py::arg("hostname") = py::none(), py::arg("host") = py::none(),
+           py::arg("connect_seconds") = 300.0,
+           "Communicator(store=None, rank=None, size=None, prefix=None, interface=None, "
+           "hostname=None, host=None, connect_seconds=300.0)")
+      .def_property_readonly(
+          "transport",
+          [](const PyCommunicator& c) { return gcomp::transport_name(c.get().transport()); },
+          "The transport under this Communicator: \"mpi\" or \"gloo\".")
+      .def_property_readonly(
+          "hosts", [](const PyCommunicator& c) { return c.get().hosts(); },
+          "Every rank's host as the transport tells them apart: hosts[r] is the lowest rank on\n"
+          "rank r's host.")
       .def_property_readonly(
           "rank", [](const PyCommunicator& c) { return c.get().rank(); }, "This process's rank.")
       .def_property_readonly(

@@ -29,7 +29,9 @@ cross to host memory for MPI (docs/python.md, "GPUs").
 Reference: docs/python.md, "PyTorch".
 """
 
+import atexit
 import contextlib
+import itertools
 import math
 import os
 import pickle
@@ -328,19 +330,72 @@ def _arrays(on, tensors):
 # ---- the communication thread ----
 
 
+def _under_mpiexec():
+    """Whether a process manager of MPI started this process (its PMI variables)."""
+    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK"))
+
+
+_prefixes = itertools.count()
+
+
+def _new_communicator():
+    """The Communicator of this module's thread, on the transport the launch calls for
+    (GCOMP_TRANSPORT=mpi|gloo overrides the choice; docs/python.md, "Transports"):
+
+    * under mpiexec (PMI variables): MPI, MPI_COMM_WORLD;
+    * otherwise, with torch.distributed initialized (torchrun, Slurm, Kubernetes, any
+      init_method): Gloo, met through the default group's store under a prefix of gcomp's own,
+      with torch's rank and size, whatever backend the model uses (gcomp's traffic goes over
+      Gloo on the host);
+    * a process alone (no launcher's variables): MPI's singleton, one rank.
+    """
+    choice = os.environ.get("GCOMP_TRANSPORT", "auto")
+    if choice not in ("auto", "mpi", "gloo"):
+        raise ValueError(f"GCOMP_TRANSPORT must be mpi, gloo or auto, not {choice!r}")
+    if choice == "mpi" or (choice == "auto" and _under_mpiexec()):
+        return gcomp.Communicator()
+    if dist.is_available() and dist.is_initialized():
+        if not gcomp.have_gloo():
+            raise _world_error("gcomp.torch: this build of gcomp has no Gloo transport, so it "
+                               "runs only under mpiexec (mpiexec.mpich -n N python3 script.py)")
+        store = dist.distributed_c10d._get_default_store()
+        return gcomp.Communicator(store, rank=dist.get_rank(), size=dist.get_world_size(),
+                                  prefix=f"gcomp/{next(_prefixes)}")
+    if choice == "gloo" or _env_int("WORLD_SIZE", default=1) > 1:
+        raise _world_error(
+            "gcomp.torch was started without mpiexec (WORLD_SIZE="
+            f"{os.environ.get('WORLD_SIZE', 'unset')}) before torch.distributed was "
+            "initialized: it meets the other ranks through torch.distributed's store, so call "
+            "gt.init_process_group() (or torch.distributed.init_process_group) first")
+    return gcomp.Communicator()
+
+
 class _Engine:
     """One thread that owns the Communicator and runs every collective of this module, one at a
     time, in the order they were submitted."""
 
     def __init__(self):
-        self.comm = gcomp.Communicator()
+        self.comm = _new_communicator()
         self._jobs = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gcomp-communication", daemon=True)
         self._thread.start()
+        # Ended before the interpreter's teardown: a daemon thread still inside torch's or
+        # gcomp's C++ code when Python stops its threads aborts the process. Registered after
+        # the Communicator, so it runs before the module closes that (atexit runs in reverse).
+        atexit.register(self.stop)
+
+    def stop(self):
+        """Lets the jobs queued so far finish, then ends the thread."""
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
 
     def _run(self):
         while True:
-            job, fut, on = self._jobs.get()
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, fut, on = item
             # A job on CUDA tensors runs on its side stream and completes its future there.
             with _cuda.using(on.stream) if on is not None else contextlib.nullcontext():
                 try:
@@ -423,9 +478,10 @@ def _check_world(comm, who):
         f"{who}: gcomp's world ({mine}) is not torch.distributed's ({theirs}){order}: each "
         "process would average gradients with other ranks than torch's and train a model of "
         "its own. Launch every process of the job one way: with mpiexec.mpich -n "
-        f"{tsize} python3 script.py and gt.init_process_group() (torch's world from "
-        "mpiexec's ranks), or with torch's own init_process_group whose RANK and WORLD_SIZE "
-        "are mpiexec's PMI_RANK and PMI_SIZE.")
+        f"{tsize} python3 script.py and gt.init_process_group() (gcomp over MPI, torch's "
+        "world from mpiexec's ranks), or without mpiexec (torchrun --nproc_per_node "
+        f"{tsize}, srun, ...) with torch.distributed initialized before gcomp.torch is used "
+        "(gcomp over Gloo on torch's store; GCOMP_TRANSPORT unset or gloo).")
 
 
 def _env_int(*names, default):
@@ -449,25 +505,36 @@ def init_process_group(backend=None, master_addr=None, master_port=None, **kwarg
     """init_process_group(backend=None, master_addr=None, master_port=None, **kwargs)
     -> (rank, size)
 
-    Initializes torch.distributed from the rank and size that mpiexec.mpich gives each process
-    (PMI_RANK, PMI_SIZE; else RANK, WORLD_SIZE; else one process), with the rendezvous at
-    master_addr:master_port (default MASTER_ADDR and MASTER_PORT, else 127.0.0.1:29500).
+    Initializes torch.distributed for the launch at hand: under mpiexec.mpich from the rank and
+    size it gives each process (PMI_RANK, PMI_SIZE), with the rendezvous at
+    master_addr:master_port (default MASTER_ADDR and MASTER_PORT, else 127.0.0.1:29500); under a
+    torch launcher (torchrun, or RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by Slurm or
+    Kubernetes scripts) as torch's env:// does; else one process. Then gcomp's Communicator is
+    made on the transport that goes with it (MPI under mpiexec, else Gloo on torch's store) and
+    its world checked against torch's.
     backend None picks as torch does for the device: "nccl" where CUDA and NCCL are there and
     each rank on this host (MPI_LOCALNRANKS, else LOCAL_WORLD_SIZE) can have a GPU of its own,
     which it then makes the rank's current device (GPU MPI_LOCALRANKID, else LOCAL_RANK);
     "gloo" otherwise. Other keyword arguments (timeout, ...) go to
     torch.distributed.init_process_group.
     """
-    rank = _env_int("PMI_RANK", "RANK", default=0)
-    size = _env_int("PMI_SIZE", "WORLD_SIZE", default=1)
-    addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = master_port or os.environ.get("MASTER_PORT", "29500")
     if backend is None:
         backend = _default_backend()
         if backend == "nccl":
             torch.cuda.set_device(_env_int("MPI_LOCALRANKID", "LOCAL_RANK", default=0))
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=size, **kwargs)
+    if not _under_mpiexec() and "RANK" in os.environ and master_addr is None and \
+            master_port is None:
+        # A torch launcher's job: its variables, and its store where it keeps one (torchrun's
+        # agent), as torch's env:// reads them.
+        dist.init_process_group(backend, init_method="env://", **kwargs)
+        rank, size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank = _env_int("PMI_RANK", "RANK", default=0)
+        size = _env_int("PMI_SIZE", "WORLD_SIZE", default=1)
+        addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = master_port or os.environ.get("MASTER_PORT", "29500")
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=size, **kwargs)
     _engine().run(lambda comm: _check_world(comm, "gcomp.torch.init_process_group"))
     return rank, size
 

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -21,13 +22,24 @@ MPIEXEC = os.environ.get("MPIEXEC", "mpiexec.mpich")
 PORT = int(os.environ.get("GCOMP_JOBS_PORT", "29700"))
 
 
-def job(ranks, *args, env=None, limit=180):
-    """Runs torch_job.py on `ranks` ranks; returns (returncode, stdout, stderr)."""
-    e = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(PORT + ranks))
+def job(ranks, *args, env=None, limit=180, launcher="mpiexec"):
+    """Runs torch_job.py on `ranks` ranks, started by mpiexec (gcomp over MPI) or by torch's
+    launcher (no mpiexec: gcomp over Gloo on torch's store); returns (returncode, stdout,
+    stderr). Under torch's launcher each rank's stdout lines carry a "[defaultR]:" prefix."""
+    e = dict(os.environ)
     e.update(env or {})
-    cmd = ["timeout", "-k", "10", str(limit), MPIEXEC, "-n", str(ranks), sys.executable, JOB,
-           *args]
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    if launcher == "mpiexec":
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(PORT + ranks))
+        cmd = ["timeout", "-k", "10", str(limit), MPIEXEC, "-n", str(ranks), sys.executable,
+               JOB, *args]
+        p = subprocess.run(cmd, env=e, capture_output=True, text=True)
+        return p.returncode, p.stdout, p.stderr
+    # Debian's torch 1.13 needs --redirects and --tee other than 0.
+    with tempfile.TemporaryDirectory() as logs:
+        cmd = ["timeout", "-k", "10", str(limit), sys.executable, "-m", "torch.distributed.run",
+               "--nproc_per_node", str(ranks), "--master_port", str(PORT + 10 + ranks),
+               "--redirects", "1", "--tee", "1", "--log_dir", logs, JOB, *args]
+        p = subprocess.run(cmd, env=e, capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -39,22 +51,26 @@ def params(path, ranks):
 # parameter and PowerSGD (one per parameter) on several buckets, which DDP lays out anew after
 # the first step of each job (the resumed job's first step has DDP's first layout, the one run's
 # step N the rebuilt one: the residuals follow the parameters by name).
-@pytest.mark.parametrize("form, codec, more", [
-    ("hook", "topk:ratio=0.05", ["--buckets", "one"]),
-    ("hook", "topk:ratio=0.05", ["--per-parameter"]),
-    ("hook", "powersgd:rank=2,start=2", []),
-    ("optimizer", "topk:ratio=0.05", []),
-    ("optimizer", "powersgd:rank=2", [])])
-def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more):
+# Under torch's launcher (Gloo) the hook's one-bucket row and the optimizer's top-k row again.
+@pytest.mark.parametrize("form, codec, more, launcher", [
+    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "mpiexec"),
+    ("hook", "topk:ratio=0.05", ["--per-parameter"], "mpiexec"),
+    ("hook", "powersgd:rank=2,start=2", [], "mpiexec"),
+    ("optimizer", "topk:ratio=0.05", [], "mpiexec"),
+    ("optimizer", "powersgd:rank=2", [], "mpiexec"),
+    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun"),
+    ("optimizer", "topk:ratio=0.05", [], "torchrun")])
+def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more, launcher):
     ranks, n, m = 2, 5, 3
     common = ["train", "--form", form, "--codec", codec, *more]
-    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--out", f"{tmp_path}/one")
+    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--out", f"{tmp_path}/one",
+              launcher=launcher)
     assert one[0] == 0, one[2]
     first = job(ranks, *common, "--first", "0", "--count", str(n), "--save", f"{tmp_path}/ck",
-                "--out", f"{tmp_path}/first")
+                "--out", f"{tmp_path}/first", launcher=launcher)
     assert first[0] == 0, first[2]
     rest = job(ranks, *common, "--first", str(n), "--count", str(m), "--load", f"{tmp_path}/ck",
-               "--out", f"{tmp_path}/rest")
+               "--out", f"{tmp_path}/rest", launcher=launcher)
     assert rest[0] == 0, rest[2]
     whole, resumed, before = (params(f"{tmp_path}/{k}", ranks) for k in ("one", "rest", "first"))
     for r in range(ranks):
@@ -91,8 +107,10 @@ def test_a_checkpoint_without_the_residuals_does_not_resume_exactly(tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(whole[0], resumed[0]))
 
 
-@pytest.mark.parametrize("form, how", [("hook", "state"), ("optimizer", "env")])
-def test_a_rank_late_past_the_stall_time_is_named_and_the_job_completes(form, how):
+@pytest.mark.parametrize("form, how, launcher", [("hook", "state", "mpiexec"),
+                                                ("optimizer", "env", "mpiexec"),
+                                                ("hook", "state", "torchrun")])
+def test_a_rank_late_past_the_stall_time_is_named_and_the_job_completes(form, how, launcher):
     ranks = 3
     args = ["stall", "--form", form, "--late-rank", "1", "--sleep", "2.5"]
     env = {}
@@ -100,7 +118,7 @@ def test_a_rank_late_past_the_stall_time_is_named_and_the_job_completes(form, ho
         args += ["--stall", "1"]
     else:
         env["GCOMP_STALL_SECONDS"] = "1"
-    rc, out, err = job(ranks, *args, env=env)
+    rc, out, err = job(ranks, *args, env=env, launcher=launcher)
     assert rc == 0, err
     assert out.count("completed") == ranks, out
     reports = [l for l in err.splitlines() if l.startswith("gcomp: rank ")]
@@ -117,8 +135,9 @@ def test_a_rank_late_past_the_stall_time_is_named_and_the_job_completes(form, ho
             assert re.search(r"bucket \d+ of step 2 \(\d\.(weight|bias)", line), line
 
 
-@pytest.mark.parametrize("sleep", [0, 4])
-def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep):
+@pytest.mark.parametrize("sleep, launcher", [(0, "mpiexec"), (4, "mpiexec"), (0, "torchrun"),
+                                             (4, "torchrun")])
+def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep, launcher):
     # Rank 1 skips one call and comes to its next. At once (sleep 0): its agreement meets the
     # others' of the call it skipped, and every rank raises mismatch (their calls differ). After
     # the timeout (sleep 4 > 1.5): the others have raised timeout, naming rank 1 as not there;
@@ -126,7 +145,7 @@ def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep):
     ranks = 3
     rc, out, err = job(ranks, "skip", "--late-rank", "1", "--sleep", str(sleep),
                        env={"GCOMP_TIMEOUT_SECONDS": "1.5", "GCOMP_STALL_SECONDS": "0"},
-                       limit=120)
+                       limit=120, launcher=launcher)
     assert rc == 0, err
     raised = dict(re.findall(r"rank (\d+): raised (\w+)", out))
     assert sorted(raised) == ["0", "1", "2"], out + err
@@ -143,18 +162,6 @@ def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep):
     assert re.search(r"rank 0: raised timeout: .*waited 1\.\d s \(the timeout\).*not there: "
                      r"rank 1 \(at no gcomp call\)", out), out
     assert raised["1"] in ("timeout", "mismatch"), out
-
-
-def torchrun(ranks, *args, env=None, limit=180, log_dir):
-    """Runs torch_job.py under torch's launcher (no mpiexec); returns (returncode, stdout,
-    stderr). Debian's torch 1.13 needs --redirects and --tee other than 0."""
-    e = dict(os.environ)
-    e.update(env or {})
-    cmd = ["timeout", "-k", "10", str(limit), sys.executable, "-m", "torch.distributed.run",
-           "--nproc_per_node", str(ranks), "--master_port", str(PORT + 10 + ranks),
-           "--redirects", "1", "--tee", "1", "--log_dir", str(log_dir), JOB, *args]
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
 
 
 def assert_every_rank_refused(ranks, out, err, gcomp_world, torch_world):
@@ -178,12 +185,25 @@ def test_torch_ranks_in_another_order_than_gcomps_make_every_rank_raise(entry):
 
 
 @pytest.mark.parametrize("entry", ["register", "init"])
-def test_a_world_of_another_size_makes_every_rank_raise(tmp_path, entry):
-    # Launched by torch's launcher: gcomp's MPI world is each process alone (a singleton).
+def test_a_world_of_another_size_makes_every_rank_raise(entry):
+    # Launched by torch's launcher with MPI forced on gcomp (GCOMP_TRANSPORT=mpi): gcomp's MPI
+    # world is each process alone (a singleton).
     ranks = 3
     init = "none" if entry == "init" else "env"
-    rc, out, err = torchrun(ranks, "world", "--entry", entry, "--init", init, log_dir=tmp_path)
+    rc, out, err = job(ranks, "world", "--entry", entry, "--init", init,
+                       env={"GCOMP_TRANSPORT": "mpi"}, launcher="torchrun")
     assert rc == 0, err
     for r in range(ranks):
         assert f"rank {r}: raised mismatch: " in out, out + err
     assert_every_rank_refused(ranks, out, err, "1 rank, this process rank 0", "3 ranks")
+
+
+@pytest.mark.parametrize("entry", ["register", "hook", "optimizer", "init"])
+def test_under_torchs_launcher_gcomp_runs_on_torchs_world(entry):
+    # Without mpiexec: gcomp over Gloo on torch's store, whatever way torch's world was made.
+    ranks = 3
+    init = "none" if entry == "init" else "env"
+    rc, out, err = job(ranks, "world", "--entry", entry, "--init", init, launcher="torchrun")
+    assert rc == 0, err
+    for r in range(ranks):
+        assert f"rank {r}: no error, gcomp on gloo, 3 ranks" in out, out + err

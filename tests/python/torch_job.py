@@ -9,6 +9,9 @@ resume, a rank that sleeps past the stall time, a rank that skips a call under a
         --init reversed     (torch's ranks the reverse of mpiexec's)
     python3 -m torch.distributed.run --nproc_per_node P ... torch_job.py world --init env
 
+Every mode runs under torch's launcher too (python3 -m torch.distributed.run ... torch_job.py
+...): gcomp over Gloo on torch's store.
+
 Each rank's own files are FILE with ".rank<r>" appended. The data of step s on rank r is drawn
 from a generator seeded with (s, r), so a job that resumes at step s sees what one run sees.
 """
@@ -155,7 +158,8 @@ def world(a):
                 sgd = gt.DistributedOptimizer(sgd, named_parameters=net.named_parameters(),
                                               codec=a.codec)
             one_step(net, sgd, 0, rank)
-        print(f"rank {rank}: no error", flush=True)
+        comm = gt.communicator()
+        print(f"rank {rank}: no error, gcomp on {comm.transport}, {comm.size} ranks", flush=True)
     except (RuntimeError, gcomp.Error) as e:
         status = getattr(e, "status", None) or ("mismatch" if ": mismatch: " in str(e) else
                                                 "other")
