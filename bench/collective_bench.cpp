@@ -4,7 +4,10 @@
 // and rank 0 reports.
 //
 // Names: <algorithm>/<codec>/<n>, e.g. sparse_recursive_doubling/topk:ratio=0.01/16777216, and
-// mpi_allreduce/none/<n> for the peer; <codec>+ef: with error feedback. Counters:
+// mpi_allreduce/none/<n> and gloo_allreduce/none/<n> (Gloo's ring allreduce, which torch's gloo
+// backend runs for DDP; in builds with Gloo) for the peers; <codec>+ef: with error feedback.
+// --transport=gloo: gcomp's Communicator on Gloo (mpiexec only starts the ranks; they meet
+// through a file store in a directory rank 0 makes), else on MPI. Counters:
 //   bytes_per_rank  bytes this rank handed to MPI (rank 0's; the stats' bytes_sent)
 //   algbw, busbw    GB/s as nccl-tests defines them: 4n / time, and algbw * 2(P-1)/P
 //   predicted_s     the cost model's time for this algorithm (with the agreed calibration)
@@ -24,19 +27,28 @@
 #include <mpi.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
+
+#ifdef GCOMP_BENCH_HAVE_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
 
 namespace {
 
@@ -69,6 +81,68 @@ void set_common(benchmark::State& st, std::size_t n, double bytes, double predic
   st.counters["predicted_s"] = predicted;
   st.counters["ranks"] = p;
 }
+
+#ifdef GCOMP_BENCH_HAVE_GLOO
+// The store's directory (rank 0 makes it, every rank learns it), and Gloo's own context for the
+// peer row, on the device torch's gloo would pick (GLOO_SOCKET_IFNAME, else the host's name).
+std::string store_dir() {
+  char path[4096] = {};
+  if (world_rank == 0) {
+    std::snprintf(path, sizeof path, "%s/gcomp-bench-store-XXXXXX",
+                  std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(path)) path[0] = '\0';
+  }
+  MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (path[0] == '\0') {
+    std::fprintf(stderr, "gcomp_bench_collectives: cannot make the store's directory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return path;
+}
+
+std::shared_ptr<gloo::Context> gloo_peer;
+
+void make_gloo_peer(gloo::rendezvous::Store& store) {
+  gloo::transport::tcp::attr a;
+  if (const char* i = std::getenv("GLOO_SOCKET_IFNAME")) {
+    a.iface = i;
+  } else {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    a.hostname = name;
+  }
+  auto dev = gloo::transport::tcp::CreateDevice(a);
+  gloo::rendezvous::PrefixStore prefixed("peer", store);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(world_rank, world_size);
+  ctx->connectFullMesh(prefixed, dev);
+  gloo_peer = ctx;
+}
+
+// Gloo's allreduce as torch's ProcessGroupGloo runs it for a CPU tensor: in place, the ring.
+void bm_gloo_allreduce(benchmark::State& st, std::size_t n) {
+  const auto x = input(n);
+  std::vector<float> out(n);
+  const auto once = [&] {
+    std::copy(x.begin(), x.end(), out.begin());
+    gloo::AllreduceOptions opts(gloo_peer);
+    opts.setOutput(out.data(), n);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+    gloo::allreduce(opts);
+  };
+  once();
+  for (auto _ : st) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    once();
+    st.SetIterationTime(slowest(MPI_Wtime() - start));
+  }
+  const double p = world_size;
+  const auto pred = comm->predict(gcomp::Codec("none"), n);
+  set_common(st, n, 2 * (p - 1) / p * 4.0 * static_cast<double>(n),
+             pred[static_cast<int>(gcomp::Algorithm::dense)]);
+}
+#endif
 
 void bm_mpi_allreduce(benchmark::State& st, std::size_t n) {
   const auto x = input(n);
@@ -119,8 +193,8 @@ void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std:
     return std::span<const float>(in);
   };
   // Warm up: first-use calibration, page faults; for auto, past its exploration.
-  const int warm = std::max(alg == gcomp::Algorithm::automatic ? kAutoWarmup : 1,
-                            ef ? kFeedbackWarmup : 1);
+  const int warm =
+      std::max(alg == gcomp::Algorithm::automatic ? kAutoWarmup : 1, ef ? kFeedbackWarmup : 1);
   for (int i = 0; i < warm; ++i) comm->allreduce(next(), out, codec, e, opt);
   for (auto _ : st) {
     opt.seed = seed++;
@@ -182,12 +256,11 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
 }
 
 // auto against every algorithm that applies to the codec and MPI_Allreduce, interleaved: each
-// iteration runs auto once, then each algorithm once, then MPI_Allreduce of the same input, so that the machine's drift hits them alike (on a shared
-// VM two runs of the same algorithm minutes apart differ by 20%). Each option has its own
-// error-feedback memory and a new input every call (as bm_gcomp). Counters: each option's median
-// seconds (auto_s, <algorithm>_s, mpi_allreduce_s), best_s (the fastest of the others), ratio
-// (auto / best),
-// chosen (what auto ran last).
+// iteration runs auto once, then each algorithm once, then MPI_Allreduce of the same input, so that
+// the machine's drift hits them alike (on a shared VM two runs of the same algorithm minutes apart
+// differ by 20%). Each option has its own error-feedback memory and a new input every call (as
+// bm_gcomp). Counters: each option's median seconds (auto_s, <algorithm>_s, mpi_allreduce_s),
+// best_s (the fastest of the others), ratio (auto / best), chosen (what auto ran last).
 void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   const gcomp::Codec codec(spec);
   std::vector<gcomp::Algorithm> options = {gcomp::Algorithm::automatic};
@@ -206,8 +279,7 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
     if (o == mpi) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double start = MPI_Wtime();
-      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       return slowest(MPI_Wtime() - start);
     }
     if (ef) {
@@ -372,14 +444,16 @@ void scale_table() {
       gcomp::Algorithm::dense, gcomp::Algorithm::sparse_allgather,
       gcomp::Algorithm::sparse_recursive_doubling, gcomp::Algorithm::sparse_split,
       gcomp::Algorithm::sparse_reduce_scatter};
-  std::printf("top-k 1%% of %zu floats (k = %zu), with error feedback; each cell: predicted time, "
-              "MB sent per rank\n\n| network | ranks |", n, codec.selected(n));
+  std::printf(
+      "top-k 1%% of %zu floats (k = %zu), with error feedback; each cell: predicted time, "
+      "MB sent per rank\n\n| network | ranks |",
+      n, codec.selected(n));
   for (gcomp::Algorithm a : algs) std::printf(" %s |", gcomp::algorithm_name(a));
   std::printf("\n|---|---:|");
   for (std::size_t i = 0; i < algs.size(); ++i) std::printf("---:|");
   std::printf("\n");
-  for (const auto& [name, rate] : std::vector<std::pair<const char*, double>>{
-           {"10 Gbit", 1e10}, {"100 Gbit", 1e11}}) {
+  for (const auto& [name, rate] :
+       std::vector<std::pair<const char*, double>>{{"10 Gbit", 1e10}, {"100 Gbit", 1e11}}) {
     for (int p : {8, 64, 256, 1024}) {
       gcomp::ModelInput in;
       in.n = static_cast<double>(n);
@@ -422,6 +496,7 @@ int main(int argc, char** argv) {
   bool paired = false;
   bool cluster = false;
   bool versus = false;
+  bool on_gloo = false;
   std::vector<char*> rest = {argv[0]};
   bool min_time_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -435,6 +510,8 @@ int main(int argc, char** argv) {
         if (comma == std::string::npos) break;
         pos = comma + 1;
       }
+    } else if (a == "--transport=gloo" || a == "--transport=mpi") {
+      on_gloo = a == "--transport=gloo";
     } else if (a == "--set=targets") {
       targets_only = true;
     } else if (a == "--set=full") {
@@ -471,27 +548,44 @@ int main(int argc, char** argv) {
     names += gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
   }
   benchmark::AddCustomContext("gcomp_algorithms", names);
+  benchmark::AddCustomContext("gcomp_transport", on_gloo ? "gloo" : "mpi");
   benchmark::Initialize(&rest_argc, rest.data());
   {
-    gcomp::Communicator c(MPI_COMM_WORLD);
+    std::unique_ptr<gcomp::Communicator> made;
+#ifdef GCOMP_BENCH_HAVE_GLOO
+    {
+      gloo::rendezvous::FileStore store(store_dir());
+      make_gloo_peer(store);
+      if (on_gloo) made = std::make_unique<gcomp::Communicator>(store, world_rank, world_size);
+    }
+#else
+    if (on_gloo) {
+      if (world_rank == 0) std::fprintf(stderr, "--transport=gloo: this build has no Gloo\n");
+      MPI_Finalize();
+      return 2;
+    }
+#endif
+    if (!made) made = std::make_unique<gcomp::Communicator>(MPI_COMM_WORLD);
+    gcomp::Communicator& c = *made;
     comm = &c;
     if (world_rank == 0) {
-      std::printf("ranks %d, network alpha %.2f us, beta %.3f ns/byte (%.2f GB/s per rank), "
-                  "beta_all %.3f, beta_one %.3f, beta_allreduce %.3f (32 MiB: %.3f) ns/byte\n",
-                  world_size, c.network().alpha * 1e6, c.network().beta * 1e9,
-                  c.network().beta > 0 ? 1e-9 / c.network().beta : 0.0,
-                  c.network().beta_all * 1e9, c.network().beta_one * 1e9,
-                  c.network().beta_allreduce * 1e9, c.network().beta_allreduce_large * 1e9);
+      std::printf(
+          "transport %s, ranks %d, network alpha %.2f us, beta %.3f ns/byte (%.2f GB/s per rank), "
+          "beta_all %.3f, beta_one %.3f, beta_allreduce %.3f (32 MiB: %.3f) ns/byte\n",
+          gcomp::transport_name(c.transport()), world_size, c.network().alpha * 1e6,
+          c.network().beta * 1e9, c.network().beta > 0 ? 1e-9 / c.network().beta : 0.0,
+          c.network().beta_all * 1e9, c.network().beta_one * 1e9, c.network().beta_allreduce * 1e9,
+          c.network().beta_allreduce_large * 1e9);
     }
     for (std::size_t n : sizes) {
       if (paired) {
         for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign", "topk:ratio=0.01"}) {
           for (const bool unc : {false, true}) {
             if (unc && std::string(spec) == "none") continue;
-            benchmark::RegisterBenchmark((std::string(unc ? "paired_unc/" : "paired/") + spec +
-                                          "/" + std::to_string(n))
-                                             .c_str(),
-                                         bm_paired, std::string(spec), n, unc)
+            benchmark::RegisterBenchmark(
+                (std::string(unc ? "paired_unc/" : "paired/") + spec + "/" + std::to_string(n))
+                    .c_str(),
+                bm_paired, std::string(spec), n, unc)
                 ->UseManualTime()
                 ->Unit(benchmark::kMillisecond);
           }
@@ -502,14 +596,22 @@ int main(int argc, char** argv) {
                                    bm_mpi_allreduce, n)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
+#ifdef GCOMP_BENCH_HAVE_GLOO
+      benchmark::RegisterBenchmark(("gloo_allreduce/none/" + std::to_string(n)).c_str(),
+                                   bm_gloo_allreduce, n)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+#endif
       if (cluster) {
         register_cluster_set(n);
         continue;
       }
       if (versus) {
-        for (const auto& [spec, ef] : std::vector<std::pair<const char*, bool>>{
-                 {"none", false}, {"fp16", false}, {"qsgd:bits=4", false},
-                 {"topk:ratio=0.01", true}}) {
+        for (const auto& [spec, ef] :
+             std::vector<std::pair<const char*, bool>>{{"none", false},
+                                                       {"fp16", false},
+                                                       {"qsgd:bits=4", false},
+                                                       {"topk:ratio=0.01", true}}) {
           benchmark::RegisterBenchmark(
               (std::string("versus/") + spec + (ef ? "+ef/" : "/") + std::to_string(n)).c_str(),
               bm_versus, std::string(spec), n, ef)
@@ -535,6 +637,9 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks(&quiet);
     }
     comm = nullptr;
+#ifdef GCOMP_BENCH_HAVE_GLOO
+    gloo_peer.reset();
+#endif
   }
   benchmark::Shutdown();
   // MPICH over UCX's TCP transport sometimes spins forever in MPI_Finalize (seen with 3 and 4

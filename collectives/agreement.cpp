@@ -1,7 +1,9 @@
 // The agreement (agreement.hpp).
 #include "agreement.hpp"
 
+#include <cmath>
 #include <limits>
+#include <string>
 
 namespace gcomp::detail {
 
@@ -30,6 +32,42 @@ bool Agreement::same_memory() const { return memory == (k63 & ~not_memory); }
 Status Agreement::failed_status() const { return static_cast<Status>((k63 & ~not_fail) >> 32); }
 
 int Agreement::failed_rank() const { return static_cast<int>((k63 & ~not_fail) & 0xffffffffu); }
+
+namespace {
+[[noreturn]] void bad(const std::string& why) {
+  throw Error(Status::bad_payload, "the agreement the ranks combined is malformed: " + why);
+}
+}  // namespace
+
+void check_failure(const Agreement& all, int ranks) {
+  if (all.any_failed()) {
+    const auto status = static_cast<std::uint64_t>(all.failed_status());
+    if (status == 0 || status > static_cast<std::uint64_t>(Status::transport)) {
+      bad("a failure of unknown status " + std::to_string(status));
+    }
+    if (all.failed_rank() < 0 || all.failed_rank() >= ranks) {
+      bad("a failure of rank " + std::to_string(all.failed_rank()) + " among " +
+          std::to_string(ranks));
+    }
+  }
+}
+
+void check_agreed(const Agreement& all, int ranks, std::uint64_t n, std::uint64_t max_bytes) {
+  check_failure(all, ranks);
+  const auto speed = [&](std::uint64_t bits, const char* what) {
+    const double v = bitsd(bits);
+    if (std::isnan(v) || v < 0) bad(std::string(what) + " is not a speed");
+  };
+  speed(all.encode, "the encode speed");
+  speed(all.decode, "the decode speed");
+  const double learned = bitsd(all.learned_seconds);
+  if (!std::isfinite(learned) || learned < 0) bad("the learned seconds are not finite");
+  if (all.sent > n) bad(std::to_string(all.sent) + " entries of " + std::to_string(n));
+  if (all.bytes > max_bytes) {
+    bad("a payload of " + std::to_string(all.bytes) + " bytes where the codec makes at most " +
+        std::to_string(max_bytes));
+  }
+}
 
 bool sum_cannot_overflow(int ranks, std::uint64_t magnitude) {
   if (magnitude >= kNotMeasured || ranks < 1) return false;

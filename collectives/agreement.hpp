@@ -61,6 +61,16 @@ inline constexpr std::uint64_t kNotMeasured = kInfBits;
 // (1 + 2^-24)^(ranks - 1), under 1.07 for a million ranks, well inside the factor 2.)
 bool sum_cannot_overflow(int ranks, std::uint64_t magnitude);
 
+// Checks the combined agreement of a call on n elements among `ranks` ranks before anything
+// reads it (it is the MAX of bytes that came from other ranks): a failure names a known status
+// and a rank below `ranks`; the speeds are non-negative (or +Inf, "measure"), the learned seconds
+// finite and non-negative; no rank holds more sparse entries than n, nor a payload larger than
+// the codec can make of n elements (max_bytes). Every rank holds the same bits, so every rank
+// passes or throws alike: Error(bad_payload) naming the field.
+void check_agreed(const Agreement& all, int ranks, std::uint64_t n, std::uint64_t max_bytes);
+// Its first part: a failure, where one is reported, of a known status and a rank below `ranks`.
+void check_failure(const Agreement& all, int ranks);
+
 // Non-negative doubles as fields (their bits order as they do), and back.
 inline std::uint64_t dbits(double v) { return std::bit_cast<std::uint64_t>(v > 0 ? v : 0.0); }
 inline double bitsd(std::uint64_t v) { return std::bit_cast<double>(v); }

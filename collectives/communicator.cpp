@@ -273,6 +273,7 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
   if (abandoned) return;
   if (local) std::rethrow_exception(local);
   if (all.any_failed()) {
+    detail::check_failure(all, self.size_);
     throw Error(Status::mismatch, "allreduce abandoned: rank " + std::to_string(all.failed_rank()) +
                                       " failed (" + status_name(all.failed_status()) + ")");
   }
@@ -283,6 +284,7 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
                     describe(*codec, in.size(), c.requested, opt, ef != nullptr, extra_signature) +
                     (opt.label ? std::string(" (") + opt.label + ")" : std::string()));
   }
+  detail::check_agreed(all, self.size_, in.size(), codec->max_bytes(in.size()));
   // 3. The algorithm, from the agreed numbers; then the statistics.
   const Algorithm alg = decide(c, all);
   // Uncompressed, every rank sends values of at most the agreed magnitude: when their sum

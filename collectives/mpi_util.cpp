@@ -6,9 +6,7 @@
 #include <time.h>
 
 #include <algorithm>
-
 #include <atomic>
-
 #include <string>
 
 #include "gcomp/error.hpp"
@@ -18,7 +16,7 @@ namespace gcomp::detail {
 namespace {
 constexpr int kTagPoint = 7301;  // point-to-point messages of the sparse algorithms
 constexpr int kTagAll = 7303;    // the all-to-all's messages
-}
+}  // namespace
 
 void throw_mpi(int rc, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -83,8 +81,8 @@ void allreduce(const void* sendbuf, void* recvbuf, MPI_Count count, MPI_Datatype
 
 void wait_all(std::span<MPI_Request> requests) {
   if (!yielding()) {
-    GCOMP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                                MPI_STATUSES_IGNORE));
+    GCOMP_CHECK_MPI(
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
     return;
   }
   poll_until([&] {
@@ -95,8 +93,7 @@ void wait_all(std::span<MPI_Request> requests) {
   });
 }
 
-void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out,
-                      Traffic& t) {
+void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& out, Traffic& t) {
   int size = 1, rank = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank);
@@ -105,14 +102,16 @@ void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& 
   out.sizes.assign(p, 0);
   const std::uint64_t my_size = mine.size();
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Iallgather(&my_size, 1, MPI_UINT64_T, out.sizes.data(), 1, MPI_UINT64_T,
-                                 comm, &req));
+  GCOMP_CHECK_MPI(
+      MPI_Iallgather(&my_size, 1, MPI_UINT64_T, out.sizes.data(), 1, MPI_UINT64_T, comm, &req));
   wait(req);
   std::vector<MPI_Count> counts(p);
   std::vector<MPI_Aint> displs(p);
   out.offsets.assign(p, 0);
   std::uint64_t total = 0;
   for (std::size_t r = 0; r < p; ++r) {
+    check_announced(out.sizes[r], static_cast<int>(r));
+    check_announced(total + out.sizes[r], static_cast<int>(r));
     out.offsets[r] = total;
     counts[r] = static_cast<MPI_Count>(out.sizes[r]);
     displs[r] = static_cast<MPI_Aint>(total);
@@ -120,8 +119,8 @@ void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& 
   }
   out.bytes.resize(total);
   GCOMP_CHECK_MPI(MPI_Iallgatherv_c(mine.data(), static_cast<MPI_Count>(mine.size()), MPI_BYTE,
-                                    out.bytes.data(), counts.data(), displs.data(), MPI_BYTE,
-                                    comm, &req));
+                                    out.bytes.data(), counts.data(), displs.data(), MPI_BYTE, comm,
+                                    &req));
   wait(req);
   t.seconds += now() - start;
   t.sent += (p - 1) * (8 + my_size);
@@ -149,6 +148,7 @@ void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& t
   reqs.reserve(2 * p);
   for (std::size_t k = 1; k < p; ++k) {
     const std::size_t r = (me + p - k) % p;
+    check_announced(recv_sizes[r], static_cast<int>(r));
     from[r].resize(recv_sizes[r]);
     reqs.emplace_back();
     GCOMP_CHECK_MPI(MPI_Irecv_c(from[r].data(), static_cast<MPI_Count>(recv_sizes[r]), MPI_BYTE,
@@ -209,8 +209,8 @@ void sendrecv_bytes(MPI_Comm comm, int partner, std::span<const std::byte> send,
                     std::vector<std::byte>& recv, Traffic& t) {
   const double start = now();
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE,
-                              partner, kTagPoint, comm, &req));
+  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE, partner,
+                              kTagPoint, comm, &req));
   Traffic inner;
   recv_bytes(comm, partner, recv, inner);
   wait(req);

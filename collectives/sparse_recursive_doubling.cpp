@@ -28,7 +28,13 @@ struct RecursiveDoublingBuffers {
 
 static void run_sparse_recursive_doubling(Job& job) {
   encode_whole(job);
-  auto& [s, other, wire, got] = job.ws.get<RecursiveDoublingBuffers>();
+  // Named references, not a structured binding: lambdas below capture them (clang 14 cannot
+  // capture structured bindings).
+  RecursiveDoublingBuffers& bufs = job.ws.get<RecursiveDoublingBuffers>();
+  SparseVector& s = bufs.sum;
+  SparseVector& other = bufs.other;
+  std::vector<std::byte>& wire = bufs.wire;
+  std::vector<std::byte>& got = bufs.got;
   payload_vector(job, s);
   const std::uint64_t n = job.buf.out.size();
   const int p = job.call.size;

@@ -44,6 +44,12 @@ struct Gathered {
   }
 };
 
+// The most bytes a peer may announce for one message (a size header, an allgatherv's or
+// all-to-all's size): sizes are bytes from another rank, checked before anything is allocated.
+inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 40;
+// Throws Error(bad_payload) naming the peer unless bytes <= kMaxMessageBytes.
+void check_announced(std::uint64_t bytes, int from);
+
 // The element-wise reductions the protocol and the algorithms use.
 enum class Reduction : int {
   sum_float,   // float32 +: the dense allreduce

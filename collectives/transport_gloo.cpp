@@ -5,11 +5,10 @@
 // What runs on what:
 //   dense allreduce      gloo::allreduce (ring), what torch's ProcessGroupGloo runs for DDP
 //   small reductions     gloo::allreduce (bcube: log2 P rounds for a few words)
-//   allgatherv           gloo::allgather of the sizes, then gloo::allgatherv (ring)
-//   all-to-all(v)        gloo::alltoall of the sizes, then one unbound buffer per peer
-//   point to point       unbound buffers on slot kSlotPoint: an 8-byte size, then the bytes
-//                        (Gloo's receives need their size; pairs deliver a slot's messages in
-//                        order)
+//   allgatherv           gloo::allgather of the sizes, then a ring in 1 MiB segments
+//   all-to-all(v)        gloo::alltoall of the sizes, then the blocks in 1 MiB segments
+//   point to point       a receive always posted per peer: the size and the first 64 KiB at once,
+//                        the rest after it (Gloo's receives need their size)
 //   barrier              gloo::barrier
 //   the agreement        the small reduction, with the timeout as Gloo's own; watched by two
 //                        threads of this transport (GlooWatch below)
@@ -93,6 +92,8 @@ constexpr std::uint64_t kSlotPoint = kSlotBase | 1;  // send_bytes, recv_bytes, 
 constexpr std::uint64_t kSlotShift = kSlotBase | 2;  // the network measurement's shifts
 constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' and alltoall_bytes' data
 constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
+constexpr std::uint64_t kSlotBulk = kSlotBase | 5;   // point to point: what follows the first part
+constexpr std::uint64_t kSlotRing = kSlotBase | 6;   // allgatherv_bytes' ring
 
 Ms to_ms(double seconds) {
   return std::max(Ms(1), std::min(kForever, Ms(static_cast<std::int64_t>(seconds * 1e3 + 0.5))));
@@ -198,6 +199,35 @@ std::shared_ptr<Context> connect(gloo::rendezvous::Store& store, const std::stri
 }
 
 using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+// Large transfers in segments of at most kSegment bytes, all posted at once (a pair sends a
+// slot's messages in order, each as its receiver posts it): what Gloo's own ring allreduce does
+// to keep a link busy. Receives first, then sends; wait() waits for all.
+class Segments {
+ public:
+  static constexpr std::size_t kSegment = std::size_t{1} << 20;
+  void recv(gloo::Context& ctx, int from, std::uint64_t slot, void* p, std::size_t n) {
+    for (std::size_t at = 0; at < n; at += kSegment) {
+      recvs_.push_back(
+          ctx.createUnboundBuffer(static_cast<char*>(p) + at, std::min(kSegment, n - at)));
+      recvs_.back()->recv(from, slot);
+    }
+  }
+  void send(gloo::Context& ctx, int to, std::uint64_t slot, const void* p, std::size_t n) {
+    for (std::size_t at = 0; at < n; at += kSegment) {
+      sends_.push_back(ctx.createUnboundBuffer(const_cast<char*>(static_cast<const char*>(p)) + at,
+                                               std::min(kSegment, n - at)));
+      sends_.back()->send(to, slot);
+    }
+  }
+  void wait() {
+    for (auto& b : recvs_) b->waitRecv(nullptr, kForever);
+    for (auto& b : sends_) b->waitSend(nullptr, kForever);
+  }
+
+ private:
+  std::vector<Buffer> recvs_, sends_;
+};
 
 // ---- The watch (stall.hpp's, for Gloo) ----
 //
@@ -421,6 +451,14 @@ class GlooTransport final : public Transport {
       opts.setTimeout(connect_timeout);
       gloo::allgather(opts);
     });
+    // Every peer's eager receive, posted (point to point, below).
+    eager_.resize(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      Eager& e = eager_[static_cast<std::size_t>(r)];
+      e.buf = ctx_->createUnboundBuffer(e.bytes.data(), e.bytes.size());
+      post_eager(r);
+    }
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
       for (int q = 0; q <= r; ++q) {
@@ -482,6 +520,8 @@ class GlooTransport final : public Transport {
     std::uint64_t total = 0;
     std::vector<std::size_t> counts(p);
     for (std::size_t r = 0; r < p; ++r) {
+      check_announced(out.sizes[r], static_cast<int>(r));
+      check_announced(total + out.sizes[r], static_cast<int>(r));
       out.offsets[r] = total;
       counts[r] = static_cast<std::size_t>(out.sizes[r]);
       total += out.sizes[r];
@@ -495,10 +535,19 @@ class GlooTransport final : public Transport {
         auto* base = reinterpret_cast<char*>(out.bytes.data());
         std::memcpy(base + out.offsets[static_cast<std::size_t>(rank())], mine.data(), mine.size());
         if (p == 1) return;
-        gloo::AllgathervOptions opts(ctx_);
-        opts.setOutput(base, counts);
-        opts.setTimeout(kForever);
-        gloo::allgatherv(opts);
+        // A ring (as Gloo's allgatherv and MPICH's for large messages): in step i each rank
+        // passes on block rank - i to the next and takes block rank - i - 1 from the previous,
+        // in segments (Gloo's allgatherv sends each block whole: a 64 MiB block took twice the
+        // link's time here, its ring allreduce with 1 MiB segments the link's).
+        const std::size_t me = static_cast<std::size_t>(rank());
+        const int next = static_cast<int>((me + 1) % p), prev = static_cast<int>((me + p - 1) % p);
+        for (std::size_t i = 0; i + 1 < p; ++i) {
+          const std::size_t send_block = (me + p - i) % p, recv_block = (me + p - i - 1) % p;
+          Segments segs;
+          segs.recv(*ctx_, prev, kSlotRing, base + out.offsets[recv_block], counts[recv_block]);
+          segs.send(*ctx_, next, kSlotRing, base + out.offsets[send_block], counts[send_block]);
+          segs.wait();
+        }
       });
     }
     t.seconds += now() - start;
@@ -532,24 +581,19 @@ class GlooTransport final : public Transport {
     from.resize(p);
     guarded("all-to-all", [&] {
       // Receives posted first, sends staggered (rank + 1, rank + 2, ...), as on MPI.
-      std::vector<Buffer> recvs, sends;
+      Segments segs;
       for (std::size_t k = 1; k < p; ++k) {
         const std::size_t r = (me + p - k) % p;
+        check_announced(recv_sizes[r], static_cast<int>(r));
         from[r].resize(recv_sizes[r]);
-        if (recv_sizes[r] == 0) continue;
-        recvs.push_back(ctx_->createUnboundBuffer(from[r].data(), from[r].size()));
-        recvs.back()->recv(static_cast<int>(r), kSlotAll);
+        segs.recv(*ctx_, static_cast<int>(r), kSlotAll, from[r].data(), from[r].size());
       }
       for (std::size_t k = 1; k < p; ++k) {
         const std::size_t r = (me + k) % p;
-        if (to[r].empty()) continue;
-        sends.push_back(
-            ctx_->createUnboundBuffer(const_cast<std::byte*>(to[r].data()), to[r].size()));
-        sends.back()->send(static_cast<int>(r), kSlotAll);
+        segs.send(*ctx_, static_cast<int>(r), kSlotAll, to[r].data(), to[r].size());
       }
       from[me].assign(to[me].begin(), to[me].end());
-      for (auto& b : recvs) b->waitRecv(nullptr, kForever);
-      for (auto& b : sends) b->waitSend(nullptr, kForever);
+      segs.wait();
     });
     std::uint64_t stotal = 0, rtotal = 0;
     for (std::size_t r = 0; r < p; ++r) {
@@ -561,35 +605,61 @@ class GlooTransport final : public Transport {
     t.received += 8 * (p - 1) + rtotal - recv_sizes[me];
   }
 
-  // A message: its size (8 bytes), then its bytes unless empty; both stay alive in `out` until
-  // finish_send.
+  // Point to point (send_bytes, recv_bytes, sendrecv_bytes). Gloo delivers a message only into a
+  // receive posted for it, of a size known in advance, and a send whose receive is not yet
+  // posted waits for the receiver's notice (a round trip). So every rank keeps a receive of
+  // kEager bytes posted for each peer on kSlotPoint: a message's first part, [its size: 8 bytes,
+  // then up to kEager - 8 of its bytes], goes at once into it; the rest, where there is more,
+  // follows on kSlotBulk into a receive posted for exactly its size once the first part told it.
+  // The eager receive is posted again as soon as its bytes are taken. A pair delivers a slot's
+  // messages in the order they were sent.
+  static constexpr std::size_t kEager = std::size_t{64} << 10;
+
+  struct Eager {
+    std::vector<std::byte> bytes = std::vector<std::byte>(kEager);
+    Buffer buf;
+  };
+  void post_eager(int from) {
+    Eager& e = eager_[static_cast<std::size_t>(from)];
+    e.buf->recv(from, kSlotPoint, 0, kEager);
+  }
+
+  // A message on its way: its first part (a copy) and, where there is more, the rest (in
+  // place); both stay alive in `out` until finish_send.
   struct Outgoing {
-    std::uint64_t size = 0;
-    Buffer head, body;
+    std::vector<std::byte> first;
+    Buffer head;
+    Segments rest;
   };
   void start_send(int to, std::span<const std::byte> send, Outgoing& out) {
-    out.size = send.size();
-    out.head = ctx_->createUnboundBuffer(&out.size, sizeof out.size);
+    const std::size_t inline_bytes = std::min(send.size(), kEager - 8);
+    out.first.resize(8 + inline_bytes);
+    const std::uint64_t n = send.size();
+    std::memcpy(out.first.data(), &n, 8);
+    if (inline_bytes > 0) std::memcpy(out.first.data() + 8, send.data(), inline_bytes);
+    out.head = ctx_->createUnboundBuffer(out.first.data(), out.first.size());
     out.head->send(to, kSlotPoint);
-    if (!send.empty()) {
-      out.body = ctx_->createUnboundBuffer(const_cast<std::byte*>(send.data()), send.size());
-      out.body->send(to, kSlotPoint);
-    }
+    out.rest.send(*ctx_, to, kSlotBulk, send.data() + inline_bytes, send.size() - inline_bytes);
   }
   static void finish_send(Outgoing& out) {
     out.head->waitSend(nullptr, kForever);
-    if (out.body) out.body->waitSend(nullptr, kForever);
+    out.rest.wait();
   }
   std::uint64_t receive(int from, std::vector<std::byte>& recv) {
+    Eager& e = eager_[static_cast<std::size_t>(from)];
+    e.buf->waitRecv(nullptr, kForever);
     std::uint64_t n = 0;
-    Buffer head = ctx_->createUnboundBuffer(&n, sizeof n);
-    head->recv(from, kSlotPoint);
-    head->waitRecv(nullptr, kForever);
+    std::memcpy(&n, e.bytes.data(), 8);
+    check_announced(n, from);
+    const std::size_t inline_bytes =
+        static_cast<std::size_t>(std::min<std::uint64_t>(n, kEager - 8));
     recv.resize(static_cast<std::size_t>(n));
-    if (n > 0) {
-      Buffer body = ctx_->createUnboundBuffer(recv.data(), recv.size());
-      body->recv(from, kSlotPoint);
-      body->waitRecv(nullptr, kForever);
+    if (inline_bytes > 0) std::memcpy(recv.data(), e.bytes.data() + 8, inline_bytes);
+    post_eager(from);
+    if (n > inline_bytes) {
+      Segments rest;
+      rest.recv(*ctx_, from, kSlotBulk, recv.data() + inline_bytes, recv.size() - inline_bytes);
+      rest.wait();
     }
     return n;
   }
@@ -630,12 +700,10 @@ class GlooTransport final : public Transport {
   void shift_bytes(int to, std::span<const std::byte> send, int from,
                    std::span<std::byte> recv) override {
     guarded("shift", [&] {
-      Buffer in = ctx_->createUnboundBuffer(recv.data(), recv.size());
-      Buffer out = ctx_->createUnboundBuffer(const_cast<std::byte*>(send.data()), send.size());
-      in->recv(from, kSlotShift);
-      out->send(to, kSlotShift);
-      in->waitRecv(nullptr, kForever);
-      out->waitSend(nullptr, kForever);
+      Segments segs;
+      segs.recv(*ctx_, from, kSlotShift, recv.data(), recv.size());
+      segs.send(*ctx_, to, kSlotShift, send.data(), send.size());
+      segs.wait();
     });
   }
 
@@ -710,6 +778,7 @@ class GlooTransport final : public Transport {
  private:
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<Context> ctx_;        // the calls
+  std::vector<Eager> eager_;            // per peer: its posted receive (point to point)
   std::shared_ptr<Context> watch_ctx_;  // the watch's questions and answers
   // Declared after the contexts, so destroyed first: its threads end before the connections
   // close.

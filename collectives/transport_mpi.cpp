@@ -18,6 +18,13 @@ double now() noexcept {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+void check_announced(std::uint64_t bytes, int from) {
+  if (bytes > kMaxMessageBytes) {
+    throw Error(Status::bad_payload, "rank " + std::to_string(from) + " announced a message of " +
+                                         std::to_string(bytes) + " bytes (more than 2^40)");
+  }
+}
+
 int Transport::ranks_on_this_host() const noexcept {
   int n = 0;
   for (const int h : hosts_) n += h == hosts_[static_cast<std::size_t>(rank_)];

@@ -55,8 +55,44 @@ gcomp_status gcomp_allreduce_buckets_shaped(float* const* tensors, const size_t*
                                             const size_t* cols, size_t ntensors, gcomp_codec codec,
                                             const gcomp_ef* efs, uint64_t seed, MPI_Comm comm);
 
-gcomp_status gcomp_last_stats(gcomp_stats* out); /* of this thread's last gcomp_allreduce or
-                                                    gcomp_allreduce_buckets_shaped */
+gcomp_status gcomp_last_stats(gcomp_stats* out); /* of this thread's last gcomp_allreduce,
+                                                    gcomp_allreduce_buckets_shaped or
+                                                    gcomp_comm_allreduce */
+
+/* A communicator of gcomp's own, on either transport: MPI, or Gloo for processes that no MPI
+   launcher started (they meet through a file store in a directory every one of them sees). The
+   calls above take an MPI_Comm and keep gcomp's state in it; these take the handle. */
+typedef struct gcomp_comm_s* gcomp_comm;
+
+/* Collective over comm: gcomp's communicator of an MPI communicator (duplicated, and the network
+   measured). *out is set on success. */
+gcomp_status gcomp_comm_create_mpi(MPI_Comm comm, gcomp_comm* out);
+
+/* Collective over the `size` processes that call it with the same dir and prefix, each with its
+   own rank in [0, size): gcomp's communicator on Gloo over TCP, met through Gloo's file store in
+   dir (made if missing; on a shared file system for processes on several hosts). prefix NULL:
+   "gcomp"; each communicator made in one dir needs a prefix of its own. MPI need not be
+   initialized. GLOO_SOCKET_IFNAME names the network interface where the host's name does not
+   resolve to the right one. GCOMP_ERR_INVALID_ARGUMENT for a bad rank, size, dir or prefix, or a
+   build without Gloo; GCOMP_ERR_TRANSPORT when the others do not come within 300 s or a
+   connection fails. *out is set on success. */
+gcomp_status gcomp_comm_create_gloo(const char* dir, const char* prefix, int rank, int size,
+                                    gcomp_comm* out);
+
+/* "mpi" or "gloo"; NULL for a NULL handle. */
+const char* gcomp_comm_transport(gcomp_comm comm);
+/* This process's rank and the number of ranks; -1 for a NULL handle. */
+int gcomp_comm_rank(gcomp_comm comm);
+int gcomp_comm_size(gcomp_comm comm);
+
+/* gcomp_allreduce on comm: the same contract (collective; a rank's bad argument makes every rank
+   return an error, never wait). */
+gcomp_status gcomp_comm_allreduce(gcomp_comm comm, const float* sendbuf, float* recvbuf,
+                                  size_t count, gcomp_codec codec, gcomp_ef ef, uint64_t seed);
+
+/* Frees the communicator (NULL: nothing). On MPI collective over its ranks (MPI_Comm_free of the
+   duplicate); on Gloo its connections close. */
+void gcomp_comm_destroy(gcomp_comm comm);
 
 #ifdef __cplusplus
 } /* extern "C" */

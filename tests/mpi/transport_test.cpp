@@ -11,6 +11,7 @@
 
 #include "gcomp/communicator.hpp"
 #include "gcomp/error.hpp"
+#include "gcomp/gcomp_mpi.h"
 #include "mpi_util.hpp"
 
 #ifdef GCOMP_TEST_HAVE_GLOO
@@ -156,7 +157,58 @@ TEST(Gloo, ARankThatNeverConnectsFailsTheRendezvous) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// The C API's communicator on Gloo: made from a directory, says its transport, sums.
+TEST(Gloo, TheCApisCommunicator) {
+  if (!test::on_gloo()) GTEST_SKIP() << "the Gloo run's";
+  gcomp_comm comm = nullptr;
+  ASSERT_EQ(gcomp_comm_create_gloo(test::store_dir().c_str(), "capi", rank(), size(), &comm),
+            GCOMP_OK)
+      << gcomp_last_error();
+  EXPECT_STREQ(gcomp_comm_transport(comm), "gloo");
+  EXPECT_EQ(gcomp_comm_rank(comm), rank());
+  EXPECT_EQ(gcomp_comm_size(comm), size());
+  gcomp_codec codec = nullptr;
+  ASSERT_EQ(gcomp_codec_create("topk:ratio=0.5", &codec), GCOMP_OK);
+  const auto x = test::integers(1000, 7);
+  std::vector<float> out(x.size());
+  ASSERT_EQ(gcomp_comm_allreduce(comm, x.data(), out.data(), x.size(), codec, nullptr, 5), GCOMP_OK)
+      << gcomp_last_error();
+  EXPECT_EQ(out, test::mpi_sum(test::contribution(Codec("topk:ratio=0.5"), x, 5)));
+  gcomp_stats st{};
+  ASSERT_EQ(gcomp_last_stats(&st), GCOMP_OK);
+  EXPECT_GT(st.bytes_sent + (size() == 1 ? 1 : 0), 0u);
+  // A rank's bad argument fails every rank, none waits.
+  const gcomp_status bad = gcomp_comm_allreduce(comm, x.data(), out.data(), x.size(),
+                                                rank() == 0 ? nullptr : codec, nullptr, 5);
+  EXPECT_EQ(
+      bad, rank() == 0 ? GCOMP_ERR_INVALID_ARGUMENT : (size() > 1 ? GCOMP_ERR_MISMATCH : GCOMP_OK));
+  gcomp_comm_destroy(comm);
+  gcomp_codec_destroy(codec);
+  EXPECT_EQ(gcomp_comm_create_gloo(nullptr, nullptr, rank(), size(), &comm),
+            GCOMP_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(gcomp_comm_transport(nullptr), nullptr);
+}
+
 #endif
+
+// The C API's communicator on MPI says so and sums as gcomp_allreduce does.
+TEST(Transport, TheCApisCommunicatorOnMpi) {
+  gcomp_comm comm = nullptr;
+  ASSERT_EQ(gcomp_comm_create_mpi(MPI_COMM_WORLD, &comm), GCOMP_OK) << gcomp_last_error();
+  EXPECT_STREQ(gcomp_comm_transport(comm), "mpi");
+  gcomp_codec codec = nullptr;
+  ASSERT_EQ(gcomp_codec_create("qsgd:bits=4", &codec), GCOMP_OK);
+  const auto x = test::integers(600, 9);
+  std::vector<float> out(x.size());
+  ASSERT_EQ(gcomp_comm_allreduce(comm, x.data(), out.data(), x.size(), codec, nullptr, 2), GCOMP_OK)
+      << gcomp_last_error();
+  const auto mine = test::contribution(Codec("qsgd:bits=4"), x, 2);
+  const auto ref = test::mpi_sum(mine);
+  const auto tol = test::order_tolerance(mine);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], ref[i], tol[i]);
+  gcomp_comm_destroy(comm);
+  gcomp_codec_destroy(codec);
+}
 
 }  // namespace
 }  // namespace gcomp
