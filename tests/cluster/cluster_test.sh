@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The testbed of scripts/cluster, end to end: 2 hosts at 100 Mbit. An MPI_Allreduce and a gcomp
 # allreduce give the exact sums, MPI sees two hosts, the link that gcomp's network measurement
-# sees (every rank sending at once, full duplex) is within 25% of the rate, a run that is
-# interrupted ends what it started, and nothing is left behind: no namespace, link, qdisc,
-# process or state. Bad input is refused with status 2. Skips (77) where namespaces can't be made.
-#   cluster_test.sh SOURCE_DIR PROBE
+# sees (every rank sending at once, full duplex) is within 25% of the rate; the same job started
+# as torchrun starts one (one agent per host, no mpiexec; with the Python module) runs gcomp on
+# Gloo over each host's link, two hosts told apart, the sum exact, the link as measured within
+# 25%; a run that is interrupted ends what it started, and nothing is left behind: no namespace,
+# link, qdisc, process or state. Bad input is refused with status 2. Skips (77) where namespaces
+# can't be made.
+#   cluster_test.sh SOURCE_DIR PROBE [PYTHON PYTHONPATH]
 set -uo pipefail
-src=$1 probe=$2
+src=$1 probe=$2 python=${3:-} pythonpath=${4:-}
 cluster=$src/scripts/cluster
 bg=""  # the background run of the interrupt check, ended first on a failure
 fail() {
@@ -68,6 +71,30 @@ awk -v l="$link" 'BEGIN { exit !(l >= 75 && l <= 125) }' \
   || fail "gcomp measured the link at $link Mbit/s, not within 25% of 100"
 echo "link as measured: $link Mbit/s (100 Mbit/s shaped)"
 left_behind "after run"
+
+# The same, started torchrun's way: one agent per host, torch's variables, gcomp over Gloo.
+if [ -n "$python" ] && PYTHONPATH=$pythonpath "$python" -c "import gcomp.torch" 2>/dev/null; then
+  out=$(PYTHONPATH=$pythonpath "$cluster" run --hosts 2 --rate 100mbit --launcher torchrun \
+        --timeout 120 -- "$python" "$src/tests/cluster/torch_probe.py" 2>&1); rc=$?
+  echo "$out" | grep -v '^\[W\|^WARNING\|^\*\*\*\|Setting OMP'
+  [ "$rc" = 0 ] || fail "the torchrun-style run exited $rc"
+  lines=$(grep -o 'torch rank=.*' <<<"$out" | sort)
+  [ "$(wc -l <<<"$lines")" = 2 ] || fail "the torchrun-style run printed $(wc -l <<<"$lines") results, not 2"
+  for r in 0 1; do
+    l=$(grep "rank=$r " <<<"$lines") || fail "no result from rank $r"
+    g() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$l"; }
+    [ "$(g transport)" = gloo ] || fail "rank $r ran gcomp on $(g transport), not gloo"
+    [ "$(g size)" = 2 ] && [ "$(g hosts)" = 2 ] || fail "rank $r: size $(g size), hosts $(g hosts)"
+    [ "$(g local_rank)" = 0 ] || fail "rank $r is local rank $(g local_rank) on its host, not 0"
+    [ "$(g exact)" = 1 ] || fail "rank $r: the sum is not exact"
+    awk -v l="$(g link_mbit)" 'BEGIN { exit !(l >= 75 && l <= 125) }' \
+      || fail "rank $r: gcomp on Gloo measured the link at $(g link_mbit) Mbit/s"
+  done
+  echo "torchrun-style run: gcomp on Gloo, link as measured $(grep -o 'link_mbit=[0-9.]*' <<<"$lines" | head -1)"
+  left_behind "after the torchrun-style run"
+else
+  echo "note: no Python module with torch: the torchrun-style run is not tried"
+fi
 
 # up, two runs on it (the testbed stays), status, down twice (idempotent).
 "$cluster" up --hosts 2 --rate 100mbit || fail "up failed"
