@@ -36,6 +36,9 @@ row keeps its own model, optimizer, hook state and wall time), so that step time
 side by side: on a shared machine the drift between separate runs exceeds the differences.
 Row nocomm_sync is nocomm plus a barrier at the end of backward: what a synchronous step costs
 without any data, since every step then waits for the slowest rank's compute.
+--launcher torchrun starts each run as PyTorch's launcher does, without mpiexec (with --cluster:
+one torchrun agent per host, scripts/cluster run --launcher torchrun); gcomp's rows then run on
+Gloo through torch's store instead of MPI. Its results are kept apart (_torchrun in their names).
 
 Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
 evaluates the test accuracy every --eval-every steps (on rank 0, not counted in the wall time). Written to
@@ -241,6 +244,7 @@ def record(a, r, result, rank, size):
         st = r.state.stats()
         sent, how = st["bytes_sent"], "measured"
         extra = {"compressed": st["compressed"], "calls": st["calls"], "algorithm": st["algorithm"],
+                 "transport": sys.modules["gcomp.torch"].communicator().transport,
                  "form": r.form, "moved": dict(getattr(r.state, "moved", {}) or {}),
                  # The hook's whole-step check (low-rank under auto): how many steps it sent
                  # uncompressed, in how many checks and switches.
@@ -283,7 +287,7 @@ def config(a):
     """The settings that make two rows' results comparable."""
     return {k: getattr(a, k) for k in ("model", "network", "epochs", "eval_every", "max_steps",
                                        "batch", "lr", "seed", "ranks", "powersgd_start",
-                                       "cluster", "interleave")}
+                                       "cluster", "interleave", "launcher")}
 
 
 def shaped(rate):
@@ -303,7 +307,15 @@ def run_row(a, row, result):
     if a.cluster:
         # scripts/cluster run sets MPI's, gloo's and the rendezvous' addresses for each host.
         env = dict(os.environ, MASTER_PORT=str(a.port))
-        launch = [CLUSTER, "run", "--timeout", str(a.timeout), "--"]
+        launch = [CLUSTER, "run", "--timeout", str(a.timeout), "--launcher", a.launcher, "--"]
+    elif a.launcher == "torchrun":
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+        logs = os.path.join(a.out, "torchrun-logs")
+        os.makedirs(logs, exist_ok=True)
+        # Debian's torch 1.13 fails at start with torchrun's default --redirects 0 --tee 0.
+        launch = ["timeout", "-k", "10", str(a.timeout), sys.executable, "-m",
+                  "torch.distributed.run", "--nproc_per_node", str(a.ranks), "--master_port",
+                  str(a.port), "--redirects", "1", "--tee", "1", "--log_dir", logs, "--no_python"]
     else:
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port),
                    GLOO_SOCKET_IFNAME="lo", UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
@@ -316,7 +328,8 @@ def run_row(a, row, result):
            "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
            "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
-           "--powersgd-start", str(a.powersgd_start)] + (["--cluster"] if a.cluster else []) + (
+           "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher] + (
+           ["--cluster"] if a.cluster else []) + (
            ["--interleave"] if a.interleave else [])
     paths = result.split(",")
     for path in paths:
@@ -365,6 +378,8 @@ def main():
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--powersgd-start", type=int, default=10)
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    ap.add_argument("--launcher", choices=["mpiexec", "torchrun"], default="mpiexec",
+                    help="how each run starts: mpiexec (gcomp on MPI) or torchrun (on Gloo)")
     ap.add_argument("--port", type=int, default=29700)
     ap.add_argument("--out", default="results/hooks")
     ap.add_argument("--report", action="store_true",
@@ -377,6 +392,8 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     where = f"cluster{a.ranks}_{a.network}" if a.cluster else a.network
+    if a.launcher == "torchrun":
+        where += "_torchrun"
     base = os.path.join(a.out, f"compare_{a.model}_{where}")
     results = []
     if a.cluster and not a.report:

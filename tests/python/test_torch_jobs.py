@@ -198,7 +198,7 @@ def test_a_world_of_another_size_makes_every_rank_raise(entry):
     assert_every_rank_refused(ranks, out, err, "1 rank, this process rank 0", "3 ranks")
 
 
-@pytest.mark.parametrize("entry", ["register", "hook", "optimizer", "init"])
+@pytest.mark.parametrize("entry", ["register", "optimizer", "init"])
 def test_under_torchs_launcher_gcomp_runs_on_torchs_world(entry):
     # Without mpiexec: gcomp over Gloo on torch's store, whatever way torch's world was made.
     ranks = 3
