@@ -7,7 +7,10 @@
 // mpi_allreduce/none/<n> and gloo_allreduce/none/<n> (Gloo's ring allreduce, which torch's gloo
 // backend runs for DDP; in builds with Gloo) for the peers; <codec>+ef: with error feedback.
 // --transport=gloo: gcomp's Communicator on Gloo (mpiexec only starts the ranks; they meet
-// through a file store in a directory rank 0 makes), else on MPI. Counters:
+// through a file store in a directory rank 0 makes), else on MPI. --set=transports: each call of
+// the cluster set on an MPI and a Gloo Communicator alternately, medians of each (mpi_s, gloo_s)
+// and ratio = gloo_s / mpi_s; row transports/engines: MPI_Allreduce against Gloo's allreduce.
+// Counters:
 //   bytes_per_rank  bytes this rank handed to MPI (rank 0's; the stats' bytes_sent)
 //   algbw, busbw    GB/s as nccl-tests defines them: 4n / time, and algbw * 2(P-1)/P
 //   predicted_s     the cost model's time for this algorithm (with the agreed calibration)
@@ -334,6 +337,107 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   st.counters["ranks"] = world_size;
 }
 
+#ifdef GCOMP_BENCH_HAVE_GLOO
+// --set=transports: the same call on a Communicator over MPI and one over Gloo, alternating call
+// by call in one run (the machine's drift falls on both alike); medians of each and their ratio.
+// Row engines/none: MPI_Allreduce against Gloo's own ring allreduce, the same way.
+gcomp::Communicator* comm_mpi = nullptr;
+gcomp::Communicator* comm_gloo = nullptr;
+
+void bm_transports(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n,
+                   bool ef) {
+  const bool engines = spec == "engines";
+  const gcomp::Codec codec(engines ? "none" : spec);
+  const std::vector<float> base = input(n);
+  std::vector<float> in(base), out(n);
+  gcomp::ErrorFeedback memory[2] = {gcomp::ErrorFeedback(ef ? n : 0),
+                                    gcomp::ErrorFeedback(ef ? n : 0)};
+  gcomp::Communicator* on[2] = {comm_mpi, comm_gloo};
+  std::mt19937_64 offsets(99);
+  std::uint64_t sent[2] = {0, 0};
+  const auto call = [&](int t, std::uint64_t seed) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    if (engines && t == 0) {
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    } else if (engines) {
+      std::copy(in.begin(), in.end(), out.begin());
+      gloo::AllreduceOptions opts(gloo_peer);
+      opts.setOutput(out.data(), n);
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+      gloo::allreduce(opts);
+    } else {
+      gcomp::AllreduceOptions opt;
+      opt.algorithm = alg;
+      opt.seed = seed;
+      on[t]->allreduce(in, out, codec, ef ? &memory[t] : nullptr, opt);
+      sent[t] = on[t]->last_stats().bytes_sent;
+    }
+    return slowest(MPI_Wtime() - start);
+  };
+  const auto next = [&] {
+    if (!ef) return;
+    const auto at = static_cast<std::ptrdiff_t>(offsets() % n);
+    std::rotate_copy(base.begin(), base.begin() + at, base.end(), in.begin());
+  };
+  const int warm = engines ? 1 : std::max(kAutoWarmup, ef ? kFeedbackWarmup : 1);
+  for (int i = 0; i < warm; ++i) {
+    next();
+    for (int t = 0; t < 2; ++t) call(t, 1);
+  }
+  std::vector<double> times[2];
+  std::uint64_t seed = 2;
+  for (auto _ : st) {
+    next();
+    double total = 0;
+    for (int t = 0; t < 2; ++t) {
+      const double s = call(t, seed);
+      times[t].push_back(s);
+      total += s;
+    }
+    ++seed;
+    st.SetIterationTime(total);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double m = median(times[0]), g = median(times[1]);
+  st.counters["mpi_s"] = m;
+  st.counters["gloo_s"] = g;
+  st.counters["ratio"] = m > 0 ? g / m : 0;
+  st.counters["mpi_bytes"] = static_cast<double>(sent[0]);
+  st.counters["gloo_bytes"] = static_cast<double>(sent[1]);
+  st.counters["ranks"] = world_size;
+}
+
+void register_transports_set(std::size_t n) {
+  benchmark::RegisterBenchmark(("transports/engines/none/" + std::to_string(n)).c_str(),
+                               bm_transports, std::string("engines"),
+                               gcomp::Algorithm::dense, n, false)
+      ->UseManualTime()
+      ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
+      ->Unit(benchmark::kMillisecond);
+  const std::pair<const char*, bool> codecs[] = {
+      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
+  for (const auto& [spec, ef] : codecs) {
+    const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
+    for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+      const auto alg = static_cast<gcomp::Algorithm>(a);
+      if (alg != gcomp::Algorithm::automatic && !(pred[a] < gcomp::kNotApplicable)) continue;
+      const std::string name = std::string("transports/") + gcomp::algorithm_name(alg) + "/" +
+                               spec + (ef ? "+ef/" : "/") + std::to_string(n);
+      benchmark::RegisterBenchmark(name.c_str(), bm_transports, std::string(spec), alg, n, ef)
+          ->UseManualTime()
+          ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+#endif
+
 struct Entry {
   const char* spec;
   gcomp::Algorithm alg;
@@ -497,6 +601,7 @@ int main(int argc, char** argv) {
   bool cluster = false;
   bool versus = false;
   bool on_gloo = false;
+  bool transports = false;
   std::vector<char*> rest = {argv[0]};
   bool min_time_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -512,6 +617,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--transport=gloo" || a == "--transport=mpi") {
       on_gloo = a == "--transport=gloo";
+    } else if (a == "--set=transports") {
+      transports = true;
     } else if (a == "--set=targets") {
       targets_only = true;
     } else if (a == "--set=full") {
@@ -551,15 +658,20 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("gcomp_transport", on_gloo ? "gloo" : "mpi");
   benchmark::Initialize(&rest_argc, rest.data());
   {
-    std::unique_ptr<gcomp::Communicator> made;
+    std::unique_ptr<gcomp::Communicator> made, second;
 #ifdef GCOMP_BENCH_HAVE_GLOO
     {
       gloo::rendezvous::FileStore store(store_dir());
       make_gloo_peer(store);
       if (on_gloo) made = std::make_unique<gcomp::Communicator>(store, world_rank, world_size);
+      if (transports) {
+        // Both transports: comm (what predictions come from) on MPI, the other on Gloo.
+        second = std::make_unique<gcomp::Communicator>(store, world_rank, world_size);
+        comm_gloo = second.get();
+      }
     }
 #else
-    if (on_gloo) {
+    if (on_gloo || transports) {
       if (world_rank == 0) std::fprintf(stderr, "--transport=gloo: this build has no Gloo\n");
       MPI_Finalize();
       return 2;
@@ -568,6 +680,9 @@ int main(int argc, char** argv) {
     if (!made) made = std::make_unique<gcomp::Communicator>(MPI_COMM_WORLD);
     gcomp::Communicator& c = *made;
     comm = &c;
+#ifdef GCOMP_BENCH_HAVE_GLOO
+    if (transports) comm_mpi = &c;
+#endif
     if (world_rank == 0) {
       std::printf(
           "transport %s, ranks %d, network alpha %.2f us, beta %.3f ns/byte (%.2f GB/s per rank), "
@@ -606,6 +721,12 @@ int main(int argc, char** argv) {
         register_cluster_set(n);
         continue;
       }
+#ifdef GCOMP_BENCH_HAVE_GLOO
+      if (transports) {
+        register_transports_set(n);
+        continue;
+      }
+#endif
       if (versus) {
         for (const auto& [spec, ef] :
              std::vector<std::pair<const char*, bool>>{{"none", false},
@@ -638,6 +759,7 @@ int main(int argc, char** argv) {
     }
     comm = nullptr;
 #ifdef GCOMP_BENCH_HAVE_GLOO
+    comm_mpi = comm_gloo = nullptr;
     gloo_peer.reset();
 #endif
   }

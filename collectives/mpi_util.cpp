@@ -123,8 +123,7 @@ void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& 
                                     &req));
   wait(req);
   t.seconds += now() - start;
-  t.sent += (p - 1) * (8 + my_size);
-  t.received += (p - 1) * 8 + total - my_size;
+  count_allgatherv(t, p, my_size, total);
 }
 
 void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& to,
@@ -162,14 +161,8 @@ void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& t
   }
   from[me].assign(to[me].begin(), to[me].end());
   wait_all(reqs);
-  std::uint64_t stotal = 0, rtotal = 0;
-  for (std::size_t r = 0; r < p; ++r) {
-    stotal += send_sizes[r];
-    rtotal += recv_sizes[r];
-  }
   t.seconds += now() - start;
-  t.sent += 8 * (p - 1) + stotal - send_sizes[me];
-  t.received += 8 * (p - 1) + rtotal - recv_sizes[me];
+  count_alltoallv(t, send_sizes, recv_sizes, me);
 }
 
 void send_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, Traffic& t) {

@@ -50,6 +50,14 @@ inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 40;
 // Throws Error(bad_payload) naming the peer unless bytes <= kMaxMessageBytes.
 void check_announced(std::uint64_t bytes, int from);
 
+// What an allgatherv or an all-to-all(v) hands to the engine and gets from it, counted per
+// destination as the statistics report them: each rank's 8-byte size to every other, then its
+// bytes. allgatherv: this rank's `mine` bytes of `total`; alltoallv: sent[r], received[r] per
+// rank r, this rank's own (index me) staying local.
+void count_allgatherv(Traffic& t, std::size_t ranks, std::uint64_t mine, std::uint64_t total);
+void count_alltoallv(Traffic& t, std::span<const std::uint64_t> sent,
+                     std::span<const std::uint64_t> received, std::size_t me);
+
 // The element-wise reductions the protocol and the algorithms use.
 enum class Reduction : int {
   sum_float,   // float32 +: the dense allreduce

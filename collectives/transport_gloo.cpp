@@ -551,8 +551,7 @@ class GlooTransport final : public Transport {
       });
     }
     t.seconds += now() - start;
-    t.sent += (p - 1) * (8 + my_size);
-    t.received += (p - 1) * 8 + total - my_size;
+    count_allgatherv(t, p, my_size, total);
   }
 
   // The sizes each rank sends every other: from[r] = what rank r sends this rank.
@@ -595,14 +594,8 @@ class GlooTransport final : public Transport {
       from[me].assign(to[me].begin(), to[me].end());
       segs.wait();
     });
-    std::uint64_t stotal = 0, rtotal = 0;
-    for (std::size_t r = 0; r < p; ++r) {
-      stotal += send_sizes[r];
-      rtotal += recv_sizes[r];
-    }
     t.seconds += now() - start;
-    t.sent += 8 * (p - 1) + stotal - send_sizes[me];
-    t.received += 8 * (p - 1) + rtotal - recv_sizes[me];
+    count_alltoallv(t, send_sizes, recv_sizes, me);
   }
 
   // Point to point (send_bytes, recv_bytes, sendrecv_bytes). Gloo delivers a message only into a

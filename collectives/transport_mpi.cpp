@@ -25,6 +25,23 @@ void check_announced(std::uint64_t bytes, int from) {
   }
 }
 
+void count_allgatherv(Traffic& t, std::size_t ranks, std::uint64_t mine, std::uint64_t total) {
+  t.sent += (ranks - 1) * (8 + mine);
+  t.received += (ranks - 1) * 8 + total - mine;
+}
+
+void count_alltoallv(Traffic& t, std::span<const std::uint64_t> sent,
+                     std::span<const std::uint64_t> received, std::size_t me) {
+  const std::size_t p = sent.size();
+  std::uint64_t stotal = 0, rtotal = 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    stotal += sent[r];
+    rtotal += received[r];
+  }
+  t.sent += 8 * (p - 1) + stotal - sent[me];
+  t.received += 8 * (p - 1) + rtotal - received[me];
+}
+
 int Transport::ranks_on_this_host() const noexcept {
   int n = 0;
   for (const int h : hosts_) n += h == hosts_[static_cast<std::size_t>(rank_)];

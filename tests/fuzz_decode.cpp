@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bytes.hpp"
+#include "fuzz_payload.hpp"
 #include "wire.hpp"
 
 namespace {
@@ -29,19 +30,7 @@ void check(std::span<const std::byte> payload) {
 
 }  // namespace
 
-// Each input is tried as it is and, so that mutations of the header reach the checks behind the
-// header checksum, once more with the checksum recomputed.
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const auto* bytes = reinterpret_cast<const std::byte*>(data);
-  check({bytes, size});
-  gcomp::detail::Layout l{};
-  if (size >= gcomp::detail::kFixedHeader && gcomp::detail::layout_of(data[5], &l) &&
-      size >= gcomp::detail::header_bytes(l)) {
-    std::vector<std::byte> copy(bytes, bytes + size);
-    const std::size_t at = gcomp::detail::header_bytes(l) - 4;
-    gcomp::detail::store_le<std::uint32_t>(copy.data() + at,
-                                           gcomp::detail::crc32c(copy.data(), at));
-    check(copy);
-  }
+  gcomp::fuzz::as_given_and_with_checksum(data, size, check);
   return 0;
 }

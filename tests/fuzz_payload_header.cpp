@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bytes.hpp"
+#include "fuzz_payload.hpp"
 #include "codec_impl.hpp"
 #include "gcomp/error.hpp"
 #include "wire.hpp"
@@ -48,16 +49,6 @@ void check(std::span<const std::byte> bytes) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const auto* bytes = reinterpret_cast<const std::byte*>(data);
-  check({bytes, size});
-  gcomp::detail::Layout l{};
-  if (size >= gcomp::detail::kFixedHeader && gcomp::detail::layout_of(data[5], &l) &&
-      size >= gcomp::detail::header_bytes(l)) {
-    std::vector<std::byte> copy(bytes, bytes + size);
-    const std::size_t at = gcomp::detail::header_bytes(l) - 4;
-    gcomp::detail::store_le<std::uint32_t>(copy.data() + at,
-                                           gcomp::detail::crc32c(copy.data(), at));
-    check(copy);
-  }
+  gcomp::fuzz::as_given_and_with_checksum(data, size, check);
   return 0;
 }
