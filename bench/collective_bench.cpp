@@ -359,8 +359,7 @@ void bm_transports(benchmark::State& st, std::string spec, gcomp::Algorithm alg,
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
     if (engines && t == 0) {
-      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
+      MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (engines) {
       std::copy(in.begin(), in.end(), out.begin());
       gloo::AllreduceOptions opts(gloo_peer);
@@ -415,8 +414,8 @@ void bm_transports(benchmark::State& st, std::string spec, gcomp::Algorithm alg,
 
 void register_transports_set(std::size_t n) {
   benchmark::RegisterBenchmark(("transports/engines/none/" + std::to_string(n)).c_str(),
-                               bm_transports, std::string("engines"),
-                               gcomp::Algorithm::dense, n, false)
+                               bm_transports, std::string("engines"), gcomp::Algorithm::dense, n,
+                               false)
       ->UseManualTime()
       ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
       ->Unit(benchmark::kMillisecond);

@@ -10,8 +10,8 @@
 //   point to point       a receive always posted per peer: the size and the first 64 KiB at once,
 //                        the rest after it (Gloo's receives need their size)
 //   barrier              gloo::barrier
-//   the agreement        the small reduction, with the timeout as Gloo's own; watched by two
-//                        threads of this transport (GlooWatch below)
+//   the agreement        recursive doubling of eager messages on a channel of its own, the
+//                        timeout Gloo's own; watched by two threads (GlooWatch below)
 // Waits block in Gloo (a condition variable): the wait policy, which is MPI's, does not apply.
 // Gloo's waits take a timeout that ends the whole context when it passes (every connection
 // closes), so only the agreement's wait has one (the user's timeout, after which the
@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,6 +95,8 @@ constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' and all
 constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
 constexpr std::uint64_t kSlotBulk = kSlotBase | 5;   // point to point: what follows the first part
 constexpr std::uint64_t kSlotRing = kSlotBase | 6;   // allgatherv_bytes' ring
+constexpr std::uint64_t kSlotAgree = kSlotBase | 7;  // the agreement (and its barrier)
+constexpr std::uint64_t kSlotAgreeBulk = kSlotBase | 8;
 
 Ms to_ms(double seconds) {
   return std::max(Ms(1), std::min(kForever, Ms(static_cast<std::int64_t>(seconds * 1e3 + 0.5))));
@@ -263,19 +266,25 @@ class GlooWatch {
   }
 
   // The wait of call number `call` begins and ends.
+  // Neither wakes the watcher, which looks every eighth of the first limit (a call's usual
+  // wait is far shorter, and a wakeup per call took a core from the ranks' work on a busy
+  // machine); begin() does only when its call's limits are shorter than those it looks by.
   void begin(std::uint64_t call, const WaitLimits& limits,
              const std::function<std::string()>& describe) {
     const std::lock_guard<std::mutex> hold(lock_);
     waiting_ = {call, limits, &describe, now(), false, false};
     active_ = true;
     at_.store(static_cast<std::int64_t>(call));
-    wake_.notify_all();
+    const double p = period_of(limits);
+    if (p < period_) {
+      period_ = p;
+      wake_.notify_all();
+    }
   }
   void end() {
     const std::lock_guard<std::mutex> hold(lock_);  // the watcher never describes a call past this
     active_ = false;
     at_.store(-1);
-    wake_.notify_all();
   }
   // Where each other rank said it is (stall.hpp's absent_ranks), for the message of a timeout.
   std::string absent(std::uint64_t call) {
@@ -298,6 +307,13 @@ class GlooWatch {
     Message m;
   };
   static constexpr std::uint64_t kQuestion = 1, kAnswer = 2, kNone = ~std::uint64_t{0};
+
+  // How often the watcher looks at a waiting call: an eighth of the first limit, at least 1 ms;
+  // a minute where neither limit is set.
+  static double period_of(const WaitLimits& limits) {
+    const double first = first_limit(limits);
+    return first > 0 ? std::max(1e-3, first / 8) : 60.0;
+  }
 
   void stop() {
     {
@@ -369,14 +385,11 @@ class GlooWatch {
         continue;
       }
       const double at = next_deadline();
-      if (at < 0) {
-        wake_.wait(hold);
-        continue;
-      }
       const double t = now();
-      if (t < at) {
-        wake_.wait_for(hold, std::chrono::duration<double>(at - t));
-        continue;  // woken early (a message to send, end, stop) or on time: look again
+      if (at < 0 || t < at) {
+        if (active_) period_ = period_of(waiting_.limits);
+        wake_.wait_for(hold, std::chrono::duration<double>(period_));
+        continue;  // woken (a message to send, stop, shorter limits) or a period on: look again
       }
       Waiting& w = waiting_;
       if (!w.asked) {
@@ -404,6 +417,7 @@ class GlooWatch {
   std::condition_variable wake_;
   bool stopping_ = false;
   bool active_ = false;
+  double period_ = 60;  // the seconds the watcher looks every (period_of)
   Waiting waiting_;
   std::deque<Outgoing> outbox_;      // questions and answers to send, in order
   std::vector<std::int64_t> where_;  // per rank: the call it answered it waits at, or -1
@@ -451,14 +465,9 @@ class GlooTransport final : public Transport {
       opts.setTimeout(connect_timeout);
       gloo::allgather(opts);
     });
-    // Every peer's eager receive, posted (point to point, below).
-    eager_.resize(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      Eager& e = eager_[static_cast<std::size_t>(r)];
-      e.buf = ctx_->createUnboundBuffer(e.bytes.data(), e.bytes.size());
-      post_eager(r);
-    }
+    // Every peer's eager receives, posted (point to point, below).
+    open_channel(point_, kSlotPoint, kSlotBulk, std::size_t{64} << 10);
+    open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256);
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
       for (int q = 0; q <= r; ++q) {
@@ -598,23 +607,36 @@ class GlooTransport final : public Transport {
     count_alltoallv(t, send_sizes, recv_sizes, me);
   }
 
-  // Point to point (send_bytes, recv_bytes, sendrecv_bytes). Gloo delivers a message only into a
-  // receive posted for it, of a size known in advance, and a send whose receive is not yet
-  // posted waits for the receiver's notice (a round trip). So every rank keeps a receive of
-  // kEager bytes posted for each peer on kSlotPoint: a message's first part, [its size: 8 bytes,
-  // then up to kEager - 8 of its bytes], goes at once into it; the rest, where there is more,
-  // follows on kSlotBulk into a receive posted for exactly its size once the first part told it.
-  // The eager receive is posted again as soon as its bytes are taken. A pair delivers a slot's
-  // messages in the order they were sent.
-  static constexpr std::size_t kEager = std::size_t{64} << 10;
-
+  // Point to point (send_bytes, recv_bytes, sendrecv_bytes; and the agreement, on a channel of
+  // its own). Gloo delivers a message only into a receive posted for it, of a size known in
+  // advance, and a send whose receive is not yet posted waits for the receiver's notice (a round
+  // trip). So every rank keeps a receive of `capacity` bytes posted for each peer on the
+  // channel's slot: a message's first part, [its size: 8 bytes, then up to capacity - 8 of its
+  // bytes], goes at once into it; the rest, where there is more, follows on the channel's bulk
+  // slot into a receive posted for exactly its size once the first part told it. The eager
+  // receive is posted again as soon as its bytes are taken. A pair delivers a slot's messages in
+  // the order they were sent.
   struct Eager {
-    std::vector<std::byte> bytes = std::vector<std::byte>(kEager);
+    std::vector<std::byte> bytes;
     Buffer buf;
   };
-  void post_eager(int from) {
-    Eager& e = eager_[static_cast<std::size_t>(from)];
-    e.buf->recv(from, kSlotPoint, 0, kEager);
+  struct Channel {
+    std::uint64_t slot = 0, bulk = 0;
+    std::size_t capacity = 0;
+    std::vector<Eager> from;  // per peer
+  };
+  void open_channel(Channel& c, std::uint64_t slot, std::uint64_t bulk, std::size_t capacity) {
+    c.slot = slot;
+    c.bulk = bulk;
+    c.capacity = capacity;
+    c.from.resize(static_cast<std::size_t>(size()));
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      Eager& e = c.from[static_cast<std::size_t>(r)];
+      e.bytes.resize(capacity);
+      e.buf = ctx_->createUnboundBuffer(e.bytes.data(), e.bytes.size());
+      e.buf->recv(r, c.slot, 0, c.capacity);
+    }
   }
 
   // A message on its way: its first part (a copy) and, where there is more, the rest (in
@@ -624,44 +646,104 @@ class GlooTransport final : public Transport {
     Buffer head;
     Segments rest;
   };
-  void start_send(int to, std::span<const std::byte> send, Outgoing& out) {
-    const std::size_t inline_bytes = std::min(send.size(), kEager - 8);
+  void start_send(Channel& c, int to, std::span<const std::byte> send, Outgoing& out) {
+    const std::size_t inline_bytes = std::min(send.size(), c.capacity - 8);
     out.first.resize(8 + inline_bytes);
     const std::uint64_t n = send.size();
     std::memcpy(out.first.data(), &n, 8);
     if (inline_bytes > 0) std::memcpy(out.first.data() + 8, send.data(), inline_bytes);
     out.head = ctx_->createUnboundBuffer(out.first.data(), out.first.size());
-    out.head->send(to, kSlotPoint);
-    out.rest.send(*ctx_, to, kSlotBulk, send.data() + inline_bytes, send.size() - inline_bytes);
+    out.head->send(to, c.slot);
+    out.rest.send(*ctx_, to, c.bulk, send.data() + inline_bytes, send.size() - inline_bytes);
   }
-  static void finish_send(Outgoing& out) {
-    out.head->waitSend(nullptr, kForever);
+  static void finish_send(Outgoing& out, Ms limit = kForever) {
+    out.head->waitSend(nullptr, limit);
     out.rest.wait();
   }
-  std::uint64_t receive(int from, std::vector<std::byte>& recv) {
-    Eager& e = eager_[static_cast<std::size_t>(from)];
-    e.buf->waitRecv(nullptr, kForever);
+  // limit: the first part's wait (Gloo ends the context when it passes).
+  std::uint64_t receive(Channel& c, int from, std::vector<std::byte>& recv, Ms limit = kForever) {
+    Eager& e = c.from[static_cast<std::size_t>(from)];
+    e.buf->waitRecv(nullptr, limit);
     std::uint64_t n = 0;
     std::memcpy(&n, e.bytes.data(), 8);
     check_announced(n, from);
     const std::size_t inline_bytes =
-        static_cast<std::size_t>(std::min<std::uint64_t>(n, kEager - 8));
+        static_cast<std::size_t>(std::min<std::uint64_t>(n, c.capacity - 8));
     recv.resize(static_cast<std::size_t>(n));
     if (inline_bytes > 0) std::memcpy(recv.data(), e.bytes.data() + 8, inline_bytes);
-    post_eager(from);
+    e.buf->recv(from, c.slot, 0, c.capacity);
     if (n > inline_bytes) {
       Segments rest;
-      rest.recv(*ctx_, from, kSlotBulk, recv.data() + inline_bytes, recv.size() - inline_bytes);
+      rest.recv(*ctx_, from, c.bulk, recv.data() + inline_bytes, recv.size() - inline_bytes);
       rest.wait();
     }
     return n;
+  }
+
+  // The element-wise MAX over ranks of `words` int64 (each below 2^63), by recursive doubling
+  // over the agreement's channel (log2 P rounds of one eager message each way; a rank beyond
+  // the largest power of two first hands its words to a partner and gets the result back):
+  // every wait has `limit`.
+  void max_words(std::uint64_t* words, std::size_t count, Ms limit) {
+    const int p = size(), r = rank();
+    int p2 = 1;
+    while (p2 * 2 <= p) p2 *= 2;
+    const int rem = p - p2;
+    std::vector<std::byte> got;
+    const std::span<const std::byte> mine(reinterpret_cast<const std::byte*>(words), 8 * count);
+    const auto take = [&](int from) {
+      receive(agree_, from, got, limit);
+      if (got.size() != 8 * count) {
+        throw Error(Status::bad_payload, "rank " + std::to_string(from) + " sent an agreement of " +
+                                             std::to_string(got.size()) + " bytes, not " +
+                                             std::to_string(8 * count));
+      }
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint64_t v = 0;
+        std::memcpy(&v, got.data() + 8 * i, 8);
+        words[i] = std::max(words[i], v);
+      }
+    };
+    const auto give = [&](int to) {
+      Outgoing out;
+      start_send(agree_, to, mine, out);
+      finish_send(out, limit);
+    };
+    int newrank = -1;
+    if (r < 2 * rem) {
+      if (r % 2 == 0) {
+        give(r + 1);
+      } else {
+        take(r - 1);
+        newrank = r / 2;
+      }
+    } else {
+      newrank = r - rem;
+    }
+    if (newrank >= 0) {
+      for (int mask = 1; mask < p2; mask <<= 1) {
+        const int peer_new = newrank ^ mask;
+        const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
+        Outgoing out;
+        start_send(agree_, peer, mine, out);  // a copy: the words may change below
+        take(peer);
+        finish_send(out, limit);
+      }
+    }
+    if (r < 2 * rem) {
+      if (r % 2 == 1) {
+        give(r - 1);
+      } else {
+        take(r + 1);
+      }
+    }
   }
 
   void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
     const double start = now();
     guarded("send", [&] {
       Outgoing out;
-      start_send(to, send, out);
+      start_send(point_, to, send, out);
       finish_send(out);
     });
     t.seconds += now() - start;
@@ -670,7 +752,7 @@ class GlooTransport final : public Transport {
 
   void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
     const double start = now();
-    const std::uint64_t n = guarded("recv", [&] { return receive(from, recv); });
+    const std::uint64_t n = guarded("recv", [&] { return receive(point_, from, recv); });
     t.seconds += now() - start;
     t.received += n;
   }
@@ -680,8 +762,8 @@ class GlooTransport final : public Transport {
     const double start = now();
     const std::uint64_t n = guarded("sendrecv", [&] {
       Outgoing out;
-      start_send(partner, send, out);
-      const std::uint64_t got = receive(partner, recv);
+      start_send(point_, partner, send, out);
+      const std::uint64_t got = receive(point_, partner, recv);
       finish_send(out);
       return got;
     });
@@ -726,22 +808,13 @@ class GlooTransport final : public Transport {
     const Ms limit = limits.timeout > 0 ? to_ms(limits.timeout) : kForever;
     const double start = now();
     if (watched) watch_.begin(call, limits, describe);
-    // Gloo's bcube allreduce waits with the context's timeout, not its options'.
-    if (limits.timeout > 0) ctx_->set_all_timeouts(limit);
     try {
-      gloo::AllreduceOptions opts(ctx_);
-      opts.setOutput(reinterpret_cast<std::int64_t*>(all), words);
-      opts.setReduceFunction(reduce_function(Reduction::max_int64));
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::BCUBE);
-      opts.setTimeout(limit);
-      gloo::allreduce(opts);
+      max_words(all, words, limit);
       // With a timeout, every rank passes a barrier too (as on MPI): a rank that came after a
       // rank gave up finds the connections closed there at the latest.
       if (limits.timeout > 0) {
-        gloo::BarrierOptions b(ctx_);
-        b.setTimeout(limit);
-        gloo::barrier(b);
-        ctx_->set_all_timeouts(kForever);
+        std::uint64_t token = 0;
+        max_words(&token, 1, limit);
       }
     } catch (...) {
       const double waited = now() - start;
@@ -771,7 +844,8 @@ class GlooTransport final : public Transport {
  private:
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<Context> ctx_;        // the calls
-  std::vector<Eager> eager_;            // per peer: its posted receive (point to point)
+  Channel point_;                       // point to point: per peer, its posted receive
+  Channel agree_;                       // the agreement's
   std::shared_ptr<Context> watch_ctx_;  // the watch's questions and answers
   // Declared after the contexts, so destroyed first: its threads end before the connections
   // close.
