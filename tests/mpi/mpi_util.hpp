@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -80,7 +81,8 @@ inline bool on_gloo() {
 }
 
 #ifdef GCOMP_TEST_HAVE_GLOO
-// The store's directory, made by rank 0 on first use and told to every rank.
+// The store's directory, made by rank 0 on first use and told to every rank. Rank 0 removes it
+// at exit: by then every rank has passed the main's last collective, so every rendezvous is over.
 inline const std::string& store_dir() {
   static const std::string dir = [] {
     char path[4096] = {};
@@ -93,6 +95,16 @@ inline const std::string& store_dir() {
     MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
     return std::string(path);
   }();
+  static const bool removed_at_exit = [] {
+    if (rank() == 0 && !dir.empty()) {
+      std::atexit([] {
+        std::error_code ignored;
+        std::filesystem::remove_all(store_dir(), ignored);
+      });
+    }
+    return true;
+  }();
+  (void)removed_at_exit;
   return dir;
 }
 #endif
