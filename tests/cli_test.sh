@@ -231,7 +231,10 @@ for f in missing.gcp short.gcp garbage.bin empty.bin x.bin x.npy "$S"; do
   bad 2 "$f" inspect "$f"
 done
 # Every single-byte change of the header of each kind of payload: rejected or decoded, never a
-# crash (the data bytes of none and fp16 payloads may change to other valid values).
+# crash (the data bytes of none and fp16 payloads may change to other valid values). Under the
+# sanitizers each change is decoded once, without the second and third runs that check the
+# rejection's exit code and message for decode and inspect (the Release run checks those; the
+# decoder's fuzz target covers the same bytes under AddressSanitizer): 591 runs instead of 1333.
 for spec in none fp16 topk:ratio=0.1 qsgd terngrad sign; do
   ok encode --spec "$spec" x.bin hdr.gcp
   for off in $(seq 0 60); do
@@ -242,7 +245,7 @@ for spec in none fp16 topk:ratio=0.1 qsgd terngrad sign; do
       "$G" decode flip.gcp flip.bin >out.txt 2>err.txt
       rc=$?
       [ "$rc" -lt 128 ] || fail "decode crashed on $spec with byte $off = $val (exit $rc)"
-      if [ "$rc" -ne 0 ]; then
+      if [ "$rc" -ne 0 ] && [ -z "${GCOMP_TEST_SANITIZED:-}" ]; then
         bad 2 flip.gcp decode flip.gcp flip.bin
         bad 2 flip.gcp inspect flip.gcp
       fi

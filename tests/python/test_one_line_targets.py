@@ -1,8 +1,10 @@
 """The one line's targets (python_examples/ddp_fashion_mnist.py, 3 ranks, the 0.5M-parameter MLP,
 SGD lr 0.05 momentum 0.9, 600 steps): top-k 1% through gt.register no more than 0.5 points below
 DDP's own allreduce, with at least 20x fewer bytes than a ring allreduce and the same parameters
-on every rank; top-k 0.1% within 1 point. The top-k 1% row runs twice: under mpiexec (gcomp over
-MPI) and launched as torchrun launches a job, without mpiexec (gcomp over Gloo on torch's store).
+on every rank; top-k 0.1% within 1 point. The top-k 1% row is launched as torchrun launches a job,
+without mpiexec (gcomp over Gloo on torch's store), the others under mpiexec (gcomp over MPI):
+each target on one transport, both transports in one test (the rows' sums are the same
+sparse_allgather on either; a fourth 600-step job would add 40 s to CI for no new property).
 
 The accuracy compared is the mean of the test accuracy every 10 steps over the last 300 steps
 (30 evaluations, steps 310 to 600), not one evaluation: at a constant lr of 0.05 one evaluation
@@ -54,18 +56,14 @@ def run(codec, *more, launcher="mpiexec"):
 def test_the_one_line_keeps_ddps_accuracy_with_top_k():
     applied = ["--applied", "--algorithm", "sparse_allgather"]
     ddp, _, ring, ddp_same, r0 = run("default")
-    top1, sent1, ring1, same1, r1 = run("topk:ratio=0.01", *applied)
-    top01, sent01, _, same01, r2 = run("topk:ratio=0.001", *applied)
-    gtop1, gsent1, gring1, gsame1, r3 = run("topk:ratio=0.01", *applied, launcher="torchrun")
-    report = "\n".join([r0, r1, r2, r3, f"means: ddp {ddp:.4f}, top-k 1% {top1:.4f}, "
-                                         f"top-k 0.1% {top01:.4f}, top-k 1% without mpiexec "
-                                         f"{gtop1:.4f}"])
+    top1, sent1, ring1, same1, r1 = run("topk:ratio=0.01", *applied, launcher="torchrun")
+    top01, sent01, ring01, same01, r2 = run("topk:ratio=0.001", *applied)
+    report = "\n".join([r0, r1, r2, f"means: ddp {ddp:.4f}, top-k 1% without mpiexec {top1:.4f}, "
+                                     f"top-k 0.1% under mpiexec {top01:.4f}"])
     print(report)
-    assert ddp_same and same1 and same01 and gsame1, report
-    assert ring1 == ring and gring1 == ring
+    assert ddp_same and same1 and same01, report
+    assert ring1 == ring and ring01 == ring
     assert top1 >= ddp - 0.005, report
     assert ring / sent1 >= 20, report
-    assert gtop1 >= ddp - 0.005, report
-    assert ring / gsent1 >= 20, report
     assert top01 >= ddp - 0.010, report
     assert ring / sent01 >= 20, report

@@ -51,15 +51,15 @@ def params(path, ranks):
 # parameter and PowerSGD (one per parameter) on several buckets, which DDP lays out anew after
 # the first step of each job (the resumed job's first step has DDP's first layout, the one run's
 # step N the rebuilt one: the residuals follow the parameters by name).
-# Under torch's launcher (Gloo) the hook's one-bucket row and the optimizer's top-k row again.
+# Under torch's launcher (Gloo) the hook's one-bucket row again (a checkpoint holds the same
+# state whatever the transport; the optimizer's own runs under torchrun are in test_torch.py).
 @pytest.mark.parametrize("form, codec, more, launcher", [
     ("hook", "topk:ratio=0.05", ["--buckets", "one"], "mpiexec"),
     ("hook", "topk:ratio=0.05", ["--per-parameter"], "mpiexec"),
     ("hook", "powersgd:rank=2,start=2", [], "mpiexec"),
     ("optimizer", "topk:ratio=0.05", [], "mpiexec"),
     ("optimizer", "powersgd:rank=2", [], "mpiexec"),
-    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun"),
-    ("optimizer", "topk:ratio=0.05", [], "torchrun")])
+    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun")])
 def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more, launcher):
     ranks, n, m = 2, 5, 3
     common = ["train", "--form", form, "--codec", codec, *more]
