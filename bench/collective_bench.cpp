@@ -55,6 +55,12 @@
 
 namespace {
 
+// The median of a run's times (the upper middle one of an even count; 0 of none).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 int world_rank = 0;
 int world_size = 1;
 gcomp::Communicator* comm = nullptr;
@@ -246,10 +252,6 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
     ours.push_back(t_ours);
     st.SetIterationTime(t_mpi + t_ours);
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   st.counters["mpi_median_s"] = median(mpi);
   st.counters["auto_median_s"] = median(ours);
   st.counters["ratio"] = median(mpi) > 0 ? median(ours) / median(mpi) : 0;
@@ -315,10 +317,6 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
     ++seed;
     st.SetIterationTime(total);
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   double best = 1e30;
   for (std::size_t o = 0; o <= mpi; ++o) {
     const double m = median(times[o]);
@@ -399,10 +397,6 @@ void bm_transports(benchmark::State& st, std::string spec, gcomp::Algorithm alg,
     ++seed;
     st.SetIterationTime(total);
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   const double m = median(times[0]), g = median(times[1]);
   st.counters["mpi_s"] = m;
   st.counters["gloo_s"] = g;

@@ -6,7 +6,7 @@
 //
 // Non-power-of-two P: with p2 the largest power of two <= P and r = P - p2, the ranks 0..2r-1
 // fold first (even rank 2i sends its stream to 2i+1 and waits), the p2 remaining ranks run the
-// rounds, and 2i+1 finally sends the result back to 2i (unfold).
+// rounds, and 2i+1 finally sends the result back to 2i (unfold): doubling.hpp's schedule.
 //
 // Schedule: log2(p2) rounds (+2 when folding); in round k a rank sends its stream, about
 // min(2^k k_0 (1 - overlap), n) entries of (index + value) bytes, and receives its partner's.
@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "algorithm_table.hpp"
+#include "doubling.hpp"
 #include "model_terms.hpp"
 #include "sparse_vector.hpp"
 
@@ -37,11 +38,6 @@ static void run_sparse_recursive_doubling(Job& job) {
   std::vector<std::byte>& got = bufs.got;
   payload_vector(job, s);
   const std::uint64_t n = job.buf.out.size();
-  const int p = job.call.size;
-  const int r = job.call.rank;
-  int p2 = 1;
-  while (p2 * 2 <= p) p2 *= 2;
-  const int rem = p - p2;
   // With binary16 values a partner reads this rank's stream rounded: this rank sums the same.
   const bool half = half_values(job);
   const auto send_form = [&] {
@@ -54,37 +50,28 @@ static void run_sparse_recursive_doubling(Job& job) {
     merge_into(s, other);
   };
 
-  int newrank = -1;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      send_form();
-      job.call.net->send_bytes(r + 1, wire, job.meter.traffic);
-    } else {
-      job.call.net->recv_bytes(r - 1, got, job.meter.traffic);
-      merge_from(got);
-      newrank = r / 2;
-    }
-  } else {
-    newrank = r - rem;
+  const DoublingSchedule d(job.call.rank, job.call.size);
+  if (d.folds_into >= 0) {
+    send_form();
+    job.call.net->send_bytes(d.folds_into, wire, job.meter.traffic);
   }
-  if (newrank >= 0) {
-    for (int mask = 1; mask < p2; mask <<= 1) {
-      const int peer_new = newrank ^ mask;
-      const int peer = peer_new < rem ? 2 * peer_new + 1 : peer_new + rem;
-      send_form();
-      job.call.net->sendrecv_bytes(peer, wire, got, job.meter.traffic);
-      merge_from(got);
-    }
+  if (d.folded_from >= 0) {
+    job.call.net->recv_bytes(d.folded_from, got, job.meter.traffic);
+    merge_from(got);
   }
-  if (r < 2 * rem) {
-    if (r % 2 == 1) {
-      serialize(s, wire);  // the result as it is, as its round partner holds it
-      job.call.net->send_bytes(r - 1, wire, job.meter.traffic);
-    } else {
-      job.call.net->recv_bytes(r + 1, got, job.meter.traffic);
-      const auto timed = job.meter.decoding();
-      deserialize(got, n, s);
-    }
+  for (const int peer : d.partners) {
+    send_form();
+    job.call.net->sendrecv_bytes(peer, wire, got, job.meter.traffic);
+    merge_from(got);
+  }
+  if (d.folded_from >= 0) {
+    serialize(s, wire);  // the result as it is, as its round partner holds it
+    job.call.net->send_bytes(d.folded_from, wire, job.meter.traffic);
+  }
+  if (d.folds_into >= 0) {
+    job.call.net->recv_bytes(d.folds_into, got, job.meter.traffic);
+    const auto timed = job.meter.decoding();
+    deserialize(got, n, s);
   }
   const auto timed = job.meter.decoding();
   write_out(s, job.buf.out, average_scale(job));  // averaged in the same pass
