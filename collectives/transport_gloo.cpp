@@ -4,11 +4,13 @@
 //
 // What runs on what:
 //   dense allreduce      gloo::allreduce (ring), what torch's ProcessGroupGloo runs for DDP
-//   small reductions     recursive doubling of eager messages (what fits one: 64 KiB)
-//   allgatherv           gloo::allgather of the sizes, then a ring in 1 MiB segments
-//   all-to-all(v)        gloo::alltoall of the sizes, then the blocks in 1 MiB segments
-//   point to point       a receive always posted per peer: the size and the first 64 KiB at once,
-//                        the rest after it (Gloo's receives need their size)
+//   small reductions     recursive doubling of eager messages (up to 64 KiB)
+//   point to point       a receive always posted per peer: the size and the first part (up to
+//                        1 MiB, less at many ranks) at once, the rest after it in 1 MiB segments
+//                        (Gloo's receives need their size)
+//   allgatherv           a ring of point-to-point messages: each block's size travels with it
+//   all-to-allv          a point-to-point message to every peer, its size with it
+//   all-to-all           gloo::alltoall (fixed blocks)
 //   barrier              gloo::barrier
 //   the agreement        recursive doubling of eager messages on a channel of its own, the
 //                        timeout Gloo's own; watched by two threads (GlooWatch below)
@@ -92,10 +94,8 @@ constexpr Ms kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 3
 constexpr std::uint64_t kSlotBase = std::uint64_t{0x67} << 56;
 constexpr std::uint64_t kSlotPoint = kSlotBase | 1;  // send_bytes, recv_bytes, sendrecv_bytes
 constexpr std::uint64_t kSlotShift = kSlotBase | 2;  // the network measurement's shifts
-constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' and alltoall_bytes' data
 constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
 constexpr std::uint64_t kSlotBulk = kSlotBase | 5;   // point to point: what follows the first part
-constexpr std::uint64_t kSlotRing = kSlotBase | 6;   // allgatherv_bytes' ring
 constexpr std::uint64_t kSlotAgree = kSlotBase | 7;  // the agreement (and its barrier)
 constexpr std::uint64_t kSlotAgreeBulk = kSlotBase | 8;
 
@@ -426,6 +426,18 @@ class GlooWatch {
 
 // ---- The transport ----
 
+// The first part of a point-to-point message, which a receive posted in advance per peer takes at
+// once: 1 MiB (the top-k payloads of most buckets in one message, without the round trip that
+// the rest's receive costs), less from 9 ranks on so that the receives hold at most 8 MiB.
+// The most bytes a reduction sends by recursive doubling, whole in each of log2 P rounds; more
+// goes round the ring, whose 2 (P - 1) / P of the bytes per rank matter then.
+constexpr std::size_t kSmallReduction = std::size_t{64} << 10;
+
+std::size_t eager_capacity(int ranks) {
+  const std::size_t peers = static_cast<std::size_t>(std::max(ranks - 1, 1));
+  return std::clamp((std::size_t{8} << 20) / peers, std::size_t{64} << 10, std::size_t{1} << 20);
+}
+
 using ReduceFn = void (*)(void*, const void*, const void*, std::size_t);
 
 ReduceFn reduce_function(Reduction r) {
@@ -467,7 +479,7 @@ class GlooTransport final : public Transport {
       gloo::allgather(opts);
     });
     // Every peer's eager receives, posted (point to point, below).
-    open_channel(point_, kSlotPoint, kSlotBulk, std::size_t{64} << 10);
+    open_channel(point_, kSlotPoint, kSlotBulk, eager_capacity(size));
     open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256);
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
@@ -486,10 +498,10 @@ class GlooTransport final : public Transport {
     if (send != recv && bytes > 0) std::memcpy(recv, send, bytes);
     if (size() == 1 || count == 0) return;
     guarded("allreduce", [&] {
-      // What fits one eager message by recursive doubling (gloo::allreduce cost 3.9 ms a call
-      // here whatever the size, 2 ranks on the loopback, its allgather 0.1 ms); the dense
-      // allreduce as torch's gloo runs it (the ring).
-      if (bytes + 8 <= point_.capacity) {
+      // Up to 64 KiB by recursive doubling of eager messages (gloo::allreduce cost 3.9 ms a
+      // call here whatever the size, 2 ranks on the loopback, its allgather 0.1 ms); more, where
+      // the ring's bytes matter, as torch's gloo runs it (the ring).
+      if (bytes + 8 <= std::min(point_.capacity, kSmallReduction)) {
         reduce_doubling(point_, recv, count, element_size(op), reduce_function(op), kForever);
         return;
       }
@@ -515,100 +527,73 @@ class GlooTransport final : public Transport {
     });
   }
 
+  // A ring (as Gloo's allgatherv and MPICH's for large messages) of point-to-point messages: in
+  // step i each rank passes block rank - i to the next and takes block rank - i - 1 from the
+  // previous. Each block's size travels in its message's first part, so no size exchange comes
+  // first (on 2 ranks: one message each way where the block fits the first part). The blocks
+  // arrive apart and are laid out in rank order at the end.
   void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
     const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    out.sizes.assign(p, 0);
-    std::uint64_t my_size = mine.size();
-    guarded("allgather", [&] {
-      if (p == 1) {
-        out.sizes[0] = my_size;
-        return;
-      }
-      gloo::AllgatherOptions opts(ctx_);
-      opts.setInput(&my_size, 1);
-      opts.setOutput(out.sizes.data(), p);
-      opts.setTimeout(kForever);
-      gloo::allgather(opts);
-    });
-    out.offsets.assign(p, 0);
-    std::uint64_t total = 0;
-    std::vector<std::size_t> counts(p);
-    for (std::size_t r = 0; r < p; ++r) {
-      check_announced(out.sizes[r], static_cast<int>(r));
-      check_announced(total + out.sizes[r], static_cast<int>(r));
-      out.offsets[r] = total;
-      counts[r] = static_cast<std::size_t>(out.sizes[r]);
-      total += out.sizes[r];
-    }
-    if (out.sizes[static_cast<std::size_t>(rank())] != my_size) {
-      throw Error(Status::internal, "allgatherv: this rank's own size came back changed");
-    }
-    out.bytes.resize(total);
-    if (total > 0) {
+    std::vector<std::vector<std::byte> > blocks(p);
+    if (p > 1) {
       guarded("allgatherv", [&] {
-        auto* base = reinterpret_cast<char*>(out.bytes.data());
-        std::memcpy(base + out.offsets[static_cast<std::size_t>(rank())], mine.data(), mine.size());
-        if (p == 1) return;
-        // A ring (as Gloo's allgatherv and MPICH's for large messages): in step i each rank
-        // passes on block rank - i to the next and takes block rank - i - 1 from the previous,
-        // in segments (Gloo's allgatherv sends each block whole: a 64 MiB block took twice the
-        // link's time here, its ring allreduce with 1 MiB segments the link's).
-        const std::size_t me = static_cast<std::size_t>(rank());
         const int next = static_cast<int>((me + 1) % p), prev = static_cast<int>((me + p - 1) % p);
         for (std::size_t i = 0; i + 1 < p; ++i) {
           const std::size_t send_block = (me + p - i) % p, recv_block = (me + p - i - 1) % p;
-          Segments segs;
-          segs.recv(*ctx_, prev, kSlotRing, base + out.offsets[recv_block], counts[recv_block]);
-          segs.send(*ctx_, next, kSlotRing, base + out.offsets[send_block], counts[send_block]);
-          segs.wait();
+          const std::span<const std::byte> block =
+              send_block == me ? mine : std::span<const std::byte>(blocks[send_block]);
+          Outgoing o;
+          start_send(point_, next, block, o);
+          receive(point_, prev, blocks[recv_block]);
+          finish_send(o);
         }
       });
     }
+    out.sizes.assign(p, 0);
+    out.offsets.assign(p, 0);
+    std::uint64_t total = 0;
+    for (std::size_t r = 0; r < p; ++r) {
+      out.sizes[r] = r == me ? mine.size() : blocks[r].size();
+      check_announced(total + out.sizes[r], static_cast<int>(r));
+      out.offsets[r] = total;
+      total += out.sizes[r];
+    }
+    out.bytes.resize(total);
+    for (std::size_t r = 0; r < p; ++r) {
+      const std::span<const std::byte> b = r == me ? mine : std::span<const std::byte>(blocks[r]);
+      if (!b.empty()) std::memcpy(out.bytes.data() + out.offsets[r], b.data(), b.size());
+      std::vector<std::byte>().swap(blocks[r]);
+    }
     t.seconds += now() - start;
-    count_allgatherv(t, p, my_size, total);
+    count_allgatherv(t, p, mine.size(), total);
   }
 
-  // The sizes each rank sends every other: from[r] = what rank r sends this rank.
-  std::vector<std::uint64_t> exchange_sizes(const std::vector<std::uint64_t>& to) {
-    const auto p = static_cast<std::size_t>(size());
-    std::vector<std::uint64_t> from(p);
-    guarded("alltoall", [&] {
-      gloo::AlltoallOptions opts(ctx_);
-      std::vector<std::uint64_t> send = to;
-      opts.setInput(send.data(), p);
-      opts.setOutput(from.data(), p);
-      opts.setTimeout(kForever);
-      gloo::alltoall(opts);
-    });
-    return from;
-  }
-
+  // A point-to-point message to every peer, its size in its first part: all sent at once
+  // (staggered: rank + 1, rank + 2, ...), then taken in the opposite order, as on MPI.
   void alltoallv_bytes(const std::vector<std::vector<std::byte> >& to,
                        std::vector<std::vector<std::byte> >& from, Traffic& t) override {
     const auto p = static_cast<std::size_t>(size());
     const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    std::vector<std::uint64_t> send_sizes(p);
+    std::vector<std::uint64_t> send_sizes(p), recv_sizes(p);
     for (std::size_t r = 0; r < p; ++r) send_sizes[r] = to[r].size();
-    const std::vector<std::uint64_t> recv_sizes = p == 1 ? send_sizes : exchange_sizes(send_sizes);
     from.resize(p);
     guarded("all-to-all", [&] {
-      // Receives posted first, sends staggered (rank + 1, rank + 2, ...), as on MPI.
-      Segments segs;
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + p - k) % p;
-        check_announced(recv_sizes[r], static_cast<int>(r));
-        from[r].resize(recv_sizes[r]);
-        segs.recv(*ctx_, static_cast<int>(r), kSlotAll, from[r].data(), from[r].size());
-      }
+      std::vector<Outgoing> out(p);
       for (std::size_t k = 1; k < p; ++k) {
         const std::size_t r = (me + k) % p;
-        segs.send(*ctx_, static_cast<int>(r), kSlotAll, to[r].data(), to[r].size());
+        start_send(point_, static_cast<int>(r), to[r], out[r]);
       }
-      from[me].assign(to[me].begin(), to[me].end());
-      segs.wait();
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + p - k) % p;
+        recv_sizes[r] = receive(point_, static_cast<int>(r), from[r]);
+      }
+      for (std::size_t k = 1; k < p; ++k) finish_send(out[(me + k) % p]);
     });
+    from[me].assign(to[me].begin(), to[me].end());
+    recv_sizes[me] = send_sizes[me];
     t.seconds += now() - start;
     count_alltoallv(t, send_sizes, recv_sizes, me);
   }
