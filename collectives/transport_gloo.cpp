@@ -8,8 +8,8 @@
 //   point to point       a receive always posted per peer: the size and the first part (up to
 //                        1 MiB, less at many ranks) at once, the rest after it in 1 MiB segments
 //                        (Gloo's receives need their size)
-//   allgatherv           a ring of point-to-point messages: each block's size travels with it
-//   all-to-allv          a point-to-point message to every peer, its size with it
+//   allgatherv           the sizes as point-to-point messages, then a ring in 1 MiB segments
+//   all-to-allv          the sizes as point-to-point messages, then the blocks in 1 MiB segments
 //   all-to-all           gloo::alltoall (fixed blocks)
 //   barrier              gloo::barrier
 //   the agreement        recursive doubling of eager messages on a channel of its own, the
@@ -94,8 +94,10 @@ constexpr Ms kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 3
 constexpr std::uint64_t kSlotBase = std::uint64_t{0x67} << 56;
 constexpr std::uint64_t kSlotPoint = kSlotBase | 1;  // send_bytes, recv_bytes, sendrecv_bytes
 constexpr std::uint64_t kSlotShift = kSlotBase | 2;  // the network measurement's shifts
+constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' data
 constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
 constexpr std::uint64_t kSlotBulk = kSlotBase | 5;   // point to point: what follows the first part
+constexpr std::uint64_t kSlotRing = kSlotBase | 6;   // allgatherv_bytes' ring
 constexpr std::uint64_t kSlotAgree = kSlotBase | 7;  // the agreement (and its barrier)
 constexpr std::uint64_t kSlotAgreeBulk = kSlotBase | 8;
 
@@ -527,73 +529,107 @@ class GlooTransport final : public Transport {
     });
   }
 
-  // A ring (as Gloo's allgatherv and MPICH's for large messages) of point-to-point messages: in
-  // step i each rank passes block rank - i to the next and takes block rank - i - 1 from the
-  // previous. Each block's size travels in its message's first part, so no size exchange comes
-  // first (on 2 ranks: one message each way where the block fits the first part). The blocks
-  // arrive apart and are laid out in rank order at the end.
   void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
     const auto p = static_cast<std::size_t>(size());
-    const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    std::vector<std::vector<std::byte> > blocks(p);
-    if (p > 1) {
+    out.sizes.assign(p, 0);
+    std::uint64_t my_size = mine.size();
+    out.sizes = p == 1 ? std::vector<std::uint64_t>{my_size}
+                       : exchange_sizes(std::vector<std::uint64_t>(p, my_size));
+    out.offsets.assign(p, 0);
+    std::uint64_t total = 0;
+    std::vector<std::size_t> counts(p);
+    for (std::size_t r = 0; r < p; ++r) {
+      check_announced(out.sizes[r], static_cast<int>(r));
+      check_announced(total + out.sizes[r], static_cast<int>(r));
+      out.offsets[r] = total;
+      counts[r] = static_cast<std::size_t>(out.sizes[r]);
+      total += out.sizes[r];
+    }
+    if (out.sizes[static_cast<std::size_t>(rank())] != my_size) {
+      throw Error(Status::internal, "allgatherv: this rank's own size came back changed");
+    }
+    out.bytes.resize(total);
+    if (total > 0) {
       guarded("allgatherv", [&] {
+        auto* base = reinterpret_cast<char*>(out.bytes.data());
+        std::memcpy(base + out.offsets[static_cast<std::size_t>(rank())], mine.data(), mine.size());
+        if (p == 1) return;
+        // A ring (as Gloo's allgatherv and MPICH's for large messages): in step i each rank
+        // passes on block rank - i to the next and takes block rank - i - 1 from the previous,
+        // in segments (Gloo's allgatherv sends each block whole: a 64 MiB block took twice the
+        // link's time here, its ring allreduce with 1 MiB segments the link's).
+        const std::size_t me = static_cast<std::size_t>(rank());
         const int next = static_cast<int>((me + 1) % p), prev = static_cast<int>((me + p - 1) % p);
         for (std::size_t i = 0; i + 1 < p; ++i) {
           const std::size_t send_block = (me + p - i) % p, recv_block = (me + p - i - 1) % p;
-          const std::span<const std::byte> block =
-              send_block == me ? mine : std::span<const std::byte>(blocks[send_block]);
-          Outgoing o;
-          start_send(point_, next, block, o);
-          receive(point_, prev, blocks[recv_block]);
-          finish_send(o);
+          Segments segs;
+          segs.recv(*ctx_, prev, kSlotRing, base + out.offsets[recv_block], counts[recv_block]);
+          segs.send(*ctx_, next, kSlotRing, base + out.offsets[send_block], counts[send_block]);
+          segs.wait();
         }
       });
     }
-    out.sizes.assign(p, 0);
-    out.offsets.assign(p, 0);
-    std::uint64_t total = 0;
-    for (std::size_t r = 0; r < p; ++r) {
-      out.sizes[r] = r == me ? mine.size() : blocks[r].size();
-      check_announced(total + out.sizes[r], static_cast<int>(r));
-      out.offsets[r] = total;
-      total += out.sizes[r];
-    }
-    out.bytes.resize(total);
-    for (std::size_t r = 0; r < p; ++r) {
-      const std::span<const std::byte> b = r == me ? mine : std::span<const std::byte>(blocks[r]);
-      if (!b.empty()) std::memcpy(out.bytes.data() + out.offsets[r], b.data(), b.size());
-      std::vector<std::byte>().swap(blocks[r]);
-    }
     t.seconds += now() - start;
-    count_allgatherv(t, p, mine.size(), total);
+    count_allgatherv(t, p, my_size, total);
   }
 
-  // A point-to-point message to every peer, its size in its first part: all sent at once
-  // (staggered: rank + 1, rank + 2, ...), then taken in the opposite order, as on MPI.
+  // The sizes each rank sends every other: from[r] = what rank r sends this rank, each an eager
+  // message to its rank (gloo::alltoall and gloo::allgather cost about 4 ms a call here whatever
+  // the size, a message 0.05 ms). The data follows once every receive can be posted at its
+  // place before any byte is sent (so both directions of a pair flow at once).
+  std::vector<std::uint64_t> exchange_sizes(const std::vector<std::uint64_t>& to) {
+    const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
+    std::vector<std::uint64_t> from(p);
+    from[me] = to[me];
+    guarded("size exchange", [&] {
+      std::vector<Outgoing> out(p);
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + k) % p;
+        const std::span<const std::byte> size(reinterpret_cast<const std::byte*>(&to[r]), 8);
+        start_send(point_, static_cast<int>(r), size, out[r]);
+      }
+      std::vector<std::byte> got;
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + p - k) % p;
+        receive(point_, static_cast<int>(r), got);
+        if (got.size() != 8) {
+          throw Error(Status::bad_payload, "rank " + std::to_string(r) + " sent a size of " +
+                                               std::to_string(got.size()) + " bytes, not 8");
+        }
+        std::memcpy(&from[r], got.data(), 8);
+      }
+      for (std::size_t k = 1; k < p; ++k) finish_send(out[(me + k) % p]);
+    });
+    return from;
+  }
+
   void alltoallv_bytes(const std::vector<std::vector<std::byte> >& to,
                        std::vector<std::vector<std::byte> >& from, Traffic& t) override {
     const auto p = static_cast<std::size_t>(size());
     const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    std::vector<std::uint64_t> send_sizes(p), recv_sizes(p);
+    std::vector<std::uint64_t> send_sizes(p);
     for (std::size_t r = 0; r < p; ++r) send_sizes[r] = to[r].size();
+    const std::vector<std::uint64_t> recv_sizes = p == 1 ? send_sizes : exchange_sizes(send_sizes);
     from.resize(p);
     guarded("all-to-all", [&] {
-      std::vector<Outgoing> out(p);
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + k) % p;
-        start_send(point_, static_cast<int>(r), to[r], out[r]);
-      }
+      // Receives posted first, sends staggered (rank + 1, rank + 2, ...), as on MPI.
+      Segments segs;
       for (std::size_t k = 1; k < p; ++k) {
         const std::size_t r = (me + p - k) % p;
-        recv_sizes[r] = receive(point_, static_cast<int>(r), from[r]);
+        check_announced(recv_sizes[r], static_cast<int>(r));
+        from[r].resize(recv_sizes[r]);
+        segs.recv(*ctx_, static_cast<int>(r), kSlotAll, from[r].data(), from[r].size());
       }
-      for (std::size_t k = 1; k < p; ++k) finish_send(out[(me + k) % p]);
+      for (std::size_t k = 1; k < p; ++k) {
+        const std::size_t r = (me + k) % p;
+        segs.send(*ctx_, static_cast<int>(r), kSlotAll, to[r].data(), to[r].size());
+      }
+      from[me].assign(to[me].begin(), to[me].end());
+      segs.wait();
     });
-    from[me].assign(to[me].begin(), to[me].end());
-    recv_sizes[me] = send_sizes[me];
     t.seconds += now() - start;
     count_alltoallv(t, send_sizes, recv_sizes, me);
   }
@@ -631,11 +667,19 @@ class GlooTransport final : public Transport {
   }
 
   // A message on its way: its first part (a copy) and, where there is more, the rest (in
-  // place); both stay alive in `out` until finish_send.
+  // place); both stay alive in `out` until finish_send. The rest is posted apart (send_rest),
+  // after this rank has posted its own receives: a pair's connection sends its messages in
+  // order, receive notices included, so a notice posted after megabytes of this rank's rest
+  // would hold the other direction back until they had gone (an exchange took twice the
+  // link's time so).
   struct Outgoing {
     std::vector<std::byte> first;
     Buffer head;
     Segments rest;
+    int to = -1;
+    std::uint64_t bulk = 0;
+    std::span<const std::byte> remainder;
+    bool rest_posted = false;
   };
   void start_send(Channel& c, int to, std::span<const std::byte> send, Outgoing& out) {
     const std::size_t inline_bytes = std::min(send.size(), c.capacity - 8);
@@ -645,14 +689,25 @@ class GlooTransport final : public Transport {
     if (inline_bytes > 0) std::memcpy(out.first.data() + 8, send.data(), inline_bytes);
     out.head = ctx_->createUnboundBuffer(out.first.data(), out.first.size());
     out.head->send(to, c.slot);
-    out.rest.send(*ctx_, to, c.bulk, send.data() + inline_bytes, send.size() - inline_bytes);
+    out.to = to;
+    out.bulk = c.bulk;
+    out.remainder = send.subspan(inline_bytes);
   }
-  static void finish_send(Outgoing& out, Ms limit = kForever) {
+  void send_rest(Outgoing& out) {
+    if (out.rest_posted) return;
+    out.rest_posted = true;
+    out.rest.send(*ctx_, out.to, out.bulk, out.remainder.data(), out.remainder.size());
+  }
+  void finish_send(Outgoing& out, Ms limit = kForever) {
+    send_rest(out);
     out.head->waitSend(nullptr, limit);
     out.rest.wait();
   }
-  // limit: the first part's wait (Gloo ends the context when it passes).
-  std::uint64_t receive(Channel& c, int from, std::vector<std::byte>& recv, Ms limit = kForever) {
+  // A message's first part: waits for it (limit: Gloo ends the context when it passes), sizes
+  // recv, takes the first bytes, posts the eager receive again and the rest's receives in
+  // `rest` (not waited for).
+  std::uint64_t receive_head(Channel& c, int from, std::vector<std::byte>& recv, Segments& rest,
+                             Ms limit = kForever) {
     Eager& e = c.from[static_cast<std::size_t>(from)];
     e.buf->waitRecv(nullptr, limit);
     std::uint64_t n = 0;
@@ -664,10 +719,27 @@ class GlooTransport final : public Transport {
     if (inline_bytes > 0) std::memcpy(recv.data(), e.bytes.data() + 8, inline_bytes);
     e.buf->recv(from, c.slot, 0, c.capacity);
     if (n > inline_bytes) {
-      Segments rest;
       rest.recv(*ctx_, from, c.bulk, recv.data() + inline_bytes, recv.size() - inline_bytes);
-      rest.wait();
     }
+    return n;
+  }
+  std::uint64_t receive(Channel& c, int from, std::vector<std::byte>& recv, Ms limit = kForever) {
+    Segments rest;
+    const std::uint64_t n = receive_head(c, from, recv, rest, limit);
+    rest.wait();
+    return n;
+  }
+  // One message to `to` and one from `from` (the same rank or not): both first parts, then both
+  // rests.
+  std::uint64_t exchange(Channel& c, int to, std::span<const std::byte> send, int from,
+                         std::vector<std::byte>& recv) {
+    Outgoing out;
+    start_send(c, to, send, out);
+    Segments rest;
+    const std::uint64_t n = receive_head(c, from, recv, rest);
+    send_rest(out);
+    rest.wait();
+    finish_send(out);
     return n;
   }
 
@@ -739,11 +811,7 @@ class GlooTransport final : public Transport {
                       Traffic& t) override {
     const double start = now();
     const std::uint64_t n = guarded("sendrecv", [&] {
-      Outgoing out;
-      start_send(point_, partner, send, out);
-      const std::uint64_t got = receive(point_, partner, recv);
-      finish_send(out);
-      return got;
+      return exchange(point_, partner, send, partner, recv);
     });
     t.seconds += now() - start;
     t.sent += send.size();
