@@ -335,6 +335,23 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   st.counters["ranks"] = world_size;
 }
 
+// The cluster set's cases at n: codecs none, fp16, QSGD 4-bit and top-k 1% + EF, each with auto
+// and every algorithm the cost model can predict for it (one that does not apply to the codec is
+// predicted kNotApplicable): f(spec, ef, algorithm).
+template <class F>
+void for_each_cluster_case(std::size_t n, F&& f) {
+  const std::pair<const char*, bool> codecs[] = {
+      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
+  for (const auto& [spec, ef] : codecs) {
+    const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
+    for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
+      const auto alg = static_cast<gcomp::Algorithm>(a);
+      if (alg != gcomp::Algorithm::automatic && !(pred[a] < gcomp::kNotApplicable)) continue;
+      f(spec, ef, alg);
+    }
+  }
+}
+
 #ifdef GCOMP_BENCH_HAVE_GLOO
 // --set=transports: the same call on a Communicator over MPI and one over Gloo, alternating call
 // by call in one run (the machine's drift falls on both alike); medians of each and their ratio.
@@ -413,21 +430,14 @@ void register_transports_set(std::size_t n) {
       ->UseManualTime()
       ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
       ->Unit(benchmark::kMillisecond);
-  const std::pair<const char*, bool> codecs[] = {
-      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
-  for (const auto& [spec, ef] : codecs) {
-    const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
-    for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
-      const auto alg = static_cast<gcomp::Algorithm>(a);
-      if (alg != gcomp::Algorithm::automatic && !(pred[a] < gcomp::kNotApplicable)) continue;
-      const std::string name = std::string("transports/") + gcomp::algorithm_name(alg) + "/" +
-                               spec + (ef ? "+ef/" : "/") + std::to_string(n);
-      benchmark::RegisterBenchmark(name.c_str(), bm_transports, std::string(spec), alg, n, ef)
-          ->UseManualTime()
-          ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
-          ->Unit(benchmark::kMillisecond);
-    }
-  }
+  for_each_cluster_case(n, [n](const char* spec, bool ef, gcomp::Algorithm alg) {
+    const std::string name = std::string("transports/") + gcomp::algorithm_name(alg) + "/" +
+                             spec + (ef ? "+ef/" : "/") + std::to_string(n);
+    benchmark::RegisterBenchmark(name.c_str(), bm_transports, std::string(spec), alg, n, ef)
+        ->UseManualTime()
+        ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
+        ->Unit(benchmark::kMillisecond);
+  });
 }
 #endif
 
@@ -474,23 +484,15 @@ const Entry kEntries[] = {
     {"randomk:ratio=0.01", gcomp::Algorithm::sparse_split, false},
 };
 
-// The cluster set at n: for each codec, auto and every algorithm the cost model can predict
-// for it (an algorithm that does not apply to the codec is predicted kNotApplicable).
+// The cluster set at n: a benchmark of each of for_each_cluster_case's cases.
 void register_cluster_set(std::size_t n) {
-  const std::pair<const char*, bool> codecs[] = {
-      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
-  for (const auto& [spec, ef] : codecs) {
-    const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
-    for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
-      const auto alg = static_cast<gcomp::Algorithm>(a);
-      if (alg != gcomp::Algorithm::automatic && !(pred[a] < gcomp::kNotApplicable)) continue;
-      const std::string name = std::string(gcomp::algorithm_name(alg)) + "/" + spec +
-                               (ef ? "+ef/" : "/") + std::to_string(n);
-      benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(spec), alg, n, ef)
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
-    }
-  }
+  for_each_cluster_case(n, [n](const char* spec, bool ef, gcomp::Algorithm alg) {
+    const std::string name = std::string(gcomp::algorithm_name(alg)) + "/" + spec +
+                             (ef ? "+ef/" : "/") + std::to_string(n);
+    benchmark::RegisterBenchmark(name.c_str(), bm_gcomp, std::string(spec), alg, n, ef)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  });
 }
 
 void model_table() {
