@@ -128,16 +128,21 @@ void make_gloo_peer(gloo::rendezvous::Store& store) {
 }
 
 // Gloo's allreduce as torch's ProcessGroupGloo runs it for a CPU tensor: in place, the ring.
+void gloo_sum(std::vector<float>& out) {
+  gloo::AllreduceOptions opts(gloo_peer);
+  opts.setOutput(out.data(), out.size());
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
+  gloo::allreduce(opts);
+}
+
+// Gloo's own allreduce (gloo_sum) of n floats.
 void bm_gloo_allreduce(benchmark::State& st, std::size_t n) {
   const auto x = input(n);
   std::vector<float> out(n);
   const auto once = [&] {
     std::copy(x.begin(), x.end(), out.begin());
-    gloo::AllreduceOptions opts(gloo_peer);
-    opts.setOutput(out.data(), n);
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-    gloo::allreduce(opts);
+    gloo_sum(out);
   };
   once();
   for (auto _ : st) {
@@ -377,11 +382,7 @@ void bm_transports(benchmark::State& st, std::string spec, gcomp::Algorithm alg,
       MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else if (engines) {
       std::copy(in.begin(), in.end(), out.begin());
-      gloo::AllreduceOptions opts(gloo_peer);
-      opts.setOutput(out.data(), n);
-      opts.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<float>));
-      gloo::allreduce(opts);
+      gloo_sum(out);
     } else {
       gcomp::AllreduceOptions opt;
       opt.algorithm = alg;
