@@ -8,8 +8,8 @@
 //   point to point       a receive always posted per peer: the size and the first part (up to
 //                        1 MiB, less at many ranks) at once, the rest after it in 1 MiB segments
 //                        (Gloo's receives need their size)
-//   allgatherv           the sizes as point-to-point messages, then a ring in 1 MiB segments
-//   all-to-allv          the sizes as point-to-point messages, then the blocks in 1 MiB segments
+//   allgatherv,          one point-to-point message each way between every pair: the size
+//   all-to-allv          and the first part at once, the rests once every receive is posted
 //   all-to-all           gloo::alltoall (fixed blocks)
 //   barrier              gloo::barrier
 //   the agreement        recursive doubling of eager messages on a channel of its own, the
@@ -36,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "doubling.hpp"
@@ -45,7 +46,6 @@
 
 #ifdef GCOMP_HAVE_GLOO
 #include <gloo/allgather.h>
-#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
@@ -94,10 +94,8 @@ constexpr Ms kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 3
 constexpr std::uint64_t kSlotBase = std::uint64_t{0x67} << 56;
 constexpr std::uint64_t kSlotPoint = kSlotBase | 1;  // send_bytes, recv_bytes, sendrecv_bytes
 constexpr std::uint64_t kSlotShift = kSlotBase | 2;  // the network measurement's shifts
-constexpr std::uint64_t kSlotAll = kSlotBase | 3;    // alltoallv_bytes' data
 constexpr std::uint64_t kSlotWatch = kSlotBase | 4;  // questions and answers (watch context)
 constexpr std::uint64_t kSlotBulk = kSlotBase | 5;   // point to point: what follows the first part
-constexpr std::uint64_t kSlotRing = kSlotBase | 6;   // allgatherv_bytes' ring
 constexpr std::uint64_t kSlotAgree = kSlotBase | 7;  // the agreement (and its barrier)
 constexpr std::uint64_t kSlotAgreeBulk = kSlotBase | 8;
 
@@ -531,78 +529,34 @@ class GlooTransport final : public Transport {
 
   void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
     const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    out.sizes.assign(p, 0);
-    std::uint64_t my_size = mine.size();
-    out.sizes = p == 1 ? std::vector<std::uint64_t>{my_size}
-                       : exchange_sizes(std::vector<std::uint64_t>(p, my_size));
     out.offsets.assign(p, 0);
-    std::uint64_t total = 0;
-    std::vector<std::size_t> counts(p);
-    for (std::size_t r = 0; r < p; ++r) {
-      check_announced(out.sizes[r], static_cast<int>(r));
-      check_announced(total + out.sizes[r], static_cast<int>(r));
-      out.offsets[r] = total;
-      counts[r] = static_cast<std::size_t>(out.sizes[r]);
-      total += out.sizes[r];
-    }
-    if (out.sizes[static_cast<std::size_t>(rank())] != my_size) {
-      throw Error(Status::internal, "allgatherv: this rank's own size came back changed");
-    }
-    out.bytes.resize(total);
-    if (total > 0) {
+    if (p == 1) {
+      out.sizes.assign(1, mine.size());
+      out.bytes.assign(mine.begin(), mine.end());
+    } else {
       guarded("allgatherv", [&] {
-        auto* base = reinterpret_cast<char*>(out.bytes.data());
-        std::memcpy(base + out.offsets[static_cast<std::size_t>(rank())], mine.data(), mine.size());
-        if (p == 1) return;
-        // A ring (as Gloo's allgatherv and MPICH's for large messages): in step i each rank
-        // passes on block rank - i to the next and takes block rank - i - 1 from the previous,
-        // in segments (Gloo's allgatherv sends each block whole: a 64 MiB block took twice the
-        // link's time here, its ring allreduce with 1 MiB segments the link's).
-        const std::size_t me = static_cast<std::size_t>(rank());
-        const int next = static_cast<int>((me + 1) % p), prev = static_cast<int>((me + p - 1) % p);
-        for (std::size_t i = 0; i + 1 < p; ++i) {
-          const std::size_t send_block = (me + p - i) % p, recv_block = (me + p - i - 1) % p;
-          Segments segs;
-          segs.recv(*ctx_, prev, kSlotRing, base + out.offsets[recv_block], counts[recv_block]);
-          segs.send(*ctx_, next, kSlotRing, base + out.offsets[send_block], counts[send_block]);
-          segs.wait();
-        }
+        exchange_all(std::vector<std::span<const std::byte> >(p, mine),
+                     [&](const std::vector<std::uint64_t>& sizes) {
+                       std::uint64_t total = 0;
+                       for (std::size_t r = 0; r < p; ++r) {
+                         check_announced(total + sizes[r], static_cast<int>(r));
+                         out.offsets[r] = total;
+                         total += sizes[r];
+                       }
+                       out.sizes = sizes;
+                       out.bytes.resize(static_cast<std::size_t>(total));
+                       std::vector<std::byte*> at(p);
+                       for (std::size_t r = 0; r < p; ++r) at[r] = out.bytes.data() + out.offsets[r];
+                       return at;
+                     });
       });
     }
     t.seconds += now() - start;
-    count_allgatherv(t, p, my_size, total);
-  }
-
-  // The sizes each rank sends every other: from[r] = what rank r sends this rank, each an eager
-  // message to its rank (gloo::alltoall and gloo::allgather cost about 4 ms a call here whatever
-  // the size, a message 0.05 ms). The data follows once every receive can be posted at its
-  // place before any byte is sent (so both directions of a pair flow at once).
-  std::vector<std::uint64_t> exchange_sizes(const std::vector<std::uint64_t>& to) {
-    const auto p = static_cast<std::size_t>(size());
-    const auto me = static_cast<std::size_t>(rank());
-    std::vector<std::uint64_t> from(p);
-    from[me] = to[me];
-    guarded("size exchange", [&] {
-      std::vector<Outgoing> out(p);
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + k) % p;
-        const std::span<const std::byte> size(reinterpret_cast<const std::byte*>(&to[r]), 8);
-        start_send(point_, static_cast<int>(r), size, out[r]);
-      }
-      std::vector<std::byte> got;
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + p - k) % p;
-        receive(point_, static_cast<int>(r), got);
-        if (got.size() != 8) {
-          throw Error(Status::bad_payload, "rank " + std::to_string(r) + " sent a size of " +
-                                               std::to_string(got.size()) + " bytes, not 8");
-        }
-        std::memcpy(&from[r], got.data(), 8);
-      }
-      for (std::size_t k = 1; k < p; ++k) finish_send(out[(me + k) % p]);
-    });
-    return from;
+    std::uint64_t total = 0;
+    for (const std::uint64_t n : out.sizes) total += n;
+    count_allgatherv(t, p, out.sizes[me], total);
   }
 
   void alltoallv_bytes(const std::vector<std::vector<std::byte> >& to,
@@ -610,28 +564,62 @@ class GlooTransport final : public Transport {
     const auto p = static_cast<std::size_t>(size());
     const auto me = static_cast<std::size_t>(rank());
     const double start = now();
-    std::vector<std::uint64_t> send_sizes(p);
-    for (std::size_t r = 0; r < p; ++r) send_sizes[r] = to[r].size();
-    const std::vector<std::uint64_t> recv_sizes = p == 1 ? send_sizes : exchange_sizes(send_sizes);
+    std::vector<std::uint64_t> send_sizes(p), recv_sizes(p);
+    std::vector<std::span<const std::byte> > parts(p);
+    for (std::size_t r = 0; r < p; ++r) {
+      send_sizes[r] = to[r].size();
+      parts[r] = to[r];
+    }
     from.resize(p);
     guarded("all-to-all", [&] {
-      // Receives posted first, sends staggered (rank + 1, rank + 2, ...), as on MPI.
-      Segments segs;
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + p - k) % p;
-        check_announced(recv_sizes[r], static_cast<int>(r));
-        from[r].resize(recv_sizes[r]);
-        segs.recv(*ctx_, static_cast<int>(r), kSlotAll, from[r].data(), from[r].size());
-      }
-      for (std::size_t k = 1; k < p; ++k) {
-        const std::size_t r = (me + k) % p;
-        segs.send(*ctx_, static_cast<int>(r), kSlotAll, to[r].data(), to[r].size());
-      }
-      from[me].assign(to[me].begin(), to[me].end());
-      segs.wait();
+      exchange_all(parts, [&](const std::vector<std::uint64_t>& sizes) {
+        std::vector<std::byte*> at(p);
+        for (std::size_t r = 0; r < p; ++r) {
+          from[r].resize(static_cast<std::size_t>(sizes[r]));
+          at[r] = from[r].data();
+        }
+        recv_sizes = sizes;
+        return at;
+      });
     });
     t.seconds += now() - start;
     count_alltoallv(t, send_sizes, recv_sizes, me);
+  }
+
+  // One message each way between every pair, on the point channel: to[r] goes to rank r, and
+  // place(sizes) (sizes[r]: what rank r sent this rank; sizes[rank] = to[rank].size()) returns
+  // where each arrives (to[rank] is copied to its place). Each message's first part is eager
+  // (below), so a call whose messages fit (the top-k payloads of most buckets) costs one message
+  // time, with no size exchange before it (gloo::allgatherv and gloo::alltoallv cost about 4 ms
+  // a call here whatever the size, a message 0.05 ms). The rests follow once every receive is
+  // posted at its place, each rank's staggered (rank + 1, rank + 2, ...), so both directions of
+  // a pair flow at once and the bytes each rank sends and receives are those of the ring
+  // allgather's (P - 1 blocks).
+  template <class Place>
+  void exchange_all(const std::vector<std::span<const std::byte> >& to, Place&& place) {
+    const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
+    std::vector<Outgoing> out(p);
+    for (std::size_t k = 1; k < p; ++k) {
+      const std::size_t r = (me + k) % p;
+      start_send(point_, static_cast<int>(r), to[r], out[r]);
+    }
+    std::vector<std::uint64_t> sizes(p);
+    sizes[me] = to[me].size();
+    for (std::size_t k = 1; k < p; ++k) {
+      const std::size_t r = (me + p - k) % p;
+      sizes[r] = wait_head(point_, static_cast<int>(r));
+    }
+    const std::vector<std::byte*> at = place(std::as_const(sizes));
+    if (!to[me].empty()) std::memcpy(at[me], to[me].data(), to[me].size());
+    Segments rest;
+    for (std::size_t k = 1; k < p; ++k) {
+      const std::size_t r = (me + p - k) % p;
+      take_head(point_, static_cast<int>(r), sizes[r], at[r], rest);
+    }
+    for (std::size_t k = 1; k < p; ++k) send_rest(out[(me + k) % p]);
+    rest.wait();
+    for (std::size_t k = 1; k < p; ++k) finish_send(out[(me + k) % p]);
   }
 
   // Point to point (send_bytes, recv_bytes, sendrecv_bytes; and the agreement, on a channel of
@@ -703,24 +691,32 @@ class GlooTransport final : public Transport {
     out.head->waitSend(nullptr, limit);
     out.rest.wait();
   }
-  // A message's first part: waits for it (limit: Gloo ends the context when it passes), sizes
-  // recv, takes the first bytes, posts the eager receive again and the rest's receives in
-  // `rest` (not waited for).
-  std::uint64_t receive_head(Channel& c, int from, std::vector<std::byte>& recv, Segments& rest,
-                             Ms limit = kForever) {
+  // A message's first part: wait_head waits for it (limit: Gloo ends the context when it passes)
+  // and returns the message's size, checked; take_head copies its first bytes to `at`, posts the
+  // eager receive again and the rest's receives in `rest` (not waited for).
+  std::uint64_t wait_head(Channel& c, int from, Ms limit = kForever) {
     Eager& e = c.from[static_cast<std::size_t>(from)];
     e.buf->waitRecv(nullptr, limit);
     std::uint64_t n = 0;
     std::memcpy(&n, e.bytes.data(), 8);
     check_announced(n, from);
+    return n;
+  }
+  void take_head(Channel& c, int from, std::uint64_t n, std::byte* at, Segments& rest) {
+    Eager& e = c.from[static_cast<std::size_t>(from)];
     const std::size_t inline_bytes =
         static_cast<std::size_t>(std::min<std::uint64_t>(n, c.capacity - 8));
-    recv.resize(static_cast<std::size_t>(n));
-    if (inline_bytes > 0) std::memcpy(recv.data(), e.bytes.data() + 8, inline_bytes);
+    if (inline_bytes > 0) std::memcpy(at, e.bytes.data() + 8, inline_bytes);
     e.buf->recv(from, c.slot, 0, c.capacity);
     if (n > inline_bytes) {
-      rest.recv(*ctx_, from, c.bulk, recv.data() + inline_bytes, recv.size() - inline_bytes);
+      rest.recv(*ctx_, from, c.bulk, at + inline_bytes, static_cast<std::size_t>(n) - inline_bytes);
     }
+  }
+  std::uint64_t receive_head(Channel& c, int from, std::vector<std::byte>& recv, Segments& rest,
+                             Ms limit = kForever) {
+    const std::uint64_t n = wait_head(c, from, limit);
+    recv.resize(static_cast<std::size_t>(n));
+    take_head(c, from, n, recv.data(), rest);
     return n;
   }
   std::uint64_t receive(Channel& c, int from, std::vector<std::byte>& recv, Ms limit = kForever) {
