@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -834,6 +835,21 @@ PYBIND11_MODULE(_gcomp, m) {
   py::options options;
   options.disable_function_signatures();
   m.attr("__version__") = GCOMP_VERSION;
+#if PYBIND11_VERSION_HEX < 0x020C0000
+  // pybind11 before 2.12 reads numpy 1's array descriptor: under numpy 2 the arrays it makes
+  // have stride 0 (seen on a GPU machine: every payload was its first byte repeated). Refuse.
+  {
+    const std::string numpy = py::module_::import("numpy").attr("__version__").cast<std::string>();
+    if (std::atoi(numpy.c_str()) >= 2) {
+      throw py::import_error(
+          "gcomp's module was built with pybind11 " + std::to_string(PYBIND11_VERSION_MAJOR) +
+          "." + std::to_string(PYBIND11_VERSION_MINOR) + ", which predates numpy 2, and numpy " +
+          numpy + " is installed: its arrays would be wrong. Rebuild gcomp with pybind11 2.12 "
+          "or later (cmake -Dpybind11_DIR=\"$(python3 -m pybind11 --cmakedir)\"), or use "
+          "numpy 1.");
+    }
+  }
+#endif
 
   g_error = PyErr_NewExceptionWithDoc(
       "gcomp.Error",

@@ -41,9 +41,9 @@ class PythonStore final : public gloo::rendezvous::Store {
       if (py::isinstance<py::bytes>(got)) {
         bytes = got.cast<std::string_view>();
       } else {
-        throw Error(Status::transport, "the store's get('" + key + "') returned " +
-                                           std::string(py::str(got.get_type().attr("__name__"))) +
-                                           ", not bytes");
+        const std::string type = py::str(py::type::handle_of(got).attr("__name__"));
+        throw Error(Status::transport,
+                    "the store's get('" + key + "') returned " + type + ", not bytes");
       }
       out.assign(bytes.begin(), bytes.end());
     });
@@ -98,7 +98,7 @@ std::unique_ptr<gloo::rendezvous::Store> make_store(py::handle store) {
       throw py::type_error(
           "store must be a directory (str or path) or an object with set, get and wait, such "
           "as a torch.distributed.Store; " +
-          std::string(py::str(store.get_type().attr("__name__"))) + " has no " + m);
+          std::string(py::str(py::type::handle_of(store).attr("__name__"))) + " has no " + m);
     }
   }
   return std::make_unique<PythonStore>(store);
