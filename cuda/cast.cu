@@ -44,26 +44,53 @@ __device__ __forceinline__ std::uint32_t get(const unsigned char* d, std::size_t
   }
 }
 
+template <CodecKind K>
+__device__ __forceinline__ std::uint32_t bits_of(float v) {
+  if constexpr (K == CodecKind::none) {
+    return __float_as_uint(v);
+  } else if constexpr (K == CodecKind::fp16) {
+    return to_half(v);
+  } else {
+    return to_bf16(v);
+  }
+}
+template <CodecKind K>
+__device__ __forceinline__ float value_of(std::uint32_t u) {
+  if constexpr (K == CodecKind::none) {
+    return __uint_as_float(u);
+  } else if constexpr (K == CodecKind::fp16) {
+    return from_half(u);
+  } else {
+    return from_bf16(u);
+  }
+}
+
 template <CodecKind K, bool EF, bool A>
 __global__ void encode_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
                               float* __restrict__ e_new, std::size_t n,
                               unsigned char* __restrict__ data, Report* r) {
   bool bad = false;
-  GCOMP_GRID_LOOP(i, n) {
-    float v = x[i];
-    if (EF) v = v + e_old[i];
-    bad |= nonfinite(v);
-    if constexpr (K == CodecKind::none) {
-      put<K, A>(data, i, __float_as_uint(v));
-      if (EF) e_new[i] = 0.0f;
-    } else if constexpr (K == CodecKind::fp16) {
-      const std::uint32_t h = to_half(v);
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    float v[kUnroll];
+    float e[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) {
+        v[k] = x[i];
+        if (EF) e[k] = e_old[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      float w = v[k];
+      if (EF) w = w + e[k];
+      bad |= nonfinite(w);
+      const std::uint32_t h = bits_of<K>(w);
       put<K, A>(data, i, h);
-      if (EF) e_new[i] = v - from_half(h);
-    } else {
-      const std::uint32_t h = to_bf16(v);
-      put<K, A>(data, i, h);
-      if (EF) e_new[i] = v - from_bf16(h);
+      if (EF) e_new[i] = K == CodecKind::none ? 0.0f : w - value_of<K>(h);
     }
   }
   if (bad) report_nonfinite(r);
@@ -72,17 +99,27 @@ __global__ void encode_kernel(const float* __restrict__ x, const float* __restri
 // The value checks of validate_dense: the first non-finite element.
 template <CodecKind K, bool A>
 __global__ void validate_kernel(const unsigned char* __restrict__ data, std::size_t n, Report* r) {
-  GCOMP_GRID_LOOP(i, n) {
-    const std::uint32_t u = get<K, A>(data, i);
-    bool bad;
-    if constexpr (K == CodecKind::none) {
-      bad = (u & kInfBits) == kInfBits;
-    } else if constexpr (K == CodecKind::fp16) {
-      bad = (u & 0x7c00u) == 0x7c00u;
-    } else {
-      bad = (u & 0x7f80u) == 0x7f80u;
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    std::uint32_t u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) u[k] = get<K, A>(data, i);
     }
-    if (bad) report_bad(r, 0, i);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      bool bad;
+      if constexpr (K == CodecKind::none) {
+        bad = (u[k] & kInfBits) == kInfBits;
+      } else if constexpr (K == CodecKind::fp16) {
+        bad = (u[k] & 0x7c00u) == 0x7c00u;
+      } else {
+        bad = (u[k] & 0x7f80u) == 0x7f80u;
+      }
+      if (bad) report_bad(r, 0, i);
+    }
   }
 }
 
@@ -90,17 +127,22 @@ template <CodecKind K, bool A>
 __global__ void decode_kernel(const unsigned char* __restrict__ data, std::size_t n,
                               float* __restrict__ acc, float alpha, const Report* r) {
   if (r->code != 0) return;
-  GCOMP_GRID_LOOP(i, n) {
-    const std::uint32_t u = get<K, A>(data, i);
-    float v;
-    if constexpr (K == CodecKind::none) {
-      v = __uint_as_float(u);
-    } else if constexpr (K == CodecKind::fp16) {
-      v = from_half(u);
-    } else {
-      v = from_bf16(u);
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    std::uint32_t u[kUnroll];
+    float a[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) {
+        u[k] = get<K, A>(data, i);
+        a[k] = acc[i];
+      }
     }
-    acc[i] += alpha * v;
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) acc[i] = a[k] + alpha * value_of<K>(u[k]);
+    }
   }
 }
 
@@ -111,10 +153,12 @@ void launch_encode_as(const EncodeCall& c, unsigned char* data) {
   const cudaStream_t s = c.ws->stream();
   if (c.e_old) {
     encode_kernel<K, true, A>
-        <<<grid_for(c.n), kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, data, c.ws->report());
+        <<<grid_for_rounds(c.n), kThreads, 0, s>>>(c.x, c.e_old, c.e_new, c.n, data,
+                                                   c.ws->report());
   } else {
     encode_kernel<K, false, A>
-        <<<grid_for(c.n), kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, data, c.ws->report());
+        <<<grid_for_rounds(c.n), kThreads, 0, s>>>(c.x, nullptr, nullptr, c.n, data,
+                                                   c.ws->report());
   }
   GCOMP_LAUNCHED("dense encode");
 }
@@ -132,11 +176,12 @@ template <CodecKind K, bool A>
 void launch_decode_as(const DecodeCall& d) {
   const cudaStream_t s = d.ws->stream();
   const std::size_t n = d.p.n;
-  validate_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.ws->report());
+  validate_kernel<K, A><<<grid_for_rounds(n), kThreads, 0, s>>>(d.sections[0], n,
+                                                                 d.ws->report());
   GCOMP_LAUNCHED("dense validate");
   if (!d.apply) return;
-  decode_kernel<K, A><<<grid_for(n), kThreads, 0, s>>>(d.sections[0], n, d.acc, d.alpha,
-                                                        d.ws->report());
+  decode_kernel<K, A><<<grid_for_rounds(n), kThreads, 0, s>>>(d.sections[0], n, d.acc, d.alpha,
+                                                               d.ws->report());
   GCOMP_LAUNCHED("dense decode_add");
 }
 

@@ -54,32 +54,48 @@ __global__ void block_stats_kernel(const float* __restrict__ x, const float* __r
     double a1 = 0.0;
     double a2 = 0.0;
     std::uint32_t mx = 0;
-    for (std::size_t it = 0; it < kReduceBlock / 16; ++it) {
-      const std::size_t m = 16 * it + j;
-      const bool valid = m < len;
-      float v = 0.0f;
-      if (valid) {
-        v = x[start + m];
-        if (EF) {
-          v = v + e_old[start + m];
-          e_new[start + m] = v;
-        }
-        if (Sign) {
-          a1 = a1 + static_cast<double>(fabsf(v));
-        } else {
-          a1 = a1 + static_cast<double>(v);
-          a2 = a2 + static_cast<double>(v) * static_cast<double>(v);
-          const std::uint32_t b = __float_as_uint(v) & 0x7fffffffu;
-          mx = b > mx ? b : mx;
+    // kBatch loads in flight per lane, then the sums in the canonical order.
+    constexpr std::size_t kBatch = 8;
+    for (std::size_t it0 = 0; it0 < kReduceBlock / 16; it0 += kBatch) {
+      float xs[kBatch];
+      float es[kBatch];
+#pragma unroll
+      for (std::size_t u = 0; u < kBatch; ++u) {
+        const std::size_t m = 16 * (it0 + u) + j;
+        if (m < len) {
+          xs[u] = x[start + m];
+          if (EF) es[u] = e_old[start + m];
         }
       }
-      if (Sign) {
-        const unsigned ballot = __ballot_sync(0xffffffffu, valid && v < 0.0f);
-        const unsigned mine = (ballot >> (lane & 16u)) & 0xffffu;
-        if (j == 0 && valid) {
-          unsigned char* o = bits + (start + 16 * it) / 8;
-          o[0] = static_cast<unsigned char>(mine);
-          if (16 * it + 8 < len) o[1] = static_cast<unsigned char>(mine >> 8);
+#pragma unroll
+      for (std::size_t u = 0; u < kBatch; ++u) {
+        const std::size_t it = it0 + u;
+        const std::size_t m = 16 * it + j;
+        const bool valid = m < len;
+        float v = 0.0f;
+        if (valid) {
+          v = xs[u];
+          if (EF) {
+            v = v + es[u];
+            e_new[start + m] = v;
+          }
+          if (Sign) {
+            a1 = a1 + static_cast<double>(fabsf(v));
+          } else {
+            a1 = a1 + static_cast<double>(v);
+            a2 = a2 + static_cast<double>(v) * static_cast<double>(v);
+            const std::uint32_t b = __float_as_uint(v) & 0x7fffffffu;
+            mx = b > mx ? b : mx;
+          }
+        }
+        if (Sign) {
+          const unsigned ballot = __ballot_sync(0xffffffffu, valid && v < 0.0f);
+          const unsigned mine = (ballot >> (lane & 16u)) & 0xffffu;
+          if (j == 0 && valid) {
+            unsigned char* o = bits + (start + 16 * it) / 8;
+            o[0] = static_cast<unsigned char>(mine);
+            if (16 * it + 8 < len) o[1] = static_cast<unsigned char>(mine >> 8);
+          }
         }
       }
     }
@@ -123,9 +139,16 @@ __global__ void sign_residual_kernel(float* __restrict__ e_new, std::size_t n,
                                      const float* __restrict__ scale, const Report* r) {
   if (r->code != 0) return;
   const float sc = *scale;
-  GCOMP_GRID_LOOP(i, n) {
-    const float v = e_new[i];
-    e_new[i] = v - (v < 0 ? -sc : sc);
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    float v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (i0 + k * stride < n) v[k] = e_new[i0 + k * stride];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (i0 + k * stride < n) e_new[i0 + k * stride] = v[k] - (v[k] < 0 ? -sc : sc);
+    }
   }
 }
 
@@ -142,9 +165,22 @@ __global__ void sign_decode_kernel(const unsigned char* __restrict__ scale,
                                    float* __restrict__ acc, float alpha, const Report* r) {
   if (r->code != 0) return;
   const float plus = alpha * __uint_as_float(load_u32(scale));
-  GCOMP_GRID_LOOP(i, n) {
-    const bool neg = (bits[i >> 3] >> (i & 7)) & 1u;
-    acc[i] += neg ? -plus : plus;
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    unsigned b[kUnroll];
+    float a[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) {
+        b[k] = bits[i >> 3];
+        a[k] = acc[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) acc[i] = a[k] + (((b[k] >> (i & 7)) & 1u) ? -plus : plus);
+    }
   }
 }
 
@@ -191,6 +227,17 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
   const std::size_t tiles = (n + kTile - 1) / kTile;
   for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
     const std::size_t base = tl * kTile;
+    // The thread's eight values first (all in flight at once), then the draws and codes. With
+    // error feedback src and ef are the same array: each element is read before it is written.
+    float vs[8];
+#pragma unroll
+    for (unsigned w = 0; w < 4; ++w) {
+#pragma unroll
+      for (unsigned h = 0; h < 2; ++h) {
+        const std::size_t i = base + 64 * g + 16 * w + 2 * j + h;
+        if (i < n) vs[2 * w + h] = src[i];
+      }
+    }
     const uint4 r4 = philox_block(st.k0, st.k1, st.codec, base / 8 + t);
     const std::uint32_t words[4] = {r4.x, r4.y, r4.z, r4.w};
 #pragma unroll
@@ -202,7 +249,7 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
         std::uint32_t code = 0;
         if (i < n) {
           const std::uint32_t draw = h ? (words[w] >> 16) : (words[w] & 0xffffu);
-          const float v = src[i];
+          const float v = vs[2 * w + h];
           float dec;
           code = q(i, v, draw, &dec);
           if (ef) ef[i] = v - dec;
@@ -266,9 +313,17 @@ __global__ void tern_validate_kernel(const unsigned char* s, const unsigned char
     const unsigned tail = static_cast<unsigned>((2 * n) & 7);
     if (tail != 0 && bytes != 0 && (codes[bytes - 1] >> tail) != 0) report_bad(r, 2);
   }
-  GCOMP_GRID_LOOP(k, bytes) {
-    const unsigned b = codes[k];
-    if ((b & (b >> 1) & 0x55u) != 0) report_bad(r, 1, k);
+  GCOMP_GRID_ROUNDS(k0, stride, bytes) {
+    unsigned b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k0 + u * stride < bytes) b[u] = codes[k0 + u * stride];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::size_t k = k0 + u * stride;
+      if (k < bytes && (b[u] & (b[u] >> 1) & 0x55u) != 0) report_bad(r, 1, k);
+    }
   }
 }
 
@@ -277,10 +332,24 @@ __global__ void tern_decode_kernel(const unsigned char* __restrict__ s,
                                    float* __restrict__ acc, float alpha, const Report* r) {
   if (r->code != 0) return;
   const float plus = alpha * __uint_as_float(load_u32(s));
-  GCOMP_GRID_LOOP(i, n) {
-    const unsigned c = (codes[i >> 2] >> (2 * (i & 3))) & 3u;
-    if (c == 1) acc[i] += plus;
-    if (c == 2) acc[i] += -plus;
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    unsigned c[kUnroll];
+    float a[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) {
+        c[k] = (codes[i >> 2] >> (2 * (i & 3))) & 3u;
+        a[k] = acc[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      if (c[k] == 1) acc[i] = a[k] + plus;
+      if (c[k] == 2) acc[i] = a[k] + -plus;
+    }
   }
 }
 
@@ -301,13 +370,30 @@ __global__ void qsgd_norm_kernel(const float* __restrict__ x, const float* __res
     const std::size_t start = run.start;
     const std::size_t len = run.len;
     double a = 0.0;
-    for (std::size_t m = j; m < len; m += 16) {
-      float v = x[start + m];
-      if (EF) {
-        v = v + e_old[start + m];
-        e_new[start + m] = v;
+    // kBatch loads in flight per lane, then the sum in the canonical order.
+    constexpr std::size_t kBatch = 8;
+    for (std::size_t m0 = j; m0 < len; m0 += 16 * kBatch) {
+      float xs[kBatch];
+      float es[kBatch];
+#pragma unroll
+      for (std::size_t u = 0; u < kBatch; ++u) {
+        const std::size_t m = m0 + 16 * u;
+        if (m < len) {
+          xs[u] = x[start + m];
+          if (EF) es[u] = e_old[start + m];
+        }
       }
-      a = a + static_cast<double>(v) * static_cast<double>(v);
+#pragma unroll
+      for (std::size_t u = 0; u < kBatch; ++u) {
+        const std::size_t m = m0 + 16 * u;
+        if (m >= len) break;
+        float v = xs[u];
+        if (EF) {
+          v = v + es[u];
+          e_new[start + m] = v;
+        }
+        a = a + static_cast<double>(v) * static_cast<double>(v);
+      }
     }
     a = fold16(a);
     if (j == 0 && have && !isfinite(a)) report_nonfinite(r);
@@ -354,18 +440,34 @@ __global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
   const float levels = gcomp::detail::qsgd_levels(bits);
   const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
   const bool narrow = n < (std::size_t{1} << 32);  // 32-bit division finds the bucket
-  GCOMP_GRID_LOOP(i, n) {
-    const std::size_t b = narrow ? static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(bucket)
-                                 : i / bucket;
-    const float step = __uint_as_float(load_u32(norms + 4 * b)) / levels;
-    const std::uint64_t bit = static_cast<std::uint64_t>(i) * bits;
-    const std::size_t byte = bit >> 3;
-    const unsigned shift = static_cast<unsigned>(bit & 7);
-    std::uint32_t c = codes[byte];
-    if (shift + bits > 8) c |= static_cast<std::uint32_t>(codes[byte + 1]) << 8;
-    c = (c >> shift) & ((1u << bits) - 1u);
-    const float d = step * static_cast<float>(c & level_mask);
-    acc[i] += alpha * ((c >> (bits - 1)) ? -d : d);
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    std::uint32_t norm[kUnroll];
+    std::uint32_t c[kUnroll];
+    float a[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      const std::size_t b = narrow ? static_cast<std::uint32_t>(i) /
+                                         static_cast<std::uint32_t>(bucket)
+                                   : i / bucket;
+      norm[k] = load_u32(norms + 4 * b);
+      const std::uint64_t bit = static_cast<std::uint64_t>(i) * bits;
+      const std::size_t byte = bit >> 3;
+      const unsigned shift = static_cast<unsigned>(bit & 7);
+      std::uint32_t w = codes[byte];
+      if (shift + bits > 8) w |= static_cast<std::uint32_t>(codes[byte + 1]) << 8;
+      c[k] = (w >> shift) & ((1u << bits) - 1u);
+      a[k] = acc[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      const float step = __uint_as_float(norm[k]) / levels;
+      const float d = step * static_cast<float>(c[k] & level_mask);
+      acc[i] = a[k] + alpha * ((c[k] >> (bits - 1)) ? -d : d);
+    }
   }
 }
 
@@ -401,7 +503,8 @@ std::size_t encode_sign(const EncodeCall& c) {
   sign_finish_kernel<<<1, 1024, 0, s>>>(st.s1, tmp, blocks, c.n, data, scale, c.ws->report());
   GCOMP_LAUNCHED("sign scale");
   if (c.e_old && c.n > 0) {
-    sign_residual_kernel<<<grid_for(c.n), kThreads, 0, s>>>(c.e_new, c.n, scale, c.ws->report());
+    sign_residual_kernel<<<grid_for_rounds(c.n), kThreads, 0, s>>>(c.e_new, c.n, scale,
+                                                                   c.ws->report());
     GCOMP_LAUNCHED("sign residual");
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
@@ -493,8 +596,8 @@ void decode_sign(const DecodeCall& d) {
   sign_validate_kernel<<<1, 1, 0, s>>>(d.sections[0], d.sections[1], n, bytes, d.ws->report());
   GCOMP_LAUNCHED("sign validate");
   if (n > 0 && d.apply) {
-    sign_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
-                                                        d.alpha, d.ws->report());
+    sign_decode_kernel<<<grid_for_rounds(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n,
+                                                               d.acc, d.alpha, d.ws->report());
     GCOMP_LAUNCHED("sign decode_add");
   }
   const Report& r = d.ws->finish();
@@ -508,12 +611,12 @@ void decode_terngrad(const DecodeCall& d) {
   const std::size_t bytes = d.p.sections[1].size;
   const cudaStream_t s = d.ws->stream();
   d.ws->reset_report();
-  tern_validate_kernel<<<grid_for(bytes), kThreads, 0, s>>>(d.sections[0], d.sections[1], n,
-                                                            bytes, d.ws->report());
+  tern_validate_kernel<<<grid_for_rounds(bytes), kThreads, 0, s>>>(d.sections[0], d.sections[1],
+                                                                   n, bytes, d.ws->report());
   GCOMP_LAUNCHED("terngrad validate");
   if (n > 0 && d.apply) {
-    tern_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, d.acc,
-                                                        d.alpha, d.ws->report());
+    tern_decode_kernel<<<grid_for_rounds(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n,
+                                                               d.acc, d.alpha, d.ws->report());
     GCOMP_LAUNCHED("terngrad decode_add");
   }
   const Report& r = d.ws->finish();
@@ -538,8 +641,8 @@ void decode_qsgd(const DecodeCall& d) {
       d.ws->report());
   GCOMP_LAUNCHED("qsgd validate");
   if (n > 0 && d.apply) {
-    qsgd_decode_kernel<<<grid_for(n), kThreads, 0, s>>>(d.sections[0], d.sections[1], n, bucket,
-                                                        bits, d.alpha, d.acc, d.ws->report());
+    qsgd_decode_kernel<<<grid_for_rounds(n), kThreads, 0, s>>>(
+        d.sections[0], d.sections[1], n, bucket, bits, d.alpha, d.acc, d.ws->report());
     GCOMP_LAUNCHED("qsgd decode_add");
   }
   const Report& r = d.ws->finish();

@@ -21,6 +21,7 @@
 //
 // Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
 #include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -32,6 +33,7 @@
 #include "bytes.hpp"
 #include "codecs.cuh"
 #include "index_pack.hpp"
+#include "radix_select.hpp"
 
 namespace gcomp::cuda::detail {
 
@@ -91,17 +93,32 @@ __global__ void first_pass_kernel(const float* __restrict__ x, const float* __re
     __syncthreads();
   }
   bool bad = false;
-  GCOMP_GRID_LOOP(i, n) {
-    float v = x[i];
-    if (EF) {
-      v = v + e_old[i];
-      e_new[i] = v;
+  GCOMP_GRID_ROUNDS(i0, stride, n) {
+    float xs[kUnroll];
+    float es[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i < n) {
+        xs[k] = x[i];
+        if (EF) es[k] = e_old[i];
+      }
     }
-    bad |= nonfinite(v);
-    if (hist) {
-      const std::uint32_t key =
-          keys.mode == Mode::randomk ? keys(i) : (__float_as_uint(v) & 0x7fffffffu);
-      count_bin(counts, key >> 21);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t i = i0 + k * stride;
+      if (i >= n) continue;
+      float v = xs[k];
+      if (EF) {
+        v = v + es[k];
+        e_new[i] = v;
+      }
+      bad |= nonfinite(v);
+      if (hist) {
+        const std::uint32_t key =
+            keys.mode == Mode::randomk ? keys(i) : (__float_as_uint(v) & 0x7fffffffu);
+        count_bin(counts, key >> 21);
+      }
     }
   }
   if (bad) report_nonfinite(r);
@@ -158,12 +175,24 @@ __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
   __syncthreads();
   const int hi = shift + width;
   const std::uint32_t prefix = st->prefix;
-  GCOMP_GRID_LOOP(j, n) {
-    const std::size_t i = use_from ? static_cast<std::size_t>(from.index[j]) : j;
-    const std::uint32_t key = keys(i);
-    if ((key >> hi) == (prefix >> hi)) {
-      count_bin(counts, (key >> shift) & (bins - 1));
-      if (append_to) append(to, i);
+  GCOMP_GRID_ROUNDS(j0, stride, n) {
+    std::size_t is[kUnroll];
+    std::uint32_t ks[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t j = j0 + k * stride;
+      if (j < n) is[k] = use_from ? static_cast<std::size_t>(from.index[j]) : j;
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (j0 + k * stride < n) ks[k] = keys(is[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (j0 + k * stride < n && (ks[k] >> hi) == (prefix >> hi)) {
+        count_bin(counts, (ks[k] >> shift) & (bins - 1));
+        if (append_to) append(to, is[k]);
+      }
     }
   }
   __syncthreads();
@@ -172,32 +201,56 @@ __global__ void hist_kernel(std::size_t n, Keys keys, int shift, int width,
   }
 }
 
-// One thread: from the highest bin down, the bin that holds the need-th key; clears the
+// The one-block kernels below (the bin of the need-th key, the last tie to take) scan with
+// this many threads: a single thread walking 2048 bins, or the tie counts of 65536 tiles, one
+// dependent load at a time, cost milliseconds on a GPU.
+constexpr unsigned kScanThreads = 1024;
+using BlockScanU64 = cub::BlockScan<unsigned long long, kScanThreads>;
+
+// From the highest bin down, the bin that holds the need-th key (walk_stops_at). Clears the
 // histogram for the next level. Early stop: when that bin holds exactly the elements still
 // needed, every key >= the prefix (its lower bits zero) is taken and the later levels do nothing.
-__global__ void pick_bin_kernel(unsigned long long* hist, int shift, int width, bool last,
-                                SelectState* st) {
-  if (st->done) return;
-  const unsigned bins = 1u << width;
-  unsigned long long need = st->need;
-  unsigned bin = bins - 1;
-  while (bin > 0 && hist[bin] < need) {
-    need -= hist[bin];
-    --bin;
+__global__ void __launch_bounds__(kScanThreads)
+    pick_bin_kernel(unsigned long long* hist, int shift, int width, bool last, SelectState* st) {
+  __shared__ typename BlockScanU64::TempStorage scan;
+  if (st->done) return;  // the same for every thread: the block returns together
+  const int bins = 1 << width;
+  const unsigned long long need = st->need;
+  // Thread j holds the bins top = bins - 1 - 2j and top - 1 (none past bin 0).
+  const int top = bins - 1 - 2 * static_cast<int>(threadIdx.x);
+  const unsigned long long h_top = top >= 0 ? hist[top] : 0;
+  const unsigned long long h_next = top >= 1 ? hist[top - 1] : 0;
+  unsigned long long above = 0;  // the sum of the bins above `top`
+  BlockScanU64(scan).ExclusiveSum(h_top + h_next, above);
+  int bin = -1;
+  unsigned long long bin_above = 0;
+  unsigned long long bin_count = 0;
+  if (top >= 0 && walk_stops_at(top, bins, above, h_top, need)) {
+    bin = top;
+    bin_above = above;
+    bin_count = h_top;
+  } else if (top >= 1 && walk_stops_at(top - 1, bins, above + h_top, h_next, need)) {
+    bin = top - 1;
+    bin_above = above + h_top;
+    bin_count = h_next;
   }
-  st->prefix |= bin << shift;
-  st->need = need;
-  if (shift == 21) st->first_bin = hist[bin];
-  if (!last && hist[bin] == need) {
-    st->done = 1;
-    st->equal = need;  // the tie pass has nothing to do
-    st->cut = ~0ull;
+  if (bin >= 0) {  // exactly one thread
+    const unsigned long long left = need - bin_above;
+    st->prefix |= static_cast<std::uint32_t>(bin) << shift;
+    st->need = left;
+    if (shift == 21) st->first_bin = bin_count;
+    if (!last && bin_count == left) {
+      st->done = 1;
+      st->equal = left;  // the tie pass has nothing to do
+      st->cut = ~0ull;
+    }
+    if (last) {
+      st->equal = bin_count;
+      st->cut = ~0ull;  // every element equal to T is taken, unless the tie pass says otherwise
+    }
   }
-  if (last) {
-    st->equal = hist[bin];
-    st->cut = ~0ull;  // every element equal to T is taken, unless the tie pass says otherwise
-  }
-  for (unsigned b = 0; b < bins; ++b) hist[b] = 0;
+  __syncthreads();  // every bin has been read
+  for (int b = static_cast<int>(threadIdx.x); b < bins; b += kScanThreads) hist[b] = 0;
 }
 
 // When only some of the elements equal to T are taken: their count per tile of kTieTile.
@@ -209,6 +262,7 @@ __global__ void tie_count_kernel(std::size_t n, Keys keys, const SelectState* st
   for (std::size_t tl = blockIdx.x; tl < count; tl += gridDim.x) {
     unsigned c = 0;
     const std::size_t end = (tl + 1) * kTieTile < n ? (tl + 1) * kTieTile : n;
+#pragma unroll 8
     for (std::size_t i = tl * kTieTile + threadIdx.x; i < end; i += blockDim.x) {
       c += keys(i) == t ? 1u : 0u;
     }
@@ -225,19 +279,49 @@ __global__ void tie_count_kernel(std::size_t n, Keys keys, const SelectState* st
   }
 }
 
-// One thread: the index of the ties-th element equal to T.
-__global__ void tie_cut_kernel(std::size_t n, Keys keys, const unsigned long long* tiles,
-                               SelectState* st) {
-  if (st->all || st->need == st->equal) return;
+// One block: the index of the need-th element equal to T. Each thread sums a run of tile
+// counts; a scan of the runs finds the run, its thread the tile; then the tile's elements,
+// kScanThreads at a time, are ranked among the ties by a scan of their flags.
+__global__ void __launch_bounds__(kScanThreads)
+    tie_cut_kernel(std::size_t n, Keys keys, const unsigned long long* tiles, SelectState* st) {
+  __shared__ typename BlockScanU64::TempStorage scan;
+  __shared__ unsigned long long found_tile;
+  __shared__ unsigned long long found_left;
+  if (st->all || st->need == st->equal) return;  // the same for every thread
   const std::uint32_t t = st->prefix;
-  unsigned long long left = st->need;
-  std::size_t tl = 0;
-  while (tiles[tl] < left) left -= tiles[tl++];
-  for (std::size_t i = tl * kTieTile; i < n; ++i) {
-    if (keys(i) == t && --left == 0) {
-      st->cut = i;
-      return;
-    }
+  const unsigned long long need = st->need;
+  if (threadIdx.x == 0) found_tile = ~0ull;
+  __syncthreads();
+  const std::size_t count = (n + kTieTile - 1) / kTieTile;
+  const std::size_t per = (count + kScanThreads - 1) / kScanThreads;
+  const std::size_t lo = threadIdx.x * per < count ? threadIdx.x * per : count;
+  const std::size_t hi = lo + per < count ? lo + per : count;
+  unsigned long long mine = 0;
+  for (std::size_t tl = lo; tl < hi; ++tl) mine += tiles[tl];
+  unsigned long long before = 0;
+  BlockScanU64(scan).ExclusiveSum(mine, before);
+  if (holds_nth(before, mine, need)) {  // exactly one thread
+    unsigned long long left = need - before;
+    std::size_t tl = lo;
+    while (tiles[tl] < left) left -= tiles[tl++];
+    found_tile = tl;
+    found_left = left;
+  }
+  __syncthreads();
+  if (found_tile == ~0ull) return;  // fewer ties than needed: cannot happen (cut stays ~0)
+  unsigned long long left = found_left;
+  const std::size_t start = static_cast<std::size_t>(found_tile) * kTieTile;
+  const std::size_t end = start + kTieTile < n ? start + kTieTile : n;
+  for (std::size_t base = start; base < end; base += kScanThreads) {
+    const std::size_t i = base + threadIdx.x;
+    const unsigned long long flag = i < end && keys(i) == t ? 1 : 0;
+    unsigned long long rank = 0;
+    unsigned long long ties = 0;
+    __syncthreads();  // the scan's storage is free again
+    BlockScanU64(scan).InclusiveSum(flag, rank, ties);
+    if (flag && rank == left) st->cut = i;
+    if (ties >= left) return;  // the same for every thread
+    left -= ties;
   }
 }
 
@@ -468,13 +552,11 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   GCOMP_CUDA(cudaMemsetAsync(hist, 0, kBins * sizeof(unsigned long long), s));
   if (n > 0) {
     if (c.e_old) {
-      first_pass_kernel<true><<<grid_for(n), kThreads, 0, s>>>(c.x, c.e_old, c.e_new, n, keys,
-                                                               ranked ? hist : nullptr,
-                                                               c.ws->report());
+      first_pass_kernel<true><<<grid_for_rounds(n), kThreads, 0, s>>>(
+          c.x, c.e_old, c.e_new, n, keys, ranked ? hist : nullptr, c.ws->report());
     } else {
-      first_pass_kernel<false><<<grid_for(n), kThreads, 0, s>>>(c.x, nullptr, nullptr, n, keys,
-                                                                ranked ? hist : nullptr,
-                                                                c.ws->report());
+      first_pass_kernel<false><<<grid_for_rounds(n), kThreads, 0, s>>>(
+          c.x, nullptr, nullptr, n, keys, ranked ? hist : nullptr, c.ws->report());
     }
     GCOMP_LAUNCHED("sparse first pass");
   }
@@ -482,18 +564,18 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     const Candidates<Index> none{nullptr, nullptr, 0};
     const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
     GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
-    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 21, 11, false, st);
-    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand,
-                                                          false, cand_capacity);
-    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 10, 11, false, st);
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 21, 11, false, st);
+    hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none,
+                                                                 cand, false, cand_capacity);
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
     // The third histogram from the candidates, or (when they did not fit) from the whole tensor.
-    hist_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(
+    hist_kernel<Index><<<grid_for_rounds(cand_capacity), kThreads, 0, s>>>(
         n, keys, 0, 10, st, hist, cand, none, false, cand_capacity);
-    hist_kernel<Index><<<grid_for(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none, none,
-                                                          true, cand_capacity);
-    pick_bin_kernel<<<1, 1, 0, s>>>(hist, 0, 10, true, st);
+    hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none,
+                                                                 none, true, cand_capacity);
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
     tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_counts);
-    tie_cut_kernel<<<1, 1, 0, s>>>(n, keys, tile_counts, st);
+    tie_cut_kernel<<<1, kScanThreads, 0, s>>>(n, keys, tile_counts, st);
     GCOMP_LAUNCHED("radix select");
   }
   if (n > 0) {

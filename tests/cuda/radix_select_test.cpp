@@ -1,0 +1,114 @@
+// The radix select's decisions (cuda/radix_select.hpp) as the one-block scans of cuda/sparse.cu
+// apply them, against the one-at-a-time walks they replaced, on the host: they run without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "radix_select.hpp"
+
+namespace {
+
+using gcomp::cuda::detail::holds_nth;
+using gcomp::cuda::detail::walk_stops_at;
+using Counts = std::vector<unsigned long long>;
+
+struct Stop {
+  int bin;
+  unsigned long long left;  // keys still needed from that bin
+};
+
+// The walk as the one-thread kernel did it.
+Stop walk(const Counts& hist, unsigned long long need) {
+  int bin = static_cast<int>(hist.size()) - 1;
+  while (bin > 0 && hist[bin] < need) {
+    need -= hist[bin];
+    --bin;
+  }
+  return {bin, need};
+}
+
+// Every bin's test with the sums of the bins above it, as the scan gives them; exactly one stops.
+Stop scanned(const Counts& hist, unsigned long long need) {
+  const int bins = static_cast<int>(hist.size());
+  Stop found{-1, 0};
+  int stops = 0;
+  unsigned long long above = 0;
+  for (int c = bins - 1; c >= 0; --c) {
+    if (walk_stops_at(c, bins, above, hist[c], need)) {
+      found = {c, need - above};
+      ++stops;
+    }
+    above += hist[c];
+  }
+  EXPECT_EQ(stops, 1) << "need " << need;
+  return found;
+}
+
+// Histograms as gradients give them (a few crowded bins among empty ones), uniform ones, empty
+// ones; every need from 0 to past the total.
+TEST(RadixSelect, TheScanStopsAtTheWalksBin) {
+  std::mt19937_64 rng(7);
+  for (int bins : {2048, 1024, 4, 1}) {
+    for (int shape = 0; shape < 4; ++shape) {
+      Counts hist(bins, 0);
+      for (auto& h : hist) {
+        if (shape == 0) h = rng() % 5 == 0 ? rng() % 1000 : 0;
+        if (shape == 1) h = rng() % 3;
+        if (shape == 2) h = 0;
+        if (shape == 3) h = rng() % 64 == 0 ? 1 : 0;
+      }
+      unsigned long long total = 0;
+      for (auto h : hist) total += h;
+      const unsigned long long step = total > 5000 ? total / 4999 : 1;
+      for (unsigned long long need = 0; need <= total + 3; need += step) {
+        const Stop w = walk(hist, need);
+        const Stop s = scanned(hist, need);
+        ASSERT_EQ(s.bin, w.bin) << "bins " << bins << " shape " << shape << " need " << need;
+        ASSERT_EQ(s.left, w.left) << "bins " << bins << " shape " << shape << " need " << need;
+      }
+    }
+  }
+}
+
+// The tie cut: tiles' tie counts summed in runs (one run per thread), the run that holds the
+// need-th tie, then its tiles one by one: the same tile and rank within it as walking every tile.
+TEST(RadixSelect, TheRunsFindTheWalksTile) {
+  std::mt19937_64 rng(11);
+  for (std::size_t tiles : {std::size_t{1}, std::size_t{5}, std::size_t{1023}, std::size_t{1025},
+                            std::size_t{65536}}) {
+    Counts counts(tiles);
+    for (auto& c : counts) c = rng() % 7 == 0 ? rng() % 4 : 0;
+    counts[rng() % tiles] += 1;  // at least one tie
+    unsigned long long total = 0;
+    for (auto c : counts) total += c;
+    const std::size_t threads = 1024;
+    const std::size_t per = (tiles + threads - 1) / threads;
+    for (unsigned long long need = 1; need <= total; need += 1 + total / 300) {
+      std::size_t walk_tile = 0;
+      unsigned long long walk_left = need;
+      while (counts[walk_tile] < walk_left) walk_left -= counts[walk_tile++];
+      int runs = 0;
+      unsigned long long before = 0;
+      for (std::size_t t = 0; t < threads; ++t) {
+        const std::size_t lo = t * per < tiles ? t * per : tiles;
+        const std::size_t hi = lo + per < tiles ? lo + per : tiles;
+        unsigned long long mine = 0;
+        for (std::size_t i = lo; i < hi; ++i) mine += counts[i];
+        if (holds_nth(before, mine, need)) {
+          ++runs;
+          unsigned long long left = need - before;
+          std::size_t tile = lo;
+          while (counts[tile] < left) left -= counts[tile++];
+          EXPECT_EQ(tile, walk_tile) << "tiles " << tiles << " need " << need;
+          EXPECT_EQ(left, walk_left) << "tiles " << tiles << " need " << need;
+        }
+        before += mine;
+      }
+      ASSERT_EQ(runs, 1) << "tiles " << tiles << " need " << need;
+    }
+  }
+}
+
+}  // namespace
