@@ -24,6 +24,13 @@
 #include <string>
 #include <vector>
 
+// The pybind11 that CMake found (python/CMakeLists.txt) must be the one whose headers come first.
+#if defined(GCOMP_PYBIND11_FOUND_MAJOR) &&                    \
+    (PYBIND11_VERSION_MAJOR != GCOMP_PYBIND11_FOUND_MAJOR || \
+     PYBIND11_VERSION_MINOR != GCOMP_PYBIND11_FOUND_MINOR)
+#error "pybind11's headers are not the pybind11 CMake found: another include folder comes first"
+#endif
+
 #include "arrays.hpp"
 #include "device.hpp"
 #include "feedback_slot.hpp"

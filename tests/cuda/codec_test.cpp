@@ -83,6 +83,27 @@ long first_difference(const std::vector<std::byte>& a, const std::vector<std::by
   return a.size() == b.size() ? -1 : static_cast<long>(n);
 }
 
+// The bytes of both around their first difference, for a failure's message.
+std::string around_difference(const std::vector<std::byte>& cpu,
+                              const std::vector<std::byte>& gpu) {
+  const long d = first_difference(cpu, gpu);
+  if (d < 0) return "";
+  std::string out;
+  for (const auto* side : {&cpu, &gpu}) {
+    out += side == &cpu ? " cpu[" : " gpu[";
+    const std::size_t from = d >= 4 ? static_cast<std::size_t>(d) - 4 : 0;
+    out += std::to_string(from) + "..]:";
+    for (std::size_t i = from; i < side->size() && i < static_cast<std::size_t>(d) + 12; ++i) {
+      static const char* hex = "0123456789abcdef";
+      const unsigned b = static_cast<unsigned>((*side)[i]);
+      out += ' ';
+      out += hex[b >> 4];
+      out += hex[b & 15];
+    }
+  }
+  return out;
+}
+
 long first_difference(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -101,7 +122,8 @@ TEST(CudaCodecs, SameBytesAsTheCpu) {
         const std::vector<std::byte> cpu = c.encode(x, seed);
         const std::vector<std::byte> gpu = device_encode(c, x, seed);
         EXPECT_EQ(gpu.size(), cpu.size()) << spec << " n=" << n;
-        EXPECT_EQ(first_difference(cpu, gpu), -1) << spec << " n=" << n << " seed=" << seed;
+        EXPECT_EQ(first_difference(cpu, gpu), -1)
+            << spec << " n=" << n << " seed=" << seed << around_difference(cpu, gpu);
       }
     }
   }
@@ -124,7 +146,8 @@ TEST(CudaCodecs, ErrorFeedbackGivesTheSameBytesAndResidual) {
       const std::size_t bytes = c.encode_ef(dx.view(), de.view(), dnext.view(), 11, out.view());
       std::vector<std::byte> gpu = out.download();
       gpu.resize(bytes);
-      EXPECT_EQ(first_difference(cpu, gpu), -1) << spec << " n=" << n;
+      EXPECT_EQ(first_difference(cpu, gpu), -1)
+          << spec << " n=" << n << around_difference(cpu, gpu);
       EXPECT_EQ(first_difference(next, dnext.download()), -1) << spec << " residual, n=" << n;
     }
   }
