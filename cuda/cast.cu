@@ -3,6 +3,7 @@
 #include <string>
 
 #include "codecs.cuh"
+#include "half_bits.hpp"
 
 namespace gcomp::cuda::detail {
 
@@ -44,12 +45,14 @@ __device__ __forceinline__ std::uint32_t get(const unsigned char* d, std::size_t
   }
 }
 
-template <CodecKind K>
+// The bits stored for v. fp16 stored a byte at a time (A false) converts by integer arithmetic
+// (half_bits.hpp says why); two-byte stores take the hardware's conversion.
+template <CodecKind K, bool A>
 __device__ __forceinline__ std::uint32_t bits_of(float v) {
   if constexpr (K == CodecKind::none) {
     return __float_as_uint(v);
   } else if constexpr (K == CodecKind::fp16) {
-    return to_half(v);
+    return A ? to_half(v) : half_bits_of(v);
   } else {
     return to_bf16(v);
   }
@@ -88,7 +91,7 @@ __global__ void encode_kernel(const float* __restrict__ x, const float* __restri
       float w = v[k];
       if (EF) w = w + e[k];
       bad |= nonfinite(w);
-      const std::uint32_t h = bits_of<K>(w);
+      const std::uint32_t h = bits_of<K, A>(w);
       put<K, A>(data, i, h);
       if (EF) e_new[i] = K == CodecKind::none ? 0.0f : w - value_of<K>(h);
     }

@@ -33,6 +33,7 @@
 #include "bytes.hpp"
 #include "codecs.cuh"
 #include "index_pack.hpp"
+#include "half_bits.hpp"
 #include "radix_select.hpp"
 
 namespace gcomp::cuda::detail {
@@ -424,7 +425,7 @@ __global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long l
     }
     float sent = val;
     if (fp16) {
-      const std::uint32_t h = to_half(val);
+      const std::uint32_t h = half_bits_of(val);  // stored a byte at a time: half_bits.hpp
       store_u16(vp + 2 * j, h);
       sent = from_half(h);
     } else {
