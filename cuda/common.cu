@@ -1,6 +1,10 @@
 // The shared pieces of common.cuh: errors, workspaces, small writes, non-finite reports.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "common.cuh"
@@ -66,6 +70,49 @@ const Report& Workspace::finish() {
                              stream_));
   GCOMP_CUDA(cudaStreamSynchronize(stream_));
   return *report_host_;
+}
+
+namespace {
+
+bool stages_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("GCOMP_CUDA_STAGES");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+Stages::Stages(cudaStream_t s, const char* op, const char* codec, std::size_t n)
+    : stream_(s), op_(op), codec_(codec), n_(n) {
+  if (!stages_on()) return;
+  if (cudaEventCreate(&events_[0]) == cudaSuccess) cudaEventRecord(events_[0], stream_);
+}
+
+void Stages::mark(const char* stage) {
+  if (!events_[0] || count_ >= kMax) return;
+  if (cudaEventCreate(&events_[count_ + 1]) != cudaSuccess) return;
+  cudaEventRecord(events_[count_ + 1], stream_);
+  names_[count_++] = stage;
+}
+
+Stages::~Stages() {
+  if (!events_[0]) return;
+  // Timing only: errors here change nothing of the call's result.
+  std::string line =
+      std::string("gcomp-cuda-stages ") + op_ + "/" + codec_ + " n=" + std::to_string(n_);
+  if (count_ > 0 && cudaEventSynchronize(events_[count_]) == cudaSuccess) {
+    for (int i = 0; i < count_; ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, events_[i], events_[i + 1]);
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.4f", ms);
+      line += std::string(" ") + names_[i] + "=" + buf;
+    }
+  }
+  for (int i = 0; i <= count_; ++i) cudaEventDestroy(events_[i]);
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 Workspace& workspace_for(cudaStream_t stream) {

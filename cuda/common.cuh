@@ -91,6 +91,31 @@ class Workspace {
 // The workspace of `stream` on the current device (created on first use, kept for the process).
 Workspace& workspace_for(cudaStream_t stream);
 
+// GCOMP_CUDA_STAGES=1 (read once): each encode and decode_add that marks its stages times them
+// with CUDA events on its stream and prints one line to stderr when it ends,
+//   gcomp-cuda-stages <op>/<codec> n=<n> <stage>=<ms> ...
+// where a stage's time runs from the previous mark (or the call's start) to its own, idle gaps
+// (the host waiting on a copy back) included. Off, a mark costs one test of a flag.
+// scripts/gpu-check runs the benchmark with it once and tabulates the medians.
+class Stages {
+ public:
+  Stages(cudaStream_t s, const char* op, const char* codec, std::size_t n);
+  ~Stages();
+  Stages(const Stages&) = delete;
+  Stages& operator=(const Stages&) = delete;
+  void mark(const char* stage);
+
+ private:
+  static constexpr int kMax = 24;
+  cudaStream_t stream_;
+  const char* op_;
+  const char* codec_;
+  std::size_t n_;
+  int count_ = 0;
+  cudaEvent_t events_[kMax + 1] = {};
+  const char* names_[kMax] = {};
+};
+
 // Carves aligned pieces out of one workspace: first sized with a null base (two-phase, as CUB),
 // then placed.
 class Carve {

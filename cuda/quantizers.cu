@@ -498,16 +498,21 @@ std::size_t encode_sign(const EncodeCall& c) {
   double* tmp = carve.take<double>(blocks);
   float* scale = carve.take<float>(1);
   const cudaStream_t s = c.ws->stream();
+  Stages stages(s, "encode", "sign", c.n);
   c.ws->reset_report();
   if (c.n > 0) launch_block_stats<true>(c, blocks, data + 4, st);
+  stages.mark("stats");
   sign_finish_kernel<<<1, 1024, 0, s>>>(st.s1, tmp, blocks, c.n, data, scale, c.ws->report());
   GCOMP_LAUNCHED("sign scale");
+  stages.mark("scale");
   if (c.e_old && c.n > 0) {
     sign_residual_kernel<<<grid_for_rounds(c.n), kThreads, 0, s>>>(c.e_new, c.n, scale,
                                                                    c.ws->report());
     GCOMP_LAUNCHED("sign residual");
+    stages.mark("residual");
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  stages.mark("finish");
   return need;
 }
 
@@ -531,19 +536,24 @@ std::size_t encode_terngrad(const EncodeCall& c) {
   st.mx = carve.take<std::uint32_t>(blocks);
   Ternary* t = carve.take<Ternary>(1);
   const cudaStream_t s = c.ws->stream();
+  Stages stages(s, "encode", "terngrad", c.n);
   c.ws->reset_report();
   if (c.n > 0) launch_block_stats<false>(c, blocks, nullptr, st);
+  stages.mark("stats");
   tern_finish_kernel<<<1, kThreads, 0, s>>>(st, tmp1, tmp2, blocks, c.n, clip, data, t,
                                             c.ws->report());
   GCOMP_LAUNCHED("terngrad scaler");
+  stages.mark("scaler");
   if (c.n > 0) {
     const float* src = c.e_old ? c.e_new : c.x;
     codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
         TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
         draw_key_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
     GCOMP_LAUNCHED("terngrad codes");
+    stages.mark("codes");
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  stages.mark("finish");
   return need;
 }
 
@@ -566,6 +576,7 @@ std::size_t encode_qsgd(const EncodeCall& c) {
   QsgdScale* bk = carve.take<QsgdScale>(buckets);
   const float levels = gcomp::detail::qsgd_levels(bits);
   const cudaStream_t s = c.ws->stream();
+  Stages stages(s, "encode", "qsgd", c.n);
   c.ws->reset_report();
   if (c.n > 0) {
     const unsigned grid = grid_for(buckets * 16);
@@ -577,14 +588,17 @@ std::size_t encode_qsgd(const EncodeCall& c) {
                                                         buckets, levels, bk, norms, c.ws->report());
     }
     GCOMP_LAUNCHED("qsgd norms");
+    stages.mark("norms");
     const float* src = c.e_old ? c.e_new : c.x;
     const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
     codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
         q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, CodecKind::qsgd), codes,
         code_bytes, c.ws->report());
     GCOMP_LAUNCHED("qsgd codes");
+    stages.mark("codes");
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  stages.mark("finish");
   return need;
 }
 
@@ -635,17 +649,21 @@ void decode_qsgd(const DecodeCall& d) {
   const std::size_t buckets = (n + bucket - 1) / bucket;
   const std::size_t code_bytes = d.p.sections[1].size;
   const cudaStream_t s = d.ws->stream();
+  Stages stages(s, "decode_add", "qsgd", n);
   d.ws->reset_report();
   qsgd_validate_kernel<<<grid_for(buckets), kThreads, 0, s>>>(
       d.sections[0], buckets, d.sections[1], code_bytes, static_cast<std::uint64_t>(n) * bits,
       d.ws->report());
   GCOMP_LAUNCHED("qsgd validate");
+  stages.mark("validate");
   if (n > 0 && d.apply) {
     qsgd_decode_kernel<<<grid_for_rounds(n), kThreads, 0, s>>>(
         d.sections[0], d.sections[1], n, bucket, bits, d.alpha, d.acc, d.ws->report());
     GCOMP_LAUNCHED("qsgd decode_add");
+    stages.mark("add");
   }
   const Report& r = d.ws->finish();
+  stages.mark("finish");
   if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) {
     gcomp::detail::bad_payload("qsgd norm of bucket " + std::to_string(r.first) +

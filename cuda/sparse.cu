@@ -544,6 +544,7 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   void* scan_temp = carve.take<unsigned char>(scan_bytes);
   pick.st = st;
 
+  Stages stages(s, "encode", codec_name(kind), n);
   c.ws->reset_report();
   SelectState init{};
   init.need = k;
@@ -561,33 +562,43 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     }
     GCOMP_LAUNCHED("sparse first pass");
   }
+  stages.mark("first_pass");
   if (ranked) {
     const Candidates<Index> none{nullptr, nullptr, 0};
     const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
     GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 21, 11, false, st);
+    stages.mark("pick1");
     hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none,
                                                                  cand, false, cand_capacity);
+    stages.mark("hist2");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
+    stages.mark("pick2");
     // The third histogram from the candidates, or (when they did not fit) from the whole tensor.
     hist_kernel<Index><<<grid_for_rounds(cand_capacity), kThreads, 0, s>>>(
         n, keys, 0, 10, st, hist, cand, none, false, cand_capacity);
     hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none,
                                                                  none, true, cand_capacity);
+    stages.mark("hist3");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
+    stages.mark("pick3");
     tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_counts);
+    stages.mark("tie_count");
     tie_cut_kernel<<<1, kScanThreads, 0, s>>>(n, keys, tile_counts, st);
+    stages.mark("tie_cut");
     GCOMP_LAUNCHED("radix select");
   }
   if (n > 0) {
     GCOMP_CUDA(cub::DeviceSelect::If(cub_temp, cub_bytes, thrust::counting_iterator<Index>(0), idx,
                                      selected, static_cast<std::int64_t>(n), pick, s));
   }
+  stages.mark("select");
   // The selected count comes back: threshold's sizes the header; top-k's and random-k's must be
   // k (the select is exact), which is checked.
   unsigned long long got = 0;
   if (n > 0) GCOMP_CUDA(cudaMemcpyAsync(&got, selected, sizeof got, cudaMemcpyDeviceToHost, s));
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
+  stages.mark("count_back");
   std::size_t nnz = k;
   if (mode == Mode::threshold) {
     nnz = static_cast<std::size_t>(got);
@@ -612,6 +623,7 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     GCOMP_CUDA(cudaStreamSynchronize(s));
     packed = static_cast<std::size_t>(last[0] + last[1]);
   }
+  stages.mark("widths");
   const std::size_t vb = cp.fp16_values ? 2 : 4;
   const std::size_t head_bytes = gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2});
   const std::size_t need = head_bytes + packed + nnz * vb;
@@ -632,12 +644,15 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
                         : 1.0f;
   if (nnz > 0) {
     pack_kernel<Index><<<grid_for(blocks), kThreads, 0, s>>>(idx, nnz, widths, block_offsets, ip);
+    stages.mark("pack");
     emit_kernel<Index><<<grid_for(nnz), kThreads, 0, s>>>(
         idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, 0, cp.fp16_values, mul, nullptr,
         ip + packed);
     GCOMP_LAUNCHED("sparse emit");
+    stages.mark("emit");
   }
   c.ws->finish();
+  stages.mark("finish");
   return need;
 }
 
@@ -661,6 +676,7 @@ void decode_sparse(const DecodeCall& d) {
   // Version 2: the packed indices come to the host, are unpacked and checked by the CPU's code
   // (its messages), and go back to the device as version 1's 4- or 8-byte indices.
   std::vector<unsigned char> flat;
+  Stages stages(d.ws->stream(), "decode_add", codec_name(d.p.kind), n);
   if (d.p.version >= 2) {
     std::vector<std::byte> packed(static_cast<std::size_t>(d.p.sections[0].size));
     if (!packed.empty()) {
@@ -668,6 +684,7 @@ void decode_sparse(const DecodeCall& d) {
                                  d.ws->stream()));
       GCOMP_CUDA(cudaStreamSynchronize(d.ws->stream()));
     }
+    stages.mark("to_host");
     std::vector<std::uint64_t> idx(nnz);
     try {
       gcomp::detail::unpack_indices(packed, nnz, n, idx.data());
@@ -682,11 +699,13 @@ void decode_sparse(const DecodeCall& d) {
         flat[j * ib + b] = static_cast<unsigned char>(idx[j] >> (8 * b));
       }
     }
+    stages.mark("unpack_on_host");
     auto* dev = static_cast<unsigned char*>(d.ws->reserve(std::max<std::size_t>(1, flat.size())));
     if (!flat.empty()) {
       GCOMP_CUDA(cudaMemcpyAsync(dev, flat.data(), flat.size(), cudaMemcpyHostToDevice,
                                  d.ws->stream()));
     }
+    stages.mark("to_device");
     ip = dev;
   }
   const unsigned char* vp = d.sections[1];
@@ -710,8 +729,10 @@ void decode_sparse(const DecodeCall& d) {
       }
     }
     GCOMP_LAUNCHED("sparse decode_add");
+    stages.mark("validate_add");
   }
   const Report& r = d.ws->finish();
+  stages.mark("finish");
   if (r.code != kBadPayload) return check_size(d);
   if (r.what & 1u) {
     // The first bad entry, named as the CPU names it.

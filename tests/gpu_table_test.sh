@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu_table.py (the table scripts/gpu-check prints): medians picked from Google Benchmark's
 # aggregates, shares of the device copy, the torch ratio, errors shown, targets counted, and the
-# exit status 1 when a target is missed (0 when all are met).
+# exit status 1 when a target is missed (0 when all are met); then bench/gpu_stages.py (its stage
+# breakdown).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${1:-python3}"
@@ -54,4 +55,24 @@ grep -q 'targets met: 2 of 4' "$tmp/out.md" || fail "target count"
 "$py" "$root/bench/gpu_table.py" "$tmp/g2.json" "$tmp/t.json" >"$tmp/out2.md" ||
   fail "exit status $? with every target met"
 grep -q 'targets met: 2 of 2' "$tmp/out2.md" || fail "target count when all are met"
+
+# bench/gpu_stages.py: medians per stage per op and size, shares of their sum; other lines ignored.
+cat >"$tmp/stages.log" <<'LOG'
+Run on (16 X 2000 MHz CPU s)
+gcomp-cuda-stages encode/topk n=1024 first_pass=1.0000 select=3.0000
+gcomp-cuda-stages encode/topk n=1024 first_pass=2.0000 select=1.0000
+gcomp-cuda-stages encode/topk n=1024 first_pass=9.0000 select=2.0000
+gcomp-cuda-stages decode_add/qsgd n=1024 validate=0.5000 add=0.5000
+LOG
+"$py" "$root/bench/gpu_stages.py" "$tmp/stages.log" >"$tmp/stages.md"
+cat "$tmp/stages.md"
+grep -q '^encode/topk, n = 1024 (3 calls; medians):' "$tmp/stages.md" || fail "stages: heading"
+grep -q '| first_pass | 2.0000 | 50% |' "$tmp/stages.md" || fail "stages: median and share"
+grep -q '| select | 2.0000 | 50% |' "$tmp/stages.md" || fail "stages: second stage"
+grep -q '| (sum) | 4.0000 | |' "$tmp/stages.md" || fail "stages: sum of medians"
+grep -q '| add | 0.5000 | 50% |' "$tmp/stages.md" || fail "stages: second op"
+echo 'nothing here' >"$tmp/none.log"
+if "$py" "$root/bench/gpu_stages.py" "$tmp/none.log" >/dev/null; then
+  fail "stages: no lines must exit 1"
+fi
 echo "gpu_table_test: ok"
