@@ -419,12 +419,16 @@ struct QsgdQ {
   }
 };
 
+// Also each bucket's step, norm / levels, for the decode: the same division the decode would do
+// for each of the bucket's elements, done once.
 __global__ void qsgd_validate_kernel(const unsigned char* norms, std::size_t buckets,
                                      const unsigned char* codes, std::size_t code_bytes,
-                                     std::uint64_t used_bits, Report* r) {
+                                     std::uint64_t used_bits, float levels, float* steps,
+                                     Report* r) {
   GCOMP_GRID_LOOP(b, buckets) {
     const std::uint32_t u = load_u32(norms + 4 * b);
     if ((u & kInfBits) == kInfBits || (u >> 31) != 0) report_bad(r, 0, b);
+    steps[b] = __uint_as_float(u) / levels;
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const unsigned tail = static_cast<unsigned>(used_bits & 7);
@@ -432,16 +436,15 @@ __global__ void qsgd_validate_kernel(const unsigned char* norms, std::size_t buc
   }
 }
 
-__global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
+__global__ void qsgd_decode_kernel(const float* __restrict__ steps,
                                    const unsigned char* __restrict__ codes, std::size_t n,
                                    std::size_t bucket, int bits, float alpha,
                                    float* __restrict__ acc, const Report* r) {
   if (r->code != 0) return;
-  const float levels = gcomp::detail::qsgd_levels(bits);
   const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
   const bool narrow = n < (std::size_t{1} << 32);  // 32-bit division finds the bucket
   GCOMP_GRID_ROUNDS(i0, stride, n) {
-    std::uint32_t norm[kUnroll];
+    float step[kUnroll];
     std::uint32_t c[kUnroll];
     float a[kUnroll];
 #pragma unroll
@@ -451,7 +454,7 @@ __global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
       const std::size_t b = narrow ? static_cast<std::uint32_t>(i) /
                                          static_cast<std::uint32_t>(bucket)
                                    : i / bucket;
-      norm[k] = load_u32(norms + 4 * b);
+      step[k] = steps[b];
       const std::uint64_t bit = static_cast<std::uint64_t>(i) * bits;
       const std::size_t byte = bit >> 3;
       const unsigned shift = static_cast<unsigned>(bit & 7);
@@ -464,8 +467,7 @@ __global__ void qsgd_decode_kernel(const unsigned char* __restrict__ norms,
     for (int k = 0; k < kUnroll; ++k) {
       const std::size_t i = i0 + k * stride;
       if (i >= n) continue;
-      const float step = __uint_as_float(norm[k]) / levels;
-      const float d = step * static_cast<float>(c[k] & level_mask);
+      const float d = step[k] * static_cast<float>(c[k] & level_mask);
       acc[i] = a[k] + alpha * ((c[k] >> (bits - 1)) ? -d : d);
     }
   }
@@ -650,15 +652,19 @@ void decode_qsgd(const DecodeCall& d) {
   const std::size_t code_bytes = d.p.sections[1].size;
   const cudaStream_t s = d.ws->stream();
   Stages stages(s, "decode_add", "qsgd", n);
+  Carve size;
+  size.take<float>(buckets);
+  Carve carve(d.ws->reserve(size.bytes()));
+  float* steps = carve.take<float>(buckets);
   d.ws->reset_report();
   qsgd_validate_kernel<<<grid_for(buckets), kThreads, 0, s>>>(
       d.sections[0], buckets, d.sections[1], code_bytes, static_cast<std::uint64_t>(n) * bits,
-      d.ws->report());
+      gcomp::detail::qsgd_levels(bits), steps, d.ws->report());
   GCOMP_LAUNCHED("qsgd validate");
   stages.mark("validate");
   if (n > 0 && d.apply) {
     qsgd_decode_kernel<<<grid_for_rounds(n), kThreads, 0, s>>>(
-        d.sections[0], d.sections[1], n, bucket, bits, d.alpha, d.acc, d.ws->report());
+        steps, d.sections[1], n, bucket, bits, d.alpha, d.acc, d.ws->report());
     GCOMP_LAUNCHED("qsgd decode_add");
     stages.mark("add");
   }
