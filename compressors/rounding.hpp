@@ -14,11 +14,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define GCOMP_HOST_DEVICE __host__ __device__
-#else
-#define GCOMP_HOST_DEVICE
-#endif
+#include "host_device.hpp"
 
 namespace gcomp::detail {
 

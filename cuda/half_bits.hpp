@@ -10,15 +10,11 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GCOMP_HALF_HOST_DEVICE __host__ __device__
-#else
-#define GCOMP_HALF_HOST_DEVICE
-#endif
+#include "host_device.hpp"
 
 namespace gcomp::cuda::detail {
 
-GCOMP_HALF_HOST_DEVICE inline std::uint32_t half_bits_of(float f) {
+GCOMP_HOST_DEVICE inline std::uint32_t half_bits_of(float f) {
   std::uint32_t x;
   std::memcpy(&x, &f, sizeof x);
   const std::uint32_t sign = (x >> 16) & 0x8000u;

@@ -4,11 +4,7 @@
 // which run of tie counts holds the need-th tie.
 #pragma once
 
-#if defined(__CUDACC__)
-#define GCOMP_HOST_DEVICE __host__ __device__
-#else
-#define GCOMP_HOST_DEVICE
-#endif
+#include "host_device.hpp"
 
 namespace gcomp::cuda::detail {
 
