@@ -221,25 +221,49 @@ __device__ __forceinline__ uint4 philox_block(std::uint32_t k0, std::uint32_t k1
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
-// The pairwise fold of compressors/reduce.hpp's tree_sum over s[0..count) by one block, with t
-// (count elements) as the other half of a ping-pong; the total lands in *out (0 for count 0).
-// Every thread of the block must call it; s and t are overwritten.
+// One level of the pairwise fold: b[j] = a[2j] + a[2j + 1] for j < count / 2, the odd last one
+// carried. a and b are the two halves of a ping-pong and never overlap, so a thread's loads of
+// several j can be in flight at once.
+__device__ __forceinline__ void tree_level(const double* __restrict__ a, double* __restrict__ b,
+                                           std::size_t count) {
+  const std::size_t half = count / 2;
+#pragma unroll 4
+  for (std::size_t j = threadIdx.x; j < half; j += blockDim.x) b[j] = a[2 * j] + a[2 * j + 1];
+  if ((count & 1) && threadIdx.x == 0) b[half] = a[count - 1];
+}
+
+// The pairwise fold of compressors/reduce.hpp's tree_sum over s1[0..count) (and, when s2 is
+// given, over s2[0..count) at the same time, one barrier per level for both) by one block, with
+// t1 and t2 (count elements each) as the other halves of the ping-pongs; the totals land in *out1
+// and *out2 (0 for count 0). Every thread of the block must call it; s and t are overwritten.
+__device__ __forceinline__ void tree_sum_block2(double* s1, double* t1, double* s2, double* t2,
+                                                std::size_t count, double* out1, double* out2) {
+  double* a1 = s1;
+  double* b1 = t1;
+  double* a2 = s2;
+  double* b2 = t2;
+  while (count > 1) {
+    tree_level(a1, b1, count);
+    if (a2) tree_level(a2, b2, count);
+    __syncthreads();
+    count = count / 2 + (count & 1);
+    double* tmp = a1;
+    a1 = b1;
+    b1 = tmp;
+    tmp = a2;
+    a2 = b2;
+    b2 = tmp;
+  }
+  if (threadIdx.x == 0) {
+    *out1 = count == 0 ? 0.0 : a1[0];
+    if (a2) *out2 = count == 0 ? 0.0 : a2[0];
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void tree_sum_block(double* s, double* t, std::size_t count,
                                                double* out) {
-  double* a = s;
-  double* b = t;
-  while (count > 1) {
-    const std::size_t half = count / 2;
-    for (std::size_t j = threadIdx.x; j < half; j += blockDim.x) b[j] = a[2 * j] + a[2 * j + 1];
-    if ((count & 1) && threadIdx.x == 0) b[half] = a[count - 1];
-    __syncthreads();
-    count = half + (count & 1);
-    double* tmp = a;
-    a = b;
-    b = tmp;
-  }
-  if (threadIdx.x == 0) *out = count == 0 ? 0.0 : a[0];
-  __syncthreads();
+  tree_sum_block2(s, t, nullptr, nullptr, count, out, nullptr);
 }
 
 // Runs of elements (4096-element blocks, QSGD buckets) owned by half-warps: warp w owns runs 2w

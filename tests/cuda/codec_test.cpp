@@ -168,6 +168,17 @@ TEST(CudaCodecs, DecodeAddMatchesTheCpu) {
       gcomp::decode_add(gcomp::cuda::view(static_cast<const std::byte*>(dp.data()), dp.size()),
                         dacc.view(), -0.75f);
       EXPECT_EQ(first_difference(cpu, dacc.download()), -1) << spec << " n=" << n;
+      // An accumulator 4 bytes past an aligned start (a view into a larger tensor): the kernels
+      // that take 16 bytes at a time where they can must not assume they can.
+      std::vector<float> shifted(n + 1, 42.0f);
+      std::copy(acc0.begin(), acc0.end(), shifted.begin() + 1);
+      DeviceBuffer<float> dshift(shifted);
+      gcomp::decode_add(gcomp::cuda::view(static_cast<const std::byte*>(dp.data()), dp.size()),
+                        gcomp::cuda::view(dshift.data() + 1, n), -0.75f);
+      std::vector<float> back = dshift.download();
+      EXPECT_EQ(back[0], 42.0f) << spec << " n=" << n << " (shifted)";
+      back.erase(back.begin());
+      EXPECT_EQ(first_difference(cpu, back), -1) << spec << " n=" << n << " (shifted)";
     }
   }
 }

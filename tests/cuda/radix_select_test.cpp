@@ -11,6 +11,7 @@
 namespace {
 
 using gcomp::cuda::detail::holds_nth;
+using gcomp::cuda::detail::ties_taken;
 using gcomp::cuda::detail::walk_stops_at;
 using Counts = std::vector<unsigned long long>;
 
@@ -108,6 +109,44 @@ TEST(RadixSelect, TheRunsFindTheWalksTile) {
       }
       ASSERT_EQ(runs, 1) << "tiles " << tiles << " need " << need;
     }
+  }
+}
+
+// Ties scattered over tiles; for every need, the cut is the need-th tie in index order: each
+// tile gives the ties at or below the cut's index, and no more than need in all.
+TEST(RadixSelect, EachTileGivesTheTiesUpToTheCut) {
+  std::mt19937_64 rng(13);
+  constexpr std::size_t kTile = 16;
+  for (std::size_t n : {std::size_t{1}, std::size_t{40}, std::size_t{1000}}) {
+    std::vector<bool> tie(n);
+    for (std::size_t i = 0; i < n; ++i) tie[i] = rng() % 3 == 0;
+    tie[rng() % n] = true;
+    std::vector<std::size_t> where;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (tie[i]) where.push_back(i);
+    }
+    const std::size_t tiles = (n + kTile - 1) / kTile;
+    Counts per(tiles);
+    for (std::size_t i : where) ++per[i / kTile];
+    for (std::size_t need = 1; need <= where.size(); ++need) {
+      const std::size_t cut = where[need - 1];
+      const unsigned long long cut_tile = cut / kTile;
+      unsigned long long cut_rank = 0;  // ties in the cut's tile up to and with it
+      for (std::size_t i = cut_tile * kTile; i <= cut; ++i) cut_rank += tie[i] ? 1 : 0;
+      unsigned long long total = 0;
+      for (std::size_t t = 0; t < tiles; ++t) {
+        unsigned long long want = 0;
+        for (std::size_t i = t * kTile; i < std::min(n, (t + 1) * kTile) && i <= cut; ++i) {
+          want += tie[i] ? 1 : 0;
+        }
+        const unsigned long long got = ties_taken(t, per[t], cut_tile, cut_rank);
+        EXPECT_EQ(got, want) << "n " << n << " need " << need << " tile " << t;
+        total += got;
+      }
+      EXPECT_EQ(total, need) << "n " << n;
+    }
+    // Nothing cut (every tie taken): each tile gives all of its ties.
+    for (std::size_t t = 0; t < tiles; ++t) EXPECT_EQ(ties_taken(t, per[t], ~0ull, 0), per[t]);
   }
 }
 
