@@ -115,6 +115,19 @@ Stages::~Stages() {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+unsigned multiprocessors() {
+  static std::mutex mu;
+  static std::map<int, unsigned> by_device;
+  int device = 0;
+  GCOMP_CUDA(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = by_device.find(device);
+  if (it != by_device.end()) return it->second;
+  int count = 0;
+  GCOMP_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return by_device[device] = count > 0 ? static_cast<unsigned>(count) : 1u;
+}
+
 Workspace& workspace_for(cudaStream_t stream) {
   static std::mutex mu;
   static std::map<std::pair<int, cudaStream_t>, std::unique_ptr<Workspace>>* spaces =

@@ -309,4 +309,22 @@ inline constexpr int kUnroll = 4;
 // Blocks for such a loop over n elements.
 inline unsigned grid_for_rounds(std::uint64_t n) { return grid_for(n, kThreads * kUnroll); }
 
+// The current device's multiprocessors (asked once per device).
+unsigned multiprocessors();
+// A grid that stays resident (`per_sm` blocks of kThreads per multiprocessor, at most `blocks`):
+// for kernels that keep per-block state worth amortizing (a shared histogram flushed once per
+// block) or prefetch their next piece while working on this one.
+inline unsigned resident_grid(unsigned blocks, unsigned per_sm) {
+  const unsigned cap = per_sm * multiprocessors();
+  return blocks < cap ? blocks : cap;
+}
+// The same with as many blocks of kThreads per multiprocessor as `kernel` can keep resident.
+template <class Kernel>
+unsigned resident_grid(Kernel kernel, unsigned blocks) {
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return resident_grid(blocks, per_sm > 0 ? static_cast<unsigned>(per_sm) : 1u);
+}
+
 }  // namespace gcomp::cuda::detail

@@ -27,7 +27,7 @@ using gcomp::detail::Ternary;
 namespace {
 
 constexpr unsigned kTile = 2048;  // elements per code tile: 256 threads x 8
-constexpr std::size_t kStatsBatch = 32;  // rows per lane in flight in block_stats_kernel
+constexpr std::size_t kStatsBatch = 16;  // rows per lane in flight in the statistics
 
 // ---- statistics of 4096-element blocks (sign, TernGrad) ----
 
@@ -37,6 +37,64 @@ struct BlockOut {
   std::uint32_t* mx;  // max |v| as bits (TernGrad)
 };
 
+// One half-warp's run of a block: its lanes' sums in the canonical order, kStatsBatch rows
+// (loads) in flight per lane. Full: the run is a whole block, so no load needs a guard: guarded
+// loads each hold a predicate register until their use, and with 7 of those the compiler kept
+// at most about 8 loads in flight (the H200 read the statistics at 36% of the copy's rate).
+template <bool EF, bool Sign, bool Full>
+__device__ __forceinline__ void stats_run(const float* __restrict__ x,
+                                          const float* __restrict__ e_old,
+                                          float* __restrict__ e_new, std::size_t start,
+                                          std::size_t len, unsigned char* __restrict__ bits,
+                                          double& a1, double& a2, std::uint32_t& mx) {
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned j = lane & 15u;
+  constexpr std::size_t kBatch = kStatsBatch;
+  for (std::size_t it0 = 0; it0 < kReduceBlock / 16; it0 += kBatch) {
+    float xs[kBatch];
+    float es[kBatch];
+#pragma unroll
+    for (std::size_t u = 0; u < kBatch; ++u) {
+      const std::size_t m = 16 * (it0 + u) + j;
+      if (Full || m < len) {
+        xs[u] = x[start + m];
+        if (EF) es[u] = e_old[start + m];
+      }
+    }
+#pragma unroll
+    for (std::size_t u = 0; u < kBatch; ++u) {
+      const std::size_t it = it0 + u;
+      const std::size_t m = 16 * it + j;
+      const bool valid = Full || m < len;
+      float v = 0.0f;
+      if (valid) {
+        v = xs[u];
+        if (EF) {
+          v = v + es[u];
+          e_new[start + m] = v;
+        }
+        if (Sign) {
+          a1 = a1 + static_cast<double>(fabsf(v));
+        } else {
+          a1 = a1 + static_cast<double>(v);
+          a2 = a2 + static_cast<double>(v) * static_cast<double>(v);
+          const std::uint32_t b = __float_as_uint(v) & 0x7fffffffu;
+          mx = b > mx ? b : mx;
+        }
+      }
+      if (Sign) {
+        const unsigned ballot = __ballot_sync(0xffffffffu, valid && v < 0.0f);
+        const unsigned mine = (ballot >> (lane & 16u)) & 0xffffu;
+        if (j == 0 && valid) {
+          unsigned char* o = bits + (start + 16 * it) / 8;
+          o[0] = static_cast<unsigned char>(mine);
+          if (Full || 16 * it + 8 < len) o[1] = static_cast<unsigned char>(mine >> 8);
+        }
+      }
+    }
+  }
+}
+
 // Warp w handles blocks 2w and 2w + 1 (one per half-warp); with EF, v = x + e goes to e_new.
 // Sign also writes its bits here: a ballot of v < 0 over the 16 consecutive elements a half-warp
 // reads at once.
@@ -44,63 +102,17 @@ template <bool EF, bool Sign>
 __global__ void block_stats_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
                                    float* __restrict__ e_new, std::size_t n, std::size_t blocks,
                                    unsigned char* __restrict__ bits, BlockOut out) {
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned j = lane & 15u;
+  const unsigned j = threadIdx.x & 15u;
   for (std::size_t w = first_warp(); 2 * w < blocks; w += warp_count()) {
     const HalfWarpRun run = half_warp_run(w, blocks, kReduceBlock, n);
-    const std::size_t rb = run.index;
-    const bool have = run.have;
-    const std::size_t start = run.start;
-    const std::size_t len = run.len;
     double a1 = 0.0;
     double a2 = 0.0;
     std::uint32_t mx = 0;
-    // kBatch loads in flight per lane, then the sums in the canonical order. A half-warp's
-    // batch is kBatch rows of 64 bytes, one contiguous piece of its block: 8 rows (512 bytes,
-    // pieces 16 KiB apart across the half-warps) read at 36% of the copy's rate on an H200.
-    constexpr std::size_t kBatch = kStatsBatch;
-    for (std::size_t it0 = 0; it0 < kReduceBlock / 16; it0 += kBatch) {
-      float xs[kBatch];
-      float es[kBatch];
-#pragma unroll
-      for (std::size_t u = 0; u < kBatch; ++u) {
-        const std::size_t m = 16 * (it0 + u) + j;
-        if (m < len) {
-          xs[u] = x[start + m];
-          if (EF) es[u] = e_old[start + m];
-        }
-      }
-#pragma unroll
-      for (std::size_t u = 0; u < kBatch; ++u) {
-        const std::size_t it = it0 + u;
-        const std::size_t m = 16 * it + j;
-        const bool valid = m < len;
-        float v = 0.0f;
-        if (valid) {
-          v = xs[u];
-          if (EF) {
-            v = v + es[u];
-            e_new[start + m] = v;
-          }
-          if (Sign) {
-            a1 = a1 + static_cast<double>(fabsf(v));
-          } else {
-            a1 = a1 + static_cast<double>(v);
-            a2 = a2 + static_cast<double>(v) * static_cast<double>(v);
-            const std::uint32_t b = __float_as_uint(v) & 0x7fffffffu;
-            mx = b > mx ? b : mx;
-          }
-        }
-        if (Sign) {
-          const unsigned ballot = __ballot_sync(0xffffffffu, valid && v < 0.0f);
-          const unsigned mine = (ballot >> (lane & 16u)) & 0xffffu;
-          if (j == 0 && valid) {
-            unsigned char* o = bits + (start + 16 * it) / 8;
-            o[0] = static_cast<unsigned char>(mine);
-            if (16 * it + 8 < len) o[1] = static_cast<unsigned char>(mine >> 8);
-          }
-        }
-      }
+    // The same path for both half-warps (sign's ballots take the whole warp).
+    if (__all_sync(0xffffffffu, run.len == kReduceBlock)) {
+      stats_run<EF, Sign, true>(x, e_old, e_new, run.start, run.len, bits, a1, a2, mx);
+    } else {
+      stats_run<EF, Sign, false>(x, e_old, e_new, run.start, run.len, bits, a1, a2, mx);
     }
     a1 = fold16(a1);
     if (!Sign) {
@@ -110,11 +122,11 @@ __global__ void block_stats_kernel(const float* __restrict__ x, const float* __r
         mx = o > mx ? o : mx;
       }
     }
-    if (j == 0 && have) {
-      out.s1[rb] = a1;
+    if (j == 0 && run.have) {
+      out.s1[run.index] = a1;
       if (!Sign) {
-        out.s2[rb] = a2;
-        out.mx[rb] = mx;
+        out.s2[run.index] = a2;
+        out.mx[run.index] = mx;
       }
     }
   }
@@ -220,6 +232,33 @@ DrawKey draw_key_of(std::uint64_t seed, CodecKind kind) {
 // loaded once): std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16,
 // float* decoded).
 // src is x, or e_new holding v with error feedback (then ef == e_new gets v - decoded).
+// The thread's eight values of tile `tl` (elements 64 g + 16 w + 2 j + h). A whole tile needs
+// no guards (each guarded load would hold a predicate register until its use).
+__device__ __forceinline__ void load_tile_values(const float* src, std::size_t n, std::size_t tl,
+                                                 unsigned g, unsigned j, float (&vs)[8]) {
+  const std::size_t base = tl * kTile;
+  if (base + kTile <= n) {
+#pragma unroll
+    for (unsigned w = 0; w < 4; ++w) {
+#pragma unroll
+      for (unsigned h = 0; h < 2; ++h) vs[2 * w + h] = src[base + 64 * g + 16 * w + 2 * j + h];
+    }
+  } else {
+#pragma unroll
+    for (unsigned w = 0; w < 4; ++w) {
+#pragma unroll
+      for (unsigned h = 0; h < 2; ++h) {
+        const std::size_t i = base + 64 * g + 16 * w + 2 * j + h;
+        if (i < n) vs[2 * w + h] = src[i];
+      }
+    }
+  }
+}
+
+// A resident grid walks the tiles; each thread loads its values of the next tile before it
+// works on this one, so that the loads of one tile are in flight while the last one's draws
+// and codes are computed. With error feedback src and ef are the same array: the next tile is
+// other elements than the ones this tile writes.
 template <class Q>
 __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n, DrawKey st,
                              unsigned char* __restrict__ codes, std::size_t code_bytes,
@@ -230,19 +269,14 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
   const unsigned g = t >> 3;
   const unsigned j = t & 7u;
   const std::size_t tiles = (n + kTile - 1) / kTile;
+  float next[8];
+  if (blockIdx.x < tiles) load_tile_values(src, n, blockIdx.x, g, j, next);
   for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
     const std::size_t base = tl * kTile;
-    // The thread's eight values first (all in flight at once), then the draws and codes. With
-    // error feedback src and ef are the same array: each element is read before it is written.
     float vs[8];
 #pragma unroll
-    for (unsigned w = 0; w < 4; ++w) {
-#pragma unroll
-      for (unsigned h = 0; h < 2; ++h) {
-        const std::size_t i = base + 64 * g + 16 * w + 2 * j + h;
-        if (i < n) vs[2 * w + h] = src[i];
-      }
-    }
+    for (unsigned u = 0; u < 8; ++u) vs[u] = next[u];
+    if (tl + gridDim.x < tiles) load_tile_values(src, n, tl + gridDim.x, g, j, next);
     const std::size_t mine = base + 64 * g;  // the thread's elements lie in [mine, mine + 63]
     const auto coder = q.at(mine, (mine + 63 < n ? mine + 63 : n - 1));
     const uint4 r4 = philox_block(st.k0, st.k1, st.codec, base / 8 + t);
@@ -477,81 +511,124 @@ __global__ void qsgd_validate_kernel(const unsigned char* norms, std::size_t buc
 // once per group where the group lies in one bucket, and with Vec (acc 16-byte aligned) the
 // accumulator as two 16-byte loads and stores. Each element gets the operations of the CPU's
 // decode: acc + alpha * (+-step * level).
-template <bool Vec>
+//
+// A round whose groups are all whole (8 elements, `bits` bytes) needs no guards, and with the
+// width B known at compile time (2, 4 or 8; 0: the runtime `bits`) its byte loads are a fixed
+// number: guarded loads each hold a predicate register until their use, which kept few loads in
+// flight. Every load of a round is issued before the first is used.
+constexpr int kDecodeGroups = 2;  // groups per thread and round (64 bytes of acc in flight)
+template <int B, bool Vec>
 __global__ void qsgd_decode_kernel(const float* __restrict__ steps,
                                    const unsigned char* __restrict__ codes, std::size_t n,
-                                   std::size_t bucket, int bits, float alpha,
+                                   std::size_t bucket, int bits_at_run, float alpha,
                                    float* __restrict__ acc, const Report* r) {
   if (r->code != 0) return;
+  const int bits = B > 0 ? B : bits_at_run;
   const std::uint32_t level_mask = (1u << (bits - 1)) - 1;
   const std::uint32_t code_mask = (1u << bits) - 1;
   const bool narrow = n < (std::size_t{1} << 32);  // 32-bit division finds the bucket
   const auto bucket_of = [&](std::size_t i) -> std::size_t {
     return narrow ? static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(bucket) : i / bucket;
   };
-  const std::size_t groups = (n + 7) / 8;
-  GCOMP_GRID_ROUNDS(g0, stride, groups) {
-    std::uint64_t word[kUnroll];
-    float a[kUnroll][8];
-    float step[kUnroll];
-    bool one[kUnroll];  // the group lies in one bucket
+  // The 8 decoded values of group `first` from its code word, into out.
+  const auto decode8 = [&](std::uint64_t word, std::size_t first, std::size_t count, bool one,
+                           float step, const float (&a)[8], float (&out)[8]) {
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int e = 0; e < 8; ++e) {
+      if (static_cast<std::size_t>(e) >= count) continue;
+      const std::uint32_t c = static_cast<std::uint32_t>(word >> (bits * e)) & code_mask;
+      const float st = one ? step : steps[bucket_of(first + e)];
+      const float d = st * static_cast<float>(c & level_mask);
+      out[e] = a[e] + alpha * ((c >> (bits - 1)) ? -d : d);
+    }
+  };
+  const std::size_t groups = (n + 7) / 8;
+  const std::size_t whole = n / 8;  // groups of 8 elements, all of whose bytes are there
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t g0 = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+       g0 < groups; g0 += kDecodeGroups * stride) {
+    if (g0 + (kDecodeGroups - 1) * stride < whole) {
+      unsigned char raw[kDecodeGroups][8];
+      float a[kDecodeGroups][8];
+      float step[kDecodeGroups];
+      bool one[kDecodeGroups];
+#pragma unroll
+      for (int k = 0; k < kDecodeGroups; ++k) {
+        const std::size_t g = g0 + k * stride;
+        const unsigned char* p = codes + g * static_cast<std::size_t>(bits);
+        if (B > 0) {
+#pragma unroll
+          for (int b = 0; b < (B > 0 ? B : 1); ++b) raw[k][b] = p[b];
+        } else {
+#pragma unroll
+          for (int b = 0; b < 8; ++b) {
+            if (b < bits) raw[k][b] = p[b];
+          }
+        }
+        const std::size_t b0 = bucket_of(8 * g);
+        one[k] = 8 * g + 7 < (b0 + 1) * bucket;
+        step[k] = steps[b0];
+        if (Vec) {
+          const float4 lo = reinterpret_cast<const float4*>(acc + 8 * g)[0];
+          const float4 hi = reinterpret_cast<const float4*>(acc + 8 * g)[1];
+          a[k][0] = lo.x; a[k][1] = lo.y; a[k][2] = lo.z; a[k][3] = lo.w;
+          a[k][4] = hi.x; a[k][5] = hi.y; a[k][6] = hi.z; a[k][7] = hi.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a[k][e] = acc[8 * g + e];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kDecodeGroups; ++k) {
+        const std::size_t g = g0 + k * stride;
+        std::uint64_t word = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          if (b < bits) word |= static_cast<std::uint64_t>(raw[k][b]) << (8 * b);
+        }
+        float out[8];
+        decode8(word, 8 * g, 8, one[k], step[k], a[k], out);
+        if (Vec) {
+          reinterpret_cast<float4*>(acc + 8 * g)[0] = make_float4(out[0], out[1], out[2], out[3]);
+          reinterpret_cast<float4*>(acc + 8 * g)[1] = make_float4(out[4], out[5], out[6], out[7]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[8 * g + e] = out[e];
+        }
+      }
+      continue;
+    }
+    // The round with the last group, which may be short (its bytes end with the payload).
+#pragma unroll 1
+    for (int k = 0; k < kDecodeGroups; ++k) {
       const std::size_t g = g0 + k * stride;
       if (g >= groups) continue;
       const std::size_t first = 8 * g;
       const std::size_t count = n - first < 8 ? n - first : 8;
       const unsigned char* p = codes + g * static_cast<std::size_t>(bits);
-      std::uint64_t w = 0;
-      // The group's bytes; the last group may own fewer (its codes end with the payload).
       const std::size_t nbytes = (count * static_cast<std::size_t>(bits) + 7) / 8;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        if (b < bits && static_cast<std::size_t>(b) < nbytes) {
-          w |= static_cast<std::uint64_t>(p[b]) << (8 * b);
-        }
-      }
-      word[k] = w;
+      std::uint64_t word = 0;
+      for (std::size_t b = 0; b < nbytes; ++b) word |= static_cast<std::uint64_t>(p[b]) << (8 * b);
       const std::size_t b0 = bucket_of(first);
-      one[k] = first + count - 1 < (b0 + 1) * bucket;
-      step[k] = steps[b0];
-      if (Vec && count == 8) {
-        const float4 lo = reinterpret_cast<const float4*>(acc + first)[0];
-        const float4 hi = reinterpret_cast<const float4*>(acc + first)[1];
-        a[k][0] = lo.x; a[k][1] = lo.y; a[k][2] = lo.z; a[k][3] = lo.w;
-        a[k][4] = hi.x; a[k][5] = hi.y; a[k][6] = hi.z; a[k][7] = hi.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          if (static_cast<std::size_t>(e) < count) a[k][e] = acc[first + e];
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const std::size_t g = g0 + k * stride;
-      if (g >= groups) continue;
-      const std::size_t first = 8 * g;
-      const std::size_t count = n - first < 8 ? n - first : 8;
+      float a[8];
+      for (std::size_t e = 0; e < count; ++e) a[e] = acc[first + e];
       float out[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (static_cast<std::size_t>(e) >= count) continue;
-        const std::uint32_t c = static_cast<std::uint32_t>(word[k] >> (bits * e)) & code_mask;
-        const float st = one[k] ? step[k] : steps[bucket_of(first + e)];
-        const float d = st * static_cast<float>(c & level_mask);
-        out[e] = a[k][e] + alpha * ((c >> (bits - 1)) ? -d : d);
-      }
-      if (Vec && count == 8) {
-        reinterpret_cast<float4*>(acc + first)[0] = make_float4(out[0], out[1], out[2], out[3]);
-        reinterpret_cast<float4*>(acc + first)[1] = make_float4(out[4], out[5], out[6], out[7]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          if (static_cast<std::size_t>(e) < count) acc[first + e] = out[e];
-        }
-      }
+      decode8(word, first, count, first + count - 1 < (b0 + 1) * bucket, steps[b0], a, out);
+      for (std::size_t e = 0; e < count; ++e) acc[first + e] = out[e];
     }
+  }
+}
+
+template <int B>
+void launch_qsgd_decode(const DecodeCall& d, const float* steps, std::size_t n,
+                        std::size_t bucket, int bits, cudaStream_t s) {
+  const unsigned grid = grid_for((n + 7) / 8, std::uint64_t{kThreads} * kDecodeGroups);
+  if (reinterpret_cast<std::uintptr_t>(d.acc) % 16 == 0) {
+    qsgd_decode_kernel<B, true><<<grid, kThreads, 0, s>>>(steps, d.sections[1], n, bucket, bits,
+                                                          d.alpha, d.acc, d.ws->report());
+  } else {
+    qsgd_decode_kernel<B, false><<<grid, kThreads, 0, s>>>(steps, d.sections[1], n, bucket, bits,
+                                                           d.alpha, d.acc, d.ws->report());
   }
 }
 
@@ -630,7 +707,8 @@ std::size_t encode_terngrad(const EncodeCall& c) {
   stages.mark("scaler");
   if (c.n > 0) {
     const float* src = c.e_old ? c.e_new : c.x;
-    codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
+    const unsigned grid = resident_grid(codes_kernel<TernQ>, grid_for(c.n, kTile));
+    codes_kernel<TernQ><<<grid, kThreads, 0, s>>>(
         TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
         draw_key_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
     GCOMP_LAUNCHED("terngrad codes");
@@ -675,7 +753,8 @@ std::size_t encode_qsgd(const EncodeCall& c) {
     stages.mark("norms");
     const float* src = c.e_old ? c.e_new : c.x;
     const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
-    codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
+    const unsigned code_grid = resident_grid(codes_kernel<QsgdQ>, grid_for(c.n, kTile));
+    codes_kernel<QsgdQ><<<code_grid, kThreads, 0, s>>>(
         q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, CodecKind::qsgd), codes,
         code_bytes, c.ws->report());
     GCOMP_LAUNCHED("qsgd codes");
@@ -745,13 +824,15 @@ void decode_qsgd(const DecodeCall& d) {
   GCOMP_LAUNCHED("qsgd validate");
   stages.mark("validate");
   if (n > 0 && d.apply) {
-    const unsigned grid = grid_for_rounds((n + 7) / 8);
-    if (reinterpret_cast<std::uintptr_t>(d.acc) % 16 == 0) {
-      qsgd_decode_kernel<true><<<grid, kThreads, 0, s>>>(steps, d.sections[1], n, bucket, bits,
-                                                         d.alpha, d.acc, d.ws->report());
+    // The usual widths with their byte counts fixed; the others as the payload says.
+    if (bits == 4) {
+      launch_qsgd_decode<4>(d, steps, n, bucket, bits, s);
+    } else if (bits == 8) {
+      launch_qsgd_decode<8>(d, steps, n, bucket, bits, s);
+    } else if (bits == 2) {
+      launch_qsgd_decode<2>(d, steps, n, bucket, bits, s);
     } else {
-      qsgd_decode_kernel<false><<<grid, kThreads, 0, s>>>(steps, d.sections[1], n, bucket, bits,
-                                                          d.alpha, d.acc, d.ws->report());
+      launch_qsgd_decode<0>(d, steps, n, bucket, bits, s);
     }
     GCOMP_LAUNCHED("qsgd decode_add");
     stages.mark("add");

@@ -20,7 +20,6 @@
 // messages) and hands them to the version 1 kernels.
 //
 // Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
-#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
@@ -70,18 +69,21 @@ struct Keys {
       const uint4 r = philox_block(k0, k1, codec, 8 * g + (i & 7u));
       return w == 0 ? r.x : (w == 1 ? r.y : (w == 2 ? r.z : r.w));
     }
+    return abs_key(i);
+  }
+  // Top-k's key alone: kernels that take several keys at once choose between the two kinds
+  // outside their loops, so that the loads of a round are all in flight before the first use.
+  __device__ __forceinline__ std::uint32_t abs_key(std::uint64_t i) const {
     return __float_as_uint(v[i]) & 0x7fffffffu;
   }
 };
 
-// One count for `bin` in a block's shared histogram, aggregated over the lanes of the warp that
-// count the same bin at the same time (gradients crowd a few dozen exponent bins, and lanes
-// hitting one shared counter would otherwise take turns).
+// One count for `bin` in a block's shared histogram: a plain shared atomic. Aggregating the
+// lanes of a warp that count the same bin first (labeled_partition) was 2.8 times slower on an
+// H200 for a normal tensor's top 11 bits, where a few dozen bins take most keys
+// (bench/cuda_probe.cu: 1.27 against 0.45 ms at 256 M floats).
 __device__ __forceinline__ void count_bin(unsigned* counts, unsigned bin) {
-  namespace cg = cooperative_groups;
-  const cg::coalesced_group active = cg::coalesced_threads();
-  const cg::coalesced_group peers = cg::labeled_partition(active, bin);
-  if (peers.thread_rank() == 0) atomicAdd(&counts[bin], peers.size());
+  atomicAdd(&counts[bin], 1u);
 }
 
 // The first pass: v = x + e into e_new (error feedback), the non-finite check, and the histogram
@@ -198,9 +200,16 @@ __global__ void __launch_bounds__(kThreads)
       const std::size_t j = j0 + k * stride;
       if (j < n) is[k] = use_from ? static_cast<std::size_t>(from.index[j]) : j;
     }
+    if (keys.mode == Mode::randomk) {
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (j0 + k * stride < n) ks[k] = keys(is[k]);
+      for (int k = 0; k < kUnroll; ++k) {
+        if (j0 + k * stride < n) ks[k] = keys(is[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        if (j0 + k * stride < n) ks[k] = keys.abs_key(is[k]);
+      }
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -476,10 +485,16 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
     const std::size_t base = tl * kTieTile + threadIdx.x;
     std::uint32_t ks[kRounds];
+    // A whole tile of top-k keys: no guards, one kind of key (all loads in flight at once).
+    if (tl * kTieTile + kTieTile <= n && keys.mode != Mode::randomk) {
 #pragma unroll
-    for (unsigned r = 0; r < kRounds; ++r) {
-      const std::size_t i = base + r * kThreads;
-      if (i < n) ks[r] = keys(i);
+      for (unsigned r = 0; r < kRounds; ++r) ks[r] = keys.abs_key(base + r * kThreads);
+    } else {
+#pragma unroll
+      for (unsigned r = 0; r < kRounds; ++r) {
+        const std::size_t i = base + r * kThreads;
+        if (i < n) ks[r] = keys(i);
+      }
     }
     unsigned ballots[kRounds];
 #pragma unroll
@@ -654,6 +669,14 @@ __global__ void sparse_decode_kernel(const unsigned char* __restrict__ ip,
   }
 }
 
+// The first pass's grid: resident when it counts a histogram (each block flushes its shared
+// histogram once; 65535 blocks flushing theirs cost more than the counting), else one element
+// per thread and round.
+template <class Kernel>
+unsigned first_grid(Kernel kernel, std::size_t n, bool hist) {
+  return hist ? resident_grid(kernel, grid_for_rounds(n)) : grid_for_rounds(n);
+}
+
 Mode mode_of(CodecKind k) {
   return k == CodecKind::topk ? Mode::topk
                               : (k == CodecKind::randomk ? Mode::randomk : Mode::threshold);
@@ -752,10 +775,10 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   GCOMP_CUDA(cudaMemsetAsync(hist, 0, kBins * sizeof(unsigned long long), s));
   if (n > 0) {
     if (c.e_old) {
-      first_pass_kernel<true><<<grid_for_rounds(n), kThreads, 0, s>>>(
+      first_pass_kernel<true><<<first_grid(first_pass_kernel<true>, n, ranked), kThreads, 0, s>>>(
           c.x, c.e_old, c.e_new, n, keys, ranked ? hist : nullptr, c.ws->report());
     } else {
-      first_pass_kernel<false><<<grid_for_rounds(n), kThreads, 0, s>>>(
+      first_pass_kernel<false><<<first_grid(first_pass_kernel<false>, n, ranked), kThreads, 0, s>>>(
           c.x, nullptr, nullptr, n, keys, ranked ? hist : nullptr, c.ws->report());
     }
     GCOMP_LAUNCHED("sparse first pass");
@@ -769,16 +792,18 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     GCOMP_CUDA(cudaMemsetAsync(tile_sel, 0, tile_slots * sizeof(unsigned long long), s));
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 21, 11, false, st);
     stages.mark("pick1");
-    hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(
-        n, keys, 10, 11, st, hist, none, cand, tile_sel, false, cand_capacity);
+    const unsigned hist_grid = resident_grid(hist_kernel<Index>, grid_for_rounds(n));
+    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand,
+                                                      tile_sel, false, cand_capacity);
     stages.mark("hist2");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
     stages.mark("pick2");
     // The third histogram from the candidates, or (when they did not fit) from the whole tensor.
-    hist_kernel<Index><<<grid_for_rounds(cand_capacity), kThreads, 0, s>>>(
-        n, keys, 0, 10, st, hist, cand, none, nullptr, false, cand_capacity);
-    hist_kernel<Index><<<grid_for_rounds(n), kThreads, 0, s>>>(
-        n, keys, 0, 10, st, hist, none, none, nullptr, true, cand_capacity);
+    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(cand_capacity)),
+                         kThreads, 0, s>>>(n, keys, 0, 10, st, hist, cand, none, nullptr, false,
+                                           cand_capacity);
+    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none, none,
+                                                      nullptr, true, cand_capacity);
     stages.mark("hist3");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
     stages.mark("pick3");
