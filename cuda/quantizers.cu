@@ -228,10 +228,6 @@ DrawKey draw_key_of(std::uint64_t seed, CodecKind kind) {
           static_cast<std::uint32_t>(kind)};
 }
 
-// Q::at(first, last) gives the coder of one thread's elements in [first, last] (what they share
-// loaded once): std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16,
-// float* decoded).
-// src is x, or e_new holding v with error feedback (then ef == e_new gets v - decoded).
 // The thread's eight values of tile `tl` (elements 64 g + 16 w + 2 j + h). A whole tile needs
 // no guards (each guarded load would hold a predicate register until its use).
 __device__ __forceinline__ void load_tile_values(const float* src, std::size_t n, std::size_t tl,
@@ -255,10 +251,39 @@ __device__ __forceinline__ void load_tile_values(const float* src, std::size_t n
   }
 }
 
-// A resident grid walks the tiles; each thread loads its values of the next tile before it
-// works on this one, so that the loads of one tile are in flight while the last one's draws
-// and codes are computed. With error feedback src and ef are the same array: the next tile is
-// other elements than the ones this tile writes.
+// The codes of one thread's eight elements of a tile into the shared tile (and with error
+// feedback v - decoded into ef).
+template <class Coder>
+__device__ __forceinline__ void code_values(const Coder& coder, const float (&vs)[8],
+                                            std::size_t base, std::size_t n, unsigned g,
+                                            unsigned j, const std::uint32_t (&words)[4],
+                                            float* ef, unsigned char* tile) {
+#pragma unroll
+  for (unsigned w = 0; w < 4; ++w) {
+#pragma unroll
+    for (unsigned h = 0; h < 2; ++h) {
+      const unsigned off = 64 * g + 16 * w + 2 * j + h;
+      const std::size_t i = base + off;
+      std::uint32_t code = 0;
+      if (i < n) {
+        const std::uint32_t draw = h ? (words[w] >> 16) : (words[w] & 0xffffu);
+        const float v = vs[2 * w + h];
+        float dec;
+        code = coder(i, v, draw, &dec);
+        if (ef) ef[i] = v - dec;
+      }
+      tile[off] = static_cast<unsigned char>(code);
+    }
+  }
+}
+
+// Q::at(first, last) gives the coder of one thread's elements in [first, last]:
+// std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded), and
+// when `shared` (they share their constants, loaded once) fast(), the same without a lookup.
+// src is x, or e_new holding v with error feedback (then ef == e_new gets v - decoded): each
+// element is read before it is written. (Prefetching the next tile's values during this one's codes, on a grid of resident
+// blocks, made TernGrad's and QSGD's codes 7-9% slower on an H200: they are bound by the codes'
+// arithmetic, not by loads in flight.)
 template <class Q>
 __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n, DrawKey st,
                              unsigned char* __restrict__ codes, std::size_t code_bytes,
@@ -269,34 +294,20 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
   const unsigned g = t >> 3;
   const unsigned j = t & 7u;
   const std::size_t tiles = (n + kTile - 1) / kTile;
-  float next[8];
-  if (blockIdx.x < tiles) load_tile_values(src, n, blockIdx.x, g, j, next);
   for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
     const std::size_t base = tl * kTile;
     float vs[8];
-#pragma unroll
-    for (unsigned u = 0; u < 8; ++u) vs[u] = next[u];
-    if (tl + gridDim.x < tiles) load_tile_values(src, n, tl + gridDim.x, g, j, next);
+    load_tile_values(src, n, tl, g, j, vs);
     const std::size_t mine = base + 64 * g;  // the thread's elements lie in [mine, mine + 63]
     const auto coder = q.at(mine, (mine + 63 < n ? mine + 63 : n - 1));
     const uint4 r4 = philox_block(st.k0, st.k1, st.codec, base / 8 + t);
     const std::uint32_t words[4] = {r4.x, r4.y, r4.z, r4.w};
-#pragma unroll
-    for (unsigned w = 0; w < 4; ++w) {
-#pragma unroll
-      for (unsigned h = 0; h < 2; ++h) {
-        const unsigned off = 64 * g + 16 * w + 2 * j + h;
-        const std::size_t i = base + off;
-        std::uint32_t code = 0;
-        if (i < n) {
-          const std::uint32_t draw = h ? (words[w] >> 16) : (words[w] & 0xffffu);
-          const float v = vs[2 * w + h];
-          float dec;
-          code = coder(i, v, draw, &dec);
-          if (ef) ef[i] = v - dec;
-        }
-        tile[off] = static_cast<unsigned char>(code);
-      }
+    // Elements that share their coder's constants (one QSGD bucket) take the path without a
+    // per-element lookup, chosen once per thread.
+    if (coder.shared) {
+      code_values(coder.fast(), vs, base, n, g, j, words, ef, tile);
+    } else {
+      code_values(coder, vs, base, n, g, j, words, ef, tile);
     }
     __syncthreads();
     unsigned long long packed = 0;
@@ -318,10 +329,12 @@ struct TernQ {
   const Ternary* t;
   struct Coder {
     Ternary t;
+    bool shared = true;
     __device__ std::uint32_t operator()(std::size_t, float v, std::uint32_t draw,
                                         float* decoded) const {
       return gcomp::detail::ternary_code(t, v, draw, decoded);
     }
+    __device__ const Coder& fast() const { return *this; }
   };
   __device__ Coder at(std::size_t, std::size_t) const { return Coder{*t}; }
 };
@@ -477,11 +490,23 @@ struct QsgdQ::Coder {
   QsgdQ q;
   QsgdScale scale;
   bool shared;
+  // Each element finds its bucket.
   __device__ std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw,
                                       float* decoded) const {
-    const QsgdScale sc = shared ? scale : q.buckets[q.bucket_of(i)];
-    return gcomp::detail::qsgd_code(sc, q.levels, q.bits, v, draw, decoded);
+    return gcomp::detail::qsgd_code(q.buckets[q.bucket_of(i)], q.levels, q.bits, v, draw,
+                                    decoded);
   }
+  // All of the thread's elements are in the one bucket whose scale is held.
+  struct Shared {
+    QsgdScale scale;
+    float levels;
+    int bits;
+    __device__ std::uint32_t operator()(std::size_t, float v, std::uint32_t draw,
+                                        float* decoded) const {
+      return gcomp::detail::qsgd_code(scale, levels, bits, v, draw, decoded);
+    }
+  };
+  __device__ Shared fast() const { return Shared{scale, q.levels, q.bits}; }
 };
 
 __device__ QsgdQ::Coder QsgdQ::at(std::size_t first, std::size_t last) const {
@@ -707,8 +732,7 @@ std::size_t encode_terngrad(const EncodeCall& c) {
   stages.mark("scaler");
   if (c.n > 0) {
     const float* src = c.e_old ? c.e_new : c.x;
-    const unsigned grid = resident_grid(codes_kernel<TernQ>, grid_for(c.n, kTile));
-    codes_kernel<TernQ><<<grid, kThreads, 0, s>>>(
+    codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
         TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
         draw_key_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
     GCOMP_LAUNCHED("terngrad codes");
@@ -753,8 +777,7 @@ std::size_t encode_qsgd(const EncodeCall& c) {
     stages.mark("norms");
     const float* src = c.e_old ? c.e_new : c.x;
     const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
-    const unsigned code_grid = resident_grid(codes_kernel<QsgdQ>, grid_for(c.n, kTile));
-    codes_kernel<QsgdQ><<<code_grid, kThreads, 0, s>>>(
+    codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
         q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, CodecKind::qsgd), codes,
         code_bytes, c.ws->report());
     GCOMP_LAUNCHED("qsgd codes");

@@ -152,11 +152,12 @@ struct Candidates {
 // when it is given and they fit. `whole` marks the whole-tensor launch that stands in for the
 // candidates' when they did not fit (each of the two returns when the other one counts).
 //
-// The candidates gather in a block's buffer in shared memory and go out a buffer at a time, one
+// The candidates gather in a warp's buffer in shared memory and go out a buffer at a time, one
 // global atomic each: one atomic per group of lanes on the one counter made the second pass
 // (about 0.7% of a normal tensor in the bin, 1.8 M appends at 256 M floats) take 2.1 ms on an
-// H200, against 0.25 ms to read the tensor.
-constexpr unsigned kAppendBuffer = 2 * kUnroll * kThreads;
+// H200, against 0.25 ms to read the tensor; a block's buffer, with its barriers every round,
+// 0.87 ms.
+constexpr unsigned kWarpBuffer = 2 * 32 * kUnroll;  // entries: two rounds; flushed past one
 //
 // With `above` (the second pass, when the candidates fit) it also counts per tile of kTieTile
 // the keys above the prefix's bin, which the selection takes whole; then it runs on after an
@@ -168,9 +169,7 @@ __global__ void __launch_bounds__(kThreads)
                 unsigned long long* hist, Candidates<Index> from, Candidates<Index> to,
                 unsigned long long* above, bool whole, std::size_t capacity) {
   __shared__ unsigned counts[kBins];
-  __shared__ Index buffer[kAppendBuffer];
-  __shared__ unsigned used;
-  __shared__ unsigned long long base;
+  __shared__ Index buffer[kThreads / 32][kWarpBuffer];
   const bool done = st->done != 0;
   if (done && to.index == nullptr) return;  // these returns are the same for every thread
   const bool fit = st->first_bin <= capacity;
@@ -183,13 +182,26 @@ __global__ void __launch_bounds__(kThreads)
   const bool count_above = append_to && above != nullptr;
   const unsigned bins = 1u << width;
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) counts[b] = 0;
-  if (threadIdx.x == 0) used = 0;
   __syncthreads();
   const int hi = shift + width;
   const std::uint32_t prefix = st->prefix;
   const unsigned lane = threadIdx.x & 31u;
+  Index* mine = buffer[threadIdx.x / 32];
+  unsigned held = 0;  // entries in the warp's buffer (the same in every lane)
+  // Writes the warp's buffer out at one global atomic's offset; every lane of the warp calls it.
+  const auto flush = [&]() {
+    __syncwarp();
+    unsigned long long at = 0;
+    if (lane == 0) at = atomicAdd(to.count, static_cast<unsigned long long>(held));
+    at = __shfl_sync(0xffffffffu, at, 0);
+    for (unsigned t = lane; t < held; t += 32) {
+      if (at + t < to.capacity) to.index[at + t] = mine[t];
+    }
+    __syncwarp();
+    held = 0;
+  };
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  // Rounds as GCOMP_GRID_ROUNDS, the loop's test the same for the whole block (its barriers).
+  // Rounds as GCOMP_GRID_ROUNDS, the loop's test the same for the whole warp (its ballots).
   const std::size_t block0 = blockIdx.x * static_cast<std::size_t>(blockDim.x);
   for (std::size_t r0 = block0; r0 < n; r0 += kUnroll * stride) {
     const std::size_t j0 = r0 + threadIdx.x;
@@ -226,30 +238,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (append_to) {
         const unsigned ballot = __ballot_sync(0xffffffffu, match);
-        unsigned slot = 0;
-        if (lane == 0 && ballot != 0) slot = atomicAdd(&used, static_cast<unsigned>(__popc(ballot)));
-        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(ballot & ((1u << lane) - 1u));
-        if (match) buffer[slot] = static_cast<Index>(is[k]);
+        if (match) mine[held + __popc(ballot & ((1u << lane) - 1u))] = static_cast<Index>(is[k]);
+        held += static_cast<unsigned>(__popc(ballot));
       }
     }
-    if (append_to) {
-      __syncthreads();
-      const unsigned held = used;
-      // A round adds at most kUnroll * blockDim.x: flush before the next one could overflow.
-      if (held > kAppendBuffer - kUnroll * blockDim.x || r0 + kUnroll * stride >= n) {
-        if (threadIdx.x == 0 && held > 0) {
-          base = atomicAdd(to.count, static_cast<unsigned long long>(held));
-        }
-        __syncthreads();
-        for (unsigned t = threadIdx.x; t < held; t += blockDim.x) {
-          if (base + t < to.capacity) to.index[base + t] = buffer[t];
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) used = 0;
-      }
-      __syncthreads();
-    }
+    // A round adds at most 32 * kUnroll: flush before the next one could overflow.
+    if (append_to && held > kWarpBuffer - 32 * kUnroll) flush();
   }
+  if (append_to && held > 0) flush();
   __syncthreads();
   for (unsigned b = threadIdx.x; b < bins; b += blockDim.x) {
     if (counts[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(counts[b]));
@@ -405,7 +401,9 @@ struct Pick {
 // level's bin) and the candidates (keys above T, and the ties, of which the cut says how many
 // count); else one more pass over the tensor counts the predicate.
 
-// Per candidate: its tile gains one selected key (key > T) or one tie (key == T).
+// Per candidate: its tile gains one selected key (key > T) or one tie (key == T). A warp's
+// candidates mostly share a tile (a warp appended them from its own elements), so the lanes of
+// one tile add their counts in one atomic each.
 template <class Index>
 __global__ void cand_tiles_kernel(Candidates<Index> from, Keys keys, const SelectState* st,
                                   std::size_t capacity, unsigned long long* sel,
@@ -413,11 +411,23 @@ __global__ void cand_tiles_kernel(Candidates<Index> from, Keys keys, const Selec
   if (st->first_bin > capacity) return;
   const std::size_t count = static_cast<std::size_t>(*from.count);
   const std::uint32_t t = st->prefix;
-  GCOMP_GRID_LOOP(j, count) {
-    const std::size_t i = static_cast<std::size_t>(from.index[j]);
-    const std::uint32_t key = keys(i);
-    if (key > t) atomicAdd(&sel[i / kTieTile], 1ull);
-    if (key == t) atomicAdd(&ties[i / kTieTile], 1ull);
+  const unsigned lane = threadIdx.x & 31u;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  // The loop's test is the same for the whole warp (its ballots and matches).
+  for (std::size_t w0 = blockIdx.x * static_cast<std::size_t>(blockDim.x) + (threadIdx.x & ~31u);
+       w0 < count; w0 += stride) {
+    const std::size_t j = w0 + lane;
+    const bool valid = j < count;
+    const std::size_t i = valid ? static_cast<std::size_t>(from.index[j]) : 0;
+    const std::uint32_t key = valid ? keys(i) : 0u;
+    const unsigned long long tile = valid ? i / kTieTile : ~0ull;
+    const unsigned peers = __match_any_sync(0xffffffffu, tile);
+    const unsigned above = __ballot_sync(0xffffffffu, valid && key > t) & peers;
+    const unsigned equal = __ballot_sync(0xffffffffu, valid && key == t) & peers;
+    if (valid && lane == static_cast<unsigned>(__ffs(peers) - 1)) {
+      if (above) atomicAdd(&sel[tile], static_cast<unsigned long long>(__popc(above)));
+      if (equal) atomicAdd(&ties[tile], static_cast<unsigned long long>(__popc(equal)));
+    }
   }
 }
 
