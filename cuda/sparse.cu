@@ -3,23 +3,31 @@
 //
 // Selection of the k largest 32-bit keys (top-k: the bits of |v|; random-k: the Philox word of
 // the element) is an exact radix select in the style of AIR top-k: three histogram passes over
-// 11, 11 and 10 key bits from the top, each followed by a one-thread scan from the highest bin
+// 11, 11 and 10 key bits from the top, each followed by a one-block scan from the highest bin
 // that fixes the bits of the k-th key T and how many elements equal to T are still needed
 // (`ties`); when the chosen bin holds exactly the elements still needed, the select stops early
 // (every key from that prefix up is taken). As AIR top-k's filter, the second pass writes the
-// indices in the first level's bin aside and the third histogram reads only those (the whole
-// tensor again if they outgrow their buffer). When fewer than all the elements
-// equal to T are needed, one more pass finds the
-// index of the last one to take (`cut`), so that the selection is the pure predicate
-// key > T || (key == T && i <= cut). CUB's DeviceSelect::If compacts the indices that satisfy it,
-// in ascending order. The indices are then packed as gaps in blocks of 128 (the payload's
-// version 2, compressors/index_pack.hpp): one thread per block finds its width, a scan places
-// the blocks, one thread per block writes its bytes; a last kernel writes the values and, with
-// error feedback, v - sent at the sent entries (the first pass has left v in e_new everywhere).
+// indices in the first level's bin aside (the candidates) and the third histogram reads only
+// those. When fewer than all the elements equal to T are needed, the index of the last one to
+// take (`cut`) makes the selection the pure predicate key > T || (key == T && i <= cut).
+//
+// The selected indices go out in ascending order by tiles of 4096: each tile's count, a scan
+// of the counts, and each tile's ordered write (ordered_write_kernel). The counts come without
+// another pass over the tensor: the second pass counts per tile the keys above the first
+// level's bin (all taken), the candidates add per tile the keys above T and the ties (every
+// tie is a candidate), and the cut says how many of a tile's ties are taken (ties_taken,
+// radix_select.hpp). When the candidates outgrow their buffer, the third histogram, the tie
+// counts and the tile counts each read the whole tensor instead.
+//
+// The indices are then packed as gaps in blocks of 128 (the payload's version 2,
+// compressors/index_pack.hpp): one thread per block finds its width, a scan places the blocks,
+// one thread per block writes its bytes; a last kernel writes the values and, with error
+// feedback, v - sent at the sent entries (the first pass has left v in e_new everywhere).
 // Decoding a version 2 payload unpacks and checks its indices on the host (the CPU's code and
 // messages) and hands them to the version 1 kernels.
 //
-// Threshold is the predicate |v| >= tau alone; its count comes back to the host for the header.
+// Threshold (and top-k or random-k with k >= n) is a predicate alone (|v| >= tau), compacted by
+// CUB's DeviceSelect::If; threshold's count comes back to the host for the header.
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
