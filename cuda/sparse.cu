@@ -312,31 +312,39 @@ __global__ void __launch_bounds__(kScanThreads)
   for (int b = static_cast<int>(threadIdx.x); b < bins; b += kScanThreads) hist[b] = 0;
 }
 
+// Per tile of kTieTile, how many of its elements satisfy take(i, key), into out[tile]: a block
+// per tile, the blocks striding over the tiles. Every thread of the block calls it.
+template <class Take>
+__device__ __forceinline__ void count_tiles(std::size_t n, const Keys& keys, const Take& take,
+                                            unsigned long long* out) {
+  __shared__ unsigned warp_sums[kThreads / 32];
+  const std::size_t tiles = (n + kTieTile - 1) / kTieTile;
+  for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+    unsigned c = 0;
+    const std::size_t end = (tl + 1) * kTieTile < n ? (tl + 1) * kTieTile : n;
+#pragma unroll 8
+    for (std::size_t i = tl * kTieTile + threadIdx.x; i < end; i += blockDim.x) {
+      c += take(i, keys(i)) ? 1u : 0u;
+    }
+    for (int o = 16; o >= 1; o /= 2) c += __shfl_down_sync(0xffffffffu, c, o);
+    if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long total = 0;
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) total += warp_sums[w];
+      out[tl] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // When only some of the elements equal to T are taken and the candidates did not fit (else
 // cand_tiles_kernel counts them): their count per tile of kTieTile.
 __global__ void tie_count_kernel(std::size_t n, Keys keys, const SelectState* st,
                                  unsigned long long* tiles, std::size_t capacity) {
   if (st->all || st->need == st->equal || st->first_bin <= capacity) return;
   const std::uint32_t t = st->prefix;
-  const std::size_t count = (n + kTieTile - 1) / kTieTile;
-  for (std::size_t tl = blockIdx.x; tl < count; tl += gridDim.x) {
-    unsigned c = 0;
-    const std::size_t end = (tl + 1) * kTieTile < n ? (tl + 1) * kTieTile : n;
-#pragma unroll 8
-    for (std::size_t i = tl * kTieTile + threadIdx.x; i < end; i += blockDim.x) {
-      c += keys(i) == t ? 1u : 0u;
-    }
-    for (int o = 16; o >= 1; o /= 2) c += __shfl_down_sync(0xffffffffu, c, o);
-    __shared__ unsigned warp_sums[kThreads / 32];
-    if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned long long s = 0;
-      for (unsigned w = 0; w < blockDim.x / 32; ++w) s += warp_sums[w];
-      tiles[tl] = s;
-    }
-    __syncthreads();
-  }
+  count_tiles(n, keys, [t](std::uint64_t, std::uint32_t key) { return key == t; }, tiles);
 }
 
 // One block: the index of the need-th element equal to T. Each thread sums a run of tile
@@ -460,27 +468,8 @@ struct Ranked {
 // The candidates did not fit: each tile's count by a pass over its elements.
 __global__ void tile_count_kernel(std::size_t n, Keys keys, const SelectState* st,
                                   std::size_t capacity, unsigned long long* sel) {
-  __shared__ unsigned warp_sums[kThreads / 32];
   if (st->first_bin <= capacity) return;
-  const Ranked take{st->prefix, st->cut};
-  const std::size_t tiles = (n + kTieTile - 1) / kTieTile;
-  for (std::size_t tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
-    unsigned c = 0;
-    const std::size_t end = (tl + 1) * kTieTile < n ? (tl + 1) * kTieTile : n;
-#pragma unroll 8
-    for (std::size_t i = tl * kTieTile + threadIdx.x; i < end; i += blockDim.x) {
-      c += take(i, keys(i)) ? 1u : 0u;
-    }
-    for (int o = 16; o >= 1; o /= 2) c += __shfl_down_sync(0xffffffffu, c, o);
-    if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = c;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned long long total = 0;
-      for (unsigned w = 0; w < blockDim.x / 32; ++w) total += warp_sums[w];
-      sel[tl] = total;
-    }
-    __syncthreads();
-  }
+  count_tiles(n, keys, Ranked{st->prefix, st->cut}, sel);
 }
 
 // Each tile writes its selected indices from offsets[tile] on, in ascending order: its
