@@ -2,8 +2,11 @@
 // (cuda/sparse.cu) and a host test (tests/cuda/radix_select_test.cpp) that checks them against
 // the one-at-a-time walks they replace: which histogram bin holds the need-th largest key, and
 // which run of tie counts holds the need-th tie; and how many ties each tile gives the
-// selection once the cut is known.
+// selection once the cut is known. And the sample that top-k's threshold comes from.
 #pragma once
+
+#include <cmath>
+#include <cstddef>
 
 #include "host_device.hpp"
 
@@ -36,6 +39,27 @@ GCOMP_HOST_DEVICE inline unsigned long long ties_taken(unsigned long long tile,
                                                        unsigned long long cut_rank) {
   if (cut_tile == ~0ull || tile < cut_tile) return ties;
   return tile == cut_tile ? cut_rank : 0;
+}
+
+// Top-k's sample: element s of m (s < m <= n) is the middle of the s-th of m equal stretches
+// of [0, n), so the positions are strictly increasing and below n (exact while 2 m n < 2^64: with
+// m <= 2^18, n < 2^45).
+GCOMP_HOST_DEVICE inline std::size_t sample_index(std::size_t s, std::size_t n, std::size_t m) {
+  return static_cast<std::size_t>(((2 * static_cast<unsigned long long>(s) + 1) * n) / (2 * m));
+}
+
+// The rank r in a sample of m of n elements whose key is the threshold: the k-th largest key of
+// the n is at or above the sample's r-th largest key unless the sample holds r or more of the
+// k - 1 largest. That count is about Binomial(m, k / n), of mean mu = k m / n; r is 5 standard
+// deviations (sqrt(mu)) and 5 past its mean, so a sample as good as a random one misses with a
+// probability below 1e-6 (a miss costs time, not exactness: the select then reads the whole
+// tensor), while the elements at or above the threshold are about k (1 + 5 / sqrt(mu)). 0 when
+// no rank fits in the sample.
+inline std::size_t sample_rank(std::size_t k, std::size_t n, std::size_t m) {
+  if (n == 0 || m == 0 || k == 0) return 0;
+  const double mu = static_cast<double>(k) * static_cast<double>(m) / static_cast<double>(n);
+  const double r = std::ceil(mu + 5.0 * std::sqrt(mu) + 5.0);
+  return r <= static_cast<double>(m) ? static_cast<std::size_t>(r) : 0;
 }
 
 }  // namespace gcomp::cuda::detail

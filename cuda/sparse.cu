@@ -19,9 +19,20 @@
 // radix_select.hpp). When the candidates outgrow their buffer, the third histogram, the tie
 // counts and the tile counts each read the whole tensor instead.
 //
+// Top-k of a large tensor (n >= 2^20, k well below n) starts from a sample instead: the keys of
+// m <= 2^18 evenly spread elements, sorted (CUB), give a threshold that the k-th key is above
+// with high probability (sample_rank, radix_select.hpp); one pass over the tensor (with error
+// feedback v = x + e, the non-finite check) writes aside the indices whose key is at or above it,
+// about 1.1 k of them; their number comes back to the host. When it is at least k (and fits),
+// they are sorted (CUB) and their keys gathered, and the exact select above runs on those
+// instead of the tensor: ascending candidates keep the ties' index order, so the selection is
+// the same, and its ordered write maps positions back to indices. Otherwise (the sample's
+// threshold was too high, or too many keys equal it) the select reads the whole tensor. The
+// tensor is read once instead of three times.
+//
 // The indices are then packed as gaps in blocks of 128 (the payload's version 2,
-// compressors/index_pack.hpp): one thread per block finds its width, a scan places the blocks,
-// one thread per block writes its bytes; a last kernel writes the values and, with error
+// compressors/index_pack.hpp): a warp per block finds its width, a scan places the blocks, a
+// warp per block writes its bytes; a last kernel writes the values and, with error
 // feedback, v - sent at the sent entries (the first pass has left v in e_new everywhere).
 // Decoding a version 2 payload unpacks and checks its indices on the host (the CPU's code and
 // messages) and hands them to the version 1 kernels.
@@ -29,6 +40,7 @@
 // Threshold (and top-k or random-k with k >= n) is a predicate alone (|v| >= tau), compacted by
 // CUB's DeviceSelect::If; threshold's count comes back to the host for the header.
 #include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -409,6 +421,107 @@ struct Pick {
   }
 };
 
+// ---- top-k's threshold from a sample ----
+
+constexpr std::size_t kSampleMin = std::size_t{1} << 20;  // smaller tensors: the select alone
+constexpr std::size_t kSampleMax = std::size_t{1} << 18;
+constexpr int kFilterUnroll = 8;
+
+// The sample's keys (v = x + e as the first pass adds them).
+__global__ void sample_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
+                              std::size_t n, std::size_t m, std::uint32_t* __restrict__ out) {
+  GCOMP_GRID_LOOP(s, m) {
+    const std::size_t i = sample_index(s, n, m);
+    float v = x[i];
+    if (e_old) v = v + e_old[i];
+    out[s] = __float_as_uint(v) & 0x7fffffffu;
+  }
+}
+
+// The one pass over the tensor: v = x + e into e_new (error feedback), the non-finite check,
+// and the indices whose key is at or above *threshold into `to` (in no particular order, through
+// each warp's buffer as the second histogram's candidates). Past the capacity only the count
+// grows, which the host sees. Whole rounds load without guards (all loads in flight at once).
+template <bool EF, class Index>
+__global__ void __launch_bounds__(kThreads)
+    filter_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
+                  float* __restrict__ e_new, std::size_t n,
+                  const std::uint32_t* __restrict__ threshold, Candidates<Index> to, Report* r) {
+  constexpr int U = kFilterUnroll;
+  constexpr unsigned kBuffer = 2 * 32 * U;
+  __shared__ Index buffer[kThreads / 32][kBuffer];
+  const std::uint32_t t = *threshold;
+  const unsigned lane = threadIdx.x & 31u;
+  Index* mine = buffer[threadIdx.x / 32];
+  unsigned held = 0;  // the same in every lane of the warp
+  bool bad = false;
+  const auto flush = [&]() {
+    __syncwarp();
+    unsigned long long at = 0;
+    if (lane == 0) at = atomicAdd(to.count, static_cast<unsigned long long>(held));
+    at = __shfl_sync(0xffffffffu, at, 0);
+    for (unsigned j = lane; j < held; j += 32) {
+      if (at + j < to.capacity) to.index[at + j] = mine[j];
+    }
+    __syncwarp();
+    held = 0;
+  };
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  // The loop's test is the same for the whole block (the ballots need every lane).
+  for (std::size_t r0 = blockIdx.x * static_cast<std::size_t>(blockDim.x); r0 < n;
+       r0 += U * stride) {
+    const std::size_t i0 = r0 + threadIdx.x;
+    float vs[U];
+    if (r0 + (U - 1) * stride + blockDim.x <= n) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) vs[u] = x[i0 + u * stride];
+      if (EF) {
+        float es[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) es[u] = e_old[i0 + u * stride];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          vs[u] = vs[u] + es[u];
+          e_new[i0 + u * stride] = vs[u];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const std::size_t i = i0 + u * stride;
+        vs[u] = 0.0f;
+        if (i < n) {
+          vs[u] = x[i];
+          if (EF) {
+            vs[u] = vs[u] + e_old[i];
+            e_new[i] = vs[u];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const std::size_t i = i0 + u * stride;
+      const bool valid = i < n;
+      bad |= valid && nonfinite(vs[u]);
+      const bool match = valid && (__float_as_uint(vs[u]) & 0x7fffffffu) >= t;
+      const unsigned ballot = __ballot_sync(0xffffffffu, match);
+      if (match) mine[held + __popc(ballot & ((1u << lane) - 1u))] = static_cast<Index>(i);
+      held += static_cast<unsigned>(__popc(ballot));
+    }
+    if (held > kBuffer - 32 * U) flush();
+  }
+  if (held > 0) flush();
+  if (bad) report_nonfinite(r);
+}
+
+// The sorted candidates' keys, in their order: the exact select's tensor.
+template <class Index>
+__global__ void gather_keys_kernel(const Index* __restrict__ idx, std::size_t count,
+                                   const float* __restrict__ v, std::uint32_t* __restrict__ out) {
+  GCOMP_GRID_LOOP(j, count) out[j] = __float_as_uint(v[idx[j]]) & 0x7fffffffu;
+}
+
 // ---- the ordered write of a ranked selection ----
 //
 // The selected indices go out in ascending order by tiles of kTieTile: each tile's count of
@@ -475,12 +588,13 @@ __global__ void tile_count_kernel(std::size_t n, Keys keys, const SelectState* s
 // Each tile writes its selected indices from offsets[tile] on, in ascending order: its
 // elements in kTieTile / kThreads rounds of one per thread, a ballot per warp and round, and
 // one scan of the (round, warp) counts, which is the tile's index order. Nothing is written past
-// k entries: a wrong count shows as a total other than k, which the host reports.
+// k entries: a wrong count shows as a total other than k, which the host reports. With `map`
+// (the select ran on a sample's candidates) position i stands for index map[i].
 template <class Index>
 __global__ void __launch_bounds__(kThreads)
     ordered_write_kernel(std::size_t n, Keys keys, const SelectState* st,
-                         const unsigned long long* __restrict__ offsets, Index* __restrict__ idx,
-                         std::size_t k) {
+                         const unsigned long long* __restrict__ offsets,
+                         const Index* __restrict__ map, Index* __restrict__ idx, std::size_t k) {
   constexpr unsigned kRounds = kTieTile / kThreads;
   constexpr unsigned kWarps = kThreads / 32;
   static_assert(kRounds * kWarps == 128, "the scan below takes 4 counts per lane");
@@ -534,7 +648,10 @@ __global__ void __launch_bounds__(kThreads)
       if ((ballots[r] >> lane) & 1u) {
         const unsigned long long at =
             out + before[r * kWarps + warp] + static_cast<unsigned>(__popc(ballots[r] & below));
-        if (at < k) idx[at] = static_cast<Index>(base + r * kThreads);  // else: a count is off
+        if (at < k) {  // else: a count is off
+          const std::size_t i = base + r * kThreads;
+          idx[at] = map ? map[i] : static_cast<Index>(i);
+        }
       }
     }
     __syncthreads();  // `before` is the next tile's
@@ -545,60 +662,83 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr std::size_t kBlock = gcomp::detail::kIndexBlock;
 
-// Per block of 128 indices: its width (the bit width of its largest gap) and its bytes.
+// A warp per block of 128 indices (kBlock): lane l holds gaps l, l + 32, l + 64 and l + 96.
+static_assert(kBlock == 4 * 32, "a block's gaps are four per lane");
+
+// The gap before entry j: idx[j] - idx[j - 1] - 1, and idx[0] for the first.
+template <class Index>
+__device__ __forceinline__ unsigned long long gap_at(const Index* __restrict__ idx, std::size_t j) {
+  const unsigned long long prev_plus_one =
+      j == 0 ? 0ull : static_cast<unsigned long long>(idx[j - 1]) + 1;
+  return static_cast<unsigned long long>(idx[j]) - prev_plus_one;
+}
+
+// Per block: its width (the bit width of its largest gap) and its bytes.
 template <class Index>
 __global__ void block_width_kernel(const Index* __restrict__ idx, std::size_t nnz,
                                    unsigned char* __restrict__ widths,
                                    unsigned long long* __restrict__ bytes) {
   const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
-  GCOMP_GRID_LOOP(b, blocks) {
+  const unsigned lane = threadIdx.x & 31u;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::size_t b = blockIdx.x * static_cast<std::size_t>(blockDim.x / 32) + threadIdx.x / 32;
+       b < blocks; b += warps) {
     const std::size_t first = b * kBlock;
     const std::size_t end = first + kBlock < nnz ? first + kBlock : nnz;
     unsigned long long any = 0;
-    for (std::size_t j = first; j < end; ++j) {
-      const unsigned long long prev_plus_one =
-          j == 0 ? 0ull : static_cast<unsigned long long>(idx[j - 1]) + 1;
-      any |= static_cast<unsigned long long>(idx[j]) - prev_plus_one;
+#pragma unroll
+    for (unsigned q = 0; q < 4; ++q) {
+      const std::size_t j = first + lane + 32 * q;
+      if (j < end) any |= gap_at(idx, j);
     }
-    const unsigned w = any == 0 ? 0u : 64u - static_cast<unsigned>(__clzll(any));
-    widths[b] = static_cast<unsigned char>(w);
-    bytes[b] = 1 + ((end - first) * w + 7) / 8;
+    for (int o = 16; o >= 1; o /= 2) any |= __shfl_xor_sync(0xffffffffu, any, o);
+    if (lane == 0) {
+      const unsigned w = any == 0 ? 0u : 64u - static_cast<unsigned>(__clzll(any));
+      widths[b] = static_cast<unsigned char>(w);
+      bytes[b] = 1 + ((end - first) * w + 7) / 8;
+    }
   }
 }
 
 // Per block: its width byte at its offset, then its gaps at w bits each, least significant
-// first; each block owns its bytes.
+// first (gap j in bits [j w, j w + w)); each block owns its bytes. A warp per block: the gaps
+// into shared memory, then each lane builds whole bytes from the gaps they overlap.
 template <class Index>
-__global__ void pack_kernel(const Index* __restrict__ idx, std::size_t nnz,
-                            const unsigned char* __restrict__ widths,
-                            const unsigned long long* __restrict__ offsets,
-                            unsigned char* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    pack_kernel(const Index* __restrict__ idx, std::size_t nnz,
+                const unsigned char* __restrict__ widths,
+                const unsigned long long* __restrict__ offsets, unsigned char* __restrict__ out) {
+  __shared__ unsigned long long gaps[kThreads / 32][kBlock];
   const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
-  GCOMP_GRID_LOOP(b, blocks) {
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned long long* mine = gaps[threadIdx.x / 32];
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::size_t b = blockIdx.x * static_cast<std::size_t>(blockDim.x / 32) + threadIdx.x / 32;
+       b < blocks; b += warps) {
     const std::size_t first = b * kBlock;
-    const std::size_t end = first + kBlock < nnz ? first + kBlock : nnz;
+    const unsigned count = static_cast<unsigned>(first + kBlock < nnz ? kBlock : nnz - first);
     const unsigned w = widths[b];
-    unsigned char* p = out + offsets[b];
-    *p++ = static_cast<unsigned char>(w);
-    unsigned cur = 0, pending = 0;  // the partial byte and its bits
-    for (std::size_t j = first; j < end; ++j) {
-      const unsigned long long prev_plus_one =
-          j == 0 ? 0ull : static_cast<unsigned long long>(idx[j - 1]) + 1;
-      unsigned long long g = static_cast<unsigned long long>(idx[j]) - prev_plus_one;
-      for (unsigned left = w; left > 0;) {
-        const unsigned take = left < 8 - pending ? left : 8 - pending;
-        cur |= static_cast<unsigned>(g & ((1ull << take) - 1)) << pending;
-        g >>= take;
-        pending += take;
-        left -= take;
-        if (pending == 8) {
-          *p++ = static_cast<unsigned char>(cur);
-          cur = 0;
-          pending = 0;
-        }
-      }
+#pragma unroll
+    for (unsigned q = 0; q < 4; ++q) {
+      const unsigned j = lane + 32 * q;
+      if (j < count) mine[j] = gap_at(idx, first + j);
     }
-    if (pending > 0) *p = static_cast<unsigned char>(cur);
+    __syncwarp();
+    unsigned char* p = out + offsets[b];
+    if (lane == 0) p[0] = static_cast<unsigned char>(w);
+    const unsigned nbytes = (count * w + 7) / 8;
+    for (unsigned byte = lane; byte < nbytes; byte += 32) {
+      const unsigned bit = 8 * byte;
+      unsigned j = bit / w;
+      unsigned long long val = mine[j] >> (bit - j * w);
+      unsigned got = w - (bit - j * w);  // bits of val that are gap j's
+      while (got < 8 && ++j < count) {
+        val |= mine[j] << got;
+        got += w;
+      }
+      p[1 + byte] = static_cast<unsigned char>(val);
+    }
+    __syncwarp();  // the gaps are the next block's
   }
 }
 
@@ -753,6 +893,35 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   size.take<unsigned long long>(max_blocks);
   size.take<unsigned long long>(max_blocks);
   size.take<unsigned char>(scan_bytes);
+  // Top-k from a sample: the sample's keys and their sorted copy, the candidates (room for twice
+  // k and 2^16, against the 1.1 k expected), their sorted copy and their keys, CUB's sorts.
+  const std::size_t sample = std::min(kSampleMax, n / 8);
+  const std::size_t rank = mode == Mode::topk && ranked && n >= kSampleMin
+                               ? sample_rank(k, n, sample) : 0;
+  const bool sampled = rank > 0 && k <= n / 8;
+  const std::size_t sample_capacity = sampled ? std::min(n, 2 * k + (std::size_t{1} << 16)) : 0;
+  const int index_bits = n > 1 ? 64 - __builtin_clzll(static_cast<unsigned long long>(n - 1)) : 1;
+  std::size_t sample_sort_bytes = 0;
+  std::size_t cand_sort_bytes = 0;
+  if (sampled) {
+    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, sample_sort_bytes,
+                                              static_cast<const std::uint32_t*>(nullptr),
+                                              static_cast<std::uint32_t*>(nullptr),
+                                              static_cast<std::int64_t>(sample), 0, 31, s));
+    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, cand_sort_bytes,
+                                              static_cast<const Index*>(nullptr),
+                                              static_cast<Index*>(nullptr),
+                                              static_cast<std::int64_t>(sample_capacity), 0,
+                                              index_bits, s));
+  }
+  size.take<std::uint32_t>(sample);
+  size.take<std::uint32_t>(sample);
+  size.take<unsigned char>(sample_sort_bytes);
+  size.take<Index>(sample_capacity);
+  size.take<unsigned long long>(sampled ? 1 : 0);
+  size.take<Index>(sample_capacity);
+  size.take<std::uint32_t>(sample_capacity);
+  size.take<unsigned char>(cand_sort_bytes);
   Carve carve(c.ws->reserve(size.bytes()));
   unsigned long long* hist = carve.take<unsigned long long>(kBins);
   st = carve.take<SelectState>(1);
@@ -769,6 +938,14 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   unsigned long long* block_bytes = carve.take<unsigned long long>(max_blocks);
   unsigned long long* block_offsets = carve.take<unsigned long long>(max_blocks);
   void* scan_temp = carve.take<unsigned char>(scan_bytes);
+  std::uint32_t* sample_keys = carve.take<std::uint32_t>(sample);
+  std::uint32_t* sample_sorted = carve.take<std::uint32_t>(sample);
+  void* sample_sort_temp = carve.take<unsigned char>(sample_sort_bytes);
+  Index* sampled_index = carve.take<Index>(sample_capacity);
+  unsigned long long* sampled_count = carve.take<unsigned long long>(sampled ? 1 : 0);
+  Index* sampled_sorted = carve.take<Index>(sample_capacity);
+  std::uint32_t* sampled_keys = carve.take<std::uint32_t>(sample_capacity);
+  void* cand_sort_temp = carve.take<unsigned char>(cand_sort_bytes);
   pick.st = st;
 
   Stages stages(s, "encode", codec_name(kind), n);
@@ -780,7 +957,109 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   init.cut_tile = ~0ull;
   GCOMP_CUDA(cudaMemcpyAsync(st, &init, sizeof init, cudaMemcpyHostToDevice, s));
   GCOMP_CUDA(cudaMemsetAsync(hist, 0, kBins * sizeof(unsigned long long), s));
-  if (n > 0) {
+
+  // The exact select of the k largest keys of nr elements (the tensor, or a sample's candidates,
+  // whose indices `map` holds in ascending order), from their first level's histogram in `hist`:
+  // the selected indices into idx, ascending. Returns where the selected count lands.
+  const auto select_ranked = [&](std::size_t nr, const Keys& kr, const Index* map) {
+    const std::size_t tr = (nr + kTieTile - 1) / kTieTile;
+    const std::size_t slots = tr + 1;
+    const Candidates<Index> none{nullptr, nullptr, 0};
+    const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
+    GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
+    GCOMP_CUDA(cudaMemsetAsync(tile_ties, 0, tr * sizeof(unsigned long long), s));
+    GCOMP_CUDA(cudaMemsetAsync(tile_sel, 0, slots * sizeof(unsigned long long), s));
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 21, 11, false, st);
+    stages.mark("pick1");
+    const unsigned hist_grid = resident_grid(hist_kernel<Index>, grid_for_rounds(nr));
+    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(nr, kr, 10, 11, st, hist, none, cand,
+                                                      tile_sel, false, cand_capacity);
+    stages.mark("hist2");
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
+    stages.mark("pick2");
+    // The third histogram from the candidates, or (when they did not fit) from all nr.
+    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(cand_capacity)),
+                         kThreads, 0, s>>>(nr, kr, 0, 10, st, hist, cand, none, nullptr, false,
+                                           cand_capacity);
+    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(nr, kr, 0, 10, st, hist, none, none,
+                                                      nullptr, true, cand_capacity);
+    stages.mark("hist3");
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
+    stages.mark("pick3");
+    // The ties per tile (from the candidates, or from all nr when they did not fit), the cut.
+    cand_tiles_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(
+        cand, kr, st, cand_capacity, tile_sel, tile_ties);
+    tie_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, tile_ties, cand_capacity);
+    stages.mark("tie_count");
+    tie_cut_kernel<<<1, kScanThreads, 0, s>>>(nr, kr, tile_ties, st);
+    stages.mark("tie_cut");
+    // Each tile's selected count, their offsets, the ordered write.
+    tile_ties_kernel<<<grid_for(tr), kThreads, 0, s>>>(tr, st, cand_capacity, tile_ties,
+                                                       tile_sel);
+    tile_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, cand_capacity, tile_sel);
+    GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(tile_scan_temp, tile_scan_bytes, tile_sel,
+                                             tile_offsets, static_cast<std::int64_t>(slots), s));
+    stages.mark("tile_counts");
+    ordered_write_kernel<Index><<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, tile_offsets,
+                                                                      map, idx, k);
+    GCOMP_LAUNCHED("radix select");
+    stages.mark("select");
+    return tile_offsets + tr;
+  };
+
+  const unsigned long long* count_at = selected;
+  bool sampled_done = false;
+  if (sampled) {
+    // The threshold: the rank-th largest of the sample's keys (ascending after the sort).
+    sample_kernel<<<grid_for(sample), kThreads, 0, s>>>(c.x, c.e_old, n, sample, sample_keys);
+    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(sample_sort_temp, sample_sort_bytes, sample_keys,
+                                              sample_sorted, static_cast<std::int64_t>(sample),
+                                              0, 31, s));
+    stages.mark("sample");
+    const Candidates<Index> to{sampled_index, sampled_count, sample_capacity};
+    GCOMP_CUDA(cudaMemsetAsync(sampled_count, 0, sizeof *sampled_count, s));
+    const std::uint32_t* threshold = sample_sorted + (sample - rank);
+    if (c.e_old) {
+      filter_kernel<true, Index>
+          <<<resident_grid(filter_kernel<true, Index>, grid_for(n, kThreads * kFilterUnroll)),
+             kThreads, 0, s>>>(c.x, c.e_old, c.e_new, n, threshold, to, c.ws->report());
+    } else {
+      filter_kernel<false, Index>
+          <<<resident_grid(filter_kernel<false, Index>, grid_for(n, kThreads * kFilterUnroll)),
+             kThreads, 0, s>>>(c.x, nullptr, nullptr, n, threshold, to, c.ws->report());
+    }
+    GCOMP_LAUNCHED("top-k filter");
+    stages.mark("filter");
+    unsigned long long found = 0;
+    GCOMP_CUDA(cudaMemcpyAsync(&found, sampled_count, sizeof found, cudaMemcpyDeviceToHost, s));
+    if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
+    stages.mark("filter_count");
+    if (found >= k && found <= sample_capacity) {
+      const std::size_t nc = static_cast<std::size_t>(found);
+      GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(cand_sort_temp, cand_sort_bytes, sampled_index,
+                                                sampled_sorted, static_cast<std::int64_t>(nc), 0,
+                                                index_bits, s));
+      gather_keys_kernel<Index><<<grid_for(nc), kThreads, 0, s>>>(sampled_sorted, nc, v,
+                                                                  sampled_keys);
+      GCOMP_LAUNCHED("top-k candidates");
+      stages.mark("sort_candidates");
+      const float* as_floats = reinterpret_cast<const float*>(sampled_keys);
+      const Keys ck{as_floats, Mode::topk, 0, 0, 0};
+      first_pass_kernel<false>
+          <<<first_grid(first_pass_kernel<false>, nc, true), kThreads, 0, s>>>(
+              as_floats, nullptr, nullptr, nc, ck, hist, c.ws->report());
+      GCOMP_LAUNCHED("top-k candidates' histogram");
+      stages.mark("first_pass");
+      count_at = select_ranked(nc, ck, sampled_sorted);
+      sampled_done = true;
+    } else {
+      // The sample's threshold missed: the select reads the tensor (v, written by the filter).
+      first_pass_kernel<false><<<first_grid(first_pass_kernel<false>, n, true), kThreads, 0, s>>>(
+          v, nullptr, nullptr, n, keys, hist, c.ws->report());
+      GCOMP_LAUNCHED("sparse first pass");
+      stages.mark("first_pass");
+    }
+  } else if (n > 0) {
     if (c.e_old) {
       first_pass_kernel<true><<<first_grid(first_pass_kernel<true>, n, ranked), kThreads, 0, s>>>(
           c.x, c.e_old, c.e_new, n, keys, ranked ? hist : nullptr, c.ws->report());
@@ -789,53 +1068,11 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
           c.x, nullptr, nullptr, n, keys, ranked ? hist : nullptr, c.ws->report());
     }
     GCOMP_LAUNCHED("sparse first pass");
+    stages.mark("first_pass");
   }
-  stages.mark("first_pass");
-  if (ranked) {
-    const Candidates<Index> none{nullptr, nullptr, 0};
-    const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
-    GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
-    GCOMP_CUDA(cudaMemsetAsync(tile_ties, 0, tiles * sizeof(unsigned long long), s));
-    GCOMP_CUDA(cudaMemsetAsync(tile_sel, 0, tile_slots * sizeof(unsigned long long), s));
-    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 21, 11, false, st);
-    stages.mark("pick1");
-    const unsigned hist_grid = resident_grid(hist_kernel<Index>, grid_for_rounds(n));
-    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(n, keys, 10, 11, st, hist, none, cand,
-                                                      tile_sel, false, cand_capacity);
-    stages.mark("hist2");
-    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
-    stages.mark("pick2");
-    // The third histogram from the candidates, or (when they did not fit) from the whole tensor.
-    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(cand_capacity)),
-                         kThreads, 0, s>>>(n, keys, 0, 10, st, hist, cand, none, nullptr, false,
-                                           cand_capacity);
-    hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(n, keys, 0, 10, st, hist, none, none,
-                                                      nullptr, true, cand_capacity);
-    stages.mark("hist3");
-    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
-    stages.mark("pick3");
-    // The ties per tile (from the candidates, or from the tensor when they did not fit), the cut.
-    cand_tiles_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(
-        cand, keys, st, cand_capacity, tile_sel, tile_ties);
-    tie_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, tile_ties,
-                                                             cand_capacity);
-    stages.mark("tie_count");
-    tie_cut_kernel<<<1, kScanThreads, 0, s>>>(n, keys, tile_ties, st);
-    stages.mark("tie_cut");
-    // Each tile's selected count, their offsets, the ordered write.
-    tile_ties_kernel<<<grid_for(tiles), kThreads, 0, s>>>(tiles, st, cand_capacity, tile_ties,
-                                                          tile_sel);
-    tile_count_kernel<<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st, cand_capacity,
-                                                              tile_sel);
-    GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(tile_scan_temp, tile_scan_bytes, tile_sel,
-                                             tile_offsets,
-                                             static_cast<std::int64_t>(tile_slots), s));
-    stages.mark("tile_counts");
-    ordered_write_kernel<Index><<<grid_for(tiles, 1), kThreads, 0, s>>>(n, keys, st,
-                                                                         tile_offsets, idx, k);
-    GCOMP_LAUNCHED("radix select");
-    stages.mark("select");
-  } else if (n > 0) {
+  if (ranked && !sampled_done) {
+    count_at = select_ranked(n, keys, nullptr);
+  } else if (!ranked && n > 0) {
     GCOMP_CUDA(cub::DeviceSelect::If(cub_temp, cub_bytes, thrust::counting_iterator<Index>(0), idx,
                                      selected, static_cast<std::int64_t>(n), pick, s));
     stages.mark("select");
@@ -844,8 +1081,7 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   // k (the select is exact), which is checked.
   unsigned long long got = 0;
   if (n > 0) {
-    GCOMP_CUDA(cudaMemcpyAsync(&got, ranked ? tile_offsets + tiles : selected, sizeof got,
-                               cudaMemcpyDeviceToHost, s));
+    GCOMP_CUDA(cudaMemcpyAsync(&got, count_at, sizeof got, cudaMemcpyDeviceToHost, s));
   }
   if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
   stages.mark("count_back");
@@ -861,7 +1097,8 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
   std::size_t packed = 0;
   if (blocks > 0) {
-    block_width_kernel<Index><<<grid_for(blocks), kThreads, 0, s>>>(idx, nnz, widths, block_bytes);
+    block_width_kernel<Index><<<grid_for(blocks, kThreads / 32), kThreads, 0, s>>>(idx, nnz, widths,
+                                                                              block_bytes);
     GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, block_bytes, block_offsets,
                                              static_cast<int>(blocks), s));
     GCOMP_LAUNCHED("sparse index widths");
@@ -893,7 +1130,8 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
                         ? static_cast<float>(static_cast<double>(n) / static_cast<double>(nnz))
                         : 1.0f;
   if (nnz > 0) {
-    pack_kernel<Index><<<grid_for(blocks), kThreads, 0, s>>>(idx, nnz, widths, block_offsets, ip);
+    pack_kernel<Index><<<grid_for(blocks, kThreads / 32), kThreads, 0, s>>>(idx, nnz, widths,
+                                                                           block_offsets, ip);
     stages.mark("pack");
     emit_kernel<Index><<<grid_for(nnz), kThreads, 0, s>>>(
         idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, 0, cp.fp16_values, mul, nullptr,

@@ -14,6 +14,7 @@
 
 #include "gcomp/codec.hpp"
 #include "gcomp/cuda.hpp"
+#include "radix_select.hpp"
 
 namespace {
 
@@ -217,6 +218,40 @@ TEST(CudaCodecs, TopkTiesGoToTheLowerIndexAsOnTheCpu) {
     EXPECT_EQ(first_difference(c.encode(many, 1), device_encode(c, many, 1)), -1) << spec;
     EXPECT_EQ(first_difference(c.encode(big_zeros, 1), device_encode(c, big_zeros, 1)), -1)
         << spec << " (zeros)";
+  }
+}
+
+// Top-k of 2^20 elements or more starts from a sample's threshold. Where the sample misleads it
+// (large values at the sampled positions alone: the threshold is above the k-th key) or too
+// many keys equal the threshold, the select reads the whole tensor; the bytes and the residual
+// are the CPU's either way.
+TEST(CudaCodecs, TopkFromAMisleadingSampleIsStillExact) {
+  REQUIRE_GPU();
+  const std::size_t n = 3000017;
+  const std::size_t m = std::min(std::size_t{1} << 18, n / 8);  // sparse.cu's sample
+  std::vector<float> spikes = input(n, 31);
+  for (std::size_t s = 0; s < 5000; ++s) spikes[gcomp::cuda::detail::sample_index(s, n, m)] = 1e3f;
+  std::vector<float> steps(n);
+  std::mt19937 g(32);
+  for (float& v : steps) v = static_cast<float>(static_cast<int>(g() % 3) - 1);
+  for (const std::vector<float>* x : {&spikes, &steps}) {
+    for (const std::string& spec : {"topk:ratio=0.01", "topk:k=4000", "topk:ratio=0.1,values=fp16"}) {
+      const Codec c(spec);
+      EXPECT_EQ(first_difference(c.encode(*x, 1), device_encode(c, *x, 1)), -1)
+          << spec << (x == &spikes ? " (spikes)" : " (steps)");
+      // With error feedback (e = 0.25 everywhere): the bytes and the residual.
+      const std::vector<float> e(n, 0.25f);
+      std::vector<float> cpu_e(n);
+      std::vector<std::byte> cpu(c.max_bytes(n));
+      cpu.resize(c.encode_ef(*x, e, cpu_e, 3, cpu));
+      DeviceBuffer<float> dx(*x), de(e), dn(n);
+      DeviceBuffer<std::byte> out(c.max_bytes(n));
+      const std::size_t gb = c.encode_ef(dx.view(), de.view(), dn.view(), 3, out.view());
+      std::vector<std::byte> gpu = out.download();
+      gpu.resize(gb);
+      EXPECT_EQ(first_difference(cpu, gpu), -1) << spec << " with error feedback";
+      EXPECT_EQ(first_difference(cpu_e, dn.download()), -1) << spec << " residual";
+    }
   }
 }
 

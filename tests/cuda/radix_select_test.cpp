@@ -2,6 +2,8 @@
 // apply them, against the one-at-a-time walks they replaced, on the host: they run without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -11,6 +13,8 @@
 namespace {
 
 using gcomp::cuda::detail::holds_nth;
+using gcomp::cuda::detail::sample_index;
+using gcomp::cuda::detail::sample_rank;
 using gcomp::cuda::detail::ties_taken;
 using gcomp::cuda::detail::walk_stops_at;
 using Counts = std::vector<unsigned long long>;
@@ -147,6 +151,81 @@ TEST(RadixSelect, EachTileGivesTheTiesUpToTheCut) {
     }
     // Nothing cut (every tie taken): each tile gives all of its ties.
     for (std::size_t t = 0; t < tiles; ++t) EXPECT_EQ(ties_taken(t, per[t], ~0ull, 0), per[t]);
+  }
+}
+
+// Top-k's sample: m positions, strictly increasing, all below n, the first in the first
+// stretch and the last in the last.
+TEST(TopkSample, PositionsAreIncreasingAndInRange) {
+  for (std::size_t n : {std::size_t{1} << 20, (std::size_t{1} << 20) + 3, std::size_t{3000017},
+                        std::size_t{1} << 28, (std::size_t{1} << 33) + 5}) {
+    for (std::size_t m : {std::size_t{1}, std::size_t{1} << 17, std::size_t{1} << 18,
+                          std::min(n / 8, std::size_t{1} << 18)}) {
+      std::size_t prev = sample_index(0, n, m);
+      EXPECT_LT(prev, (n + m - 1) / m) << n << " " << m;
+      for (std::size_t s = 1; s < m; ++s) {
+        const std::size_t i = sample_index(s, n, m);
+        ASSERT_GT(i, prev) << "n " << n << " m " << m << " s " << s;
+        prev = i;
+      }
+      EXPECT_LT(prev, n);
+      EXPECT_GE(prev, n - (n + m - 1) / m) << n << " " << m;
+    }
+  }
+}
+
+// The rank is past the sample's expected count of the top k by five of its deviations, and no
+// rank fits when that passes the sample's size.
+TEST(TopkSample, TheRankIsFiveDeviationsPastTheMean) {
+  const std::size_t n = std::size_t{1} << 28;
+  const std::size_t m = std::size_t{1} << 18;
+  for (std::size_t k : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, n / 1000, n / 100,
+                        n / 8, n / 2, n - 1}) {
+    const double mu = static_cast<double>(k) * m / n;
+    const std::size_t r = sample_rank(k, n, m);
+    if (mu + 5 * std::sqrt(mu) + 5 > static_cast<double>(m)) {
+      EXPECT_EQ(r, 0u) << k;
+      continue;
+    }
+    EXPECT_GE(static_cast<double>(r), mu + 5 * std::sqrt(mu) + 5) << k;
+    EXPECT_LT(static_cast<double>(r), mu + 5 * std::sqrt(mu) + 6) << k;
+  }
+  EXPECT_EQ(sample_rank(0, n, m), 0u);
+  EXPECT_EQ(sample_rank(5, 0, 0), 0u);
+}
+
+// The device's threshold on the host: the rank-th largest key of the sample. On tensors shaped
+// as gradients (normal, and layers of scales a thousand apart) it keeps at least k elements, and
+// at most what the rank's own spread allows: the count above the sample's r-th largest key is
+// about r n / m, give or take sqrt(r) n / m; five of those is the bound.
+TEST(TopkSample, TheThresholdKeepsAtLeastKAndAboutK) {
+  const std::size_t n = std::size_t{1} << 22;
+  const std::size_t m = std::min(std::size_t{1} << 18, n / 8);
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> normal(n), layers(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    normal[i] = d(g);
+    layers[i] = d(g) * std::pow(10.0f, static_cast<float>((i >> 16) % 4) - 2.0f);
+  }
+  for (const std::vector<float>* x : {&normal, &layers}) {
+    std::vector<float> keys(n);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = std::fabs((*x)[i]);
+    for (double ratio : {0.1, 0.01, 0.001}) {
+      const std::size_t k = static_cast<std::size_t>(ratio * n);
+      const std::size_t r = sample_rank(k, n, m);
+      ASSERT_GT(r, 0u);
+      std::vector<float> sample(m);
+      for (std::size_t s = 0; s < m; ++s) sample[s] = keys[sample_index(s, n, m)];
+      std::sort(sample.begin(), sample.end());
+      const float t = sample[m - r];
+      const std::size_t kept =
+          static_cast<std::size_t>(std::count_if(keys.begin(), keys.end(), [t](float v) { return v >= t; }));
+      const double per = static_cast<double>(n) / m;
+      EXPECT_GE(kept, k) << ratio << (x == &layers ? " layers" : " normal");
+      EXPECT_LE(static_cast<double>(kept), per * (r + 5 * std::sqrt(static_cast<double>(r))))
+          << ratio << (x == &layers ? " layers" : " normal");
+    }
   }
 }
 
