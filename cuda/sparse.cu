@@ -19,16 +19,18 @@
 // radix_select.hpp). When the candidates outgrow their buffer, the third histogram, the tie
 // counts and the tile counts each read the whole tensor instead.
 //
-// Top-k of a large tensor (n >= 2^20, k well below n) starts from a sample instead: the keys of
-// m <= 2^18 evenly spread elements, sorted (CUB), give a threshold that the k-th key is above
-// with high probability (sample_rank, radix_select.hpp); one pass over the tensor (with error
-// feedback v = x + e, the non-finite check) writes aside the indices whose key is at or above it,
-// about 1.1 k of them; their number comes back to the host. When it is at least k (and fits),
-// they are sorted (CUB) and their keys gathered, and the exact select above runs on those
-// instead of the tensor: ascending candidates keep the ties' index order, so the selection is
-// the same, and its ordered write maps positions back to indices. Otherwise (the sample's
-// threshold was too high, or too many keys equal it) the select reads the whole tensor. The
-// tensor is read once instead of three times.
+// Top-k of a large tensor (n >= 2^20, k <= n / 8) starts from a sample instead: the keys of
+// m <= 2^18 evenly spread elements give, by two levels of the same radix select, a threshold
+// that the k-th key is above with high probability (sample_rank, radix_select.hpp). One pass over
+// the tensor (with error feedback v = x + e, and the non-finite check) writes aside the elements
+// whose key is at or above it, about 1.1 k of them, each warp its own stretch in order (so a scan
+// of the warps' totals puts them in ascending order without a sort); their number comes back to
+// the host. When it is at least k (and fits), the exact select above runs on those candidates'
+// values instead of the tensor: ascending candidates keep the ties' index order, so the
+// selection is the same; its ordered write maps positions back to indices and keeps the values
+// for the emit. Otherwise (the sample misled: its threshold was above the k-th key, or too many
+// keys equal it) the select reads the whole tensor. The tensor is read once instead of three
+// times.
 //
 // The indices are then packed as gaps in blocks of 128 (the payload's version 2,
 // compressors/index_pack.hpp): a warp per block finds its width, a scan places the blocks, a
@@ -40,7 +42,6 @@
 // Threshold (and top-k or random-k with k >= n) is a predicate alone (|v| >= tau), compacted by
 // CUB's DeviceSelect::If; threshold's count comes back to the host for the header.
 #include <cub/block/block_scan.cuh>
-#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -426,71 +427,124 @@ struct Pick {
 constexpr std::size_t kSampleMin = std::size_t{1} << 20;  // smaller tensors: the select alone
 constexpr std::size_t kSampleMax = std::size_t{1} << 18;
 constexpr int kFilterUnroll = 8;
+constexpr unsigned kFilterBuffer = 2 * 32 * kFilterUnroll;  // a warp's entries: two rounds
 
-// The sample's keys (v = x + e as the first pass adds them).
+// The sample's keys (v = x + e as the first pass adds them) and the histogram of their top 11
+// bits: the threshold is then the sample's rank-th largest key to 22 bits (two levels of the
+// radix select on the sample; the lower edge of the bin, so at least rank sample keys are at or
+// above it).
 __global__ void sample_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
-                              std::size_t n, std::size_t m, std::uint32_t* __restrict__ out) {
+                              std::size_t n, std::size_t m, std::uint32_t* __restrict__ out,
+                              unsigned long long* hist) {
+  __shared__ unsigned counts[kBins];
+  for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) counts[b] = 0;
+  __syncthreads();
   GCOMP_GRID_LOOP(s, m) {
     const std::size_t i = sample_index(s, n, m);
     float v = x[i];
     if (e_old) v = v + e_old[i];
-    out[s] = __float_as_uint(v) & 0x7fffffffu;
+    const std::uint32_t key = __float_as_uint(v) & 0x7fffffffu;
+    out[s] = key;
+    count_bin(counts, key >> 21);
+  }
+  __syncthreads();
+  for (unsigned b = threadIdx.x; b < kBins; b += blockDim.x) {
+    if (counts[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(counts[b]));
   }
 }
 
+// One flush of a warp's buffer in the filter: `count` entries at `at` in the unordered buffer,
+// which are entries [before, before + count) of warp `warp`'s own (ascending) candidates.
+struct Flush {
+  unsigned long long at;
+  unsigned long long before;
+  unsigned long long warp;
+  unsigned long long count;
+};
+
+// Where the filter's candidates go: indices and values in flush order, the flushes, each warp's
+// total. Past a capacity only the counts grow, which the host sees.
+template <class Index>
+struct Filtered {
+  Index* index;
+  float* value;
+  unsigned long long* count;
+  std::size_t capacity;
+  Flush* flushes;
+  unsigned long long* flush_count;
+  std::size_t flush_capacity;
+  unsigned long long* warp_totals;
+};
+
 // The one pass over the tensor: v = x + e into e_new (error feedback), the non-finite check,
-// and the indices whose key is at or above *threshold into `to` (in no particular order, through
-// each warp's buffer as the second histogram's candidates). Past the capacity only the count
-// grows, which the host sees. Whole rounds load without guards (all loads in flight at once).
+// and the elements whose key is at or above *threshold (index and value) into `to`. Each warp
+// reads its own stretch of `chunk` elements (a multiple of 32 * kFilterUnroll) in order, so
+// its candidates come in ascending order; they gather in the warp's buffer in shared memory and
+// go out a buffer at a time at one global atomic's offset, each flush recorded (Flush), so that
+// order_kernel can put every flush in its place without a sort. Whole rounds load without
+// guards (all loads in flight at once).
 template <bool EF, class Index>
 __global__ void __launch_bounds__(kThreads)
     filter_kernel(const float* __restrict__ x, const float* __restrict__ e_old,
-                  float* __restrict__ e_new, std::size_t n,
-                  const std::uint32_t* __restrict__ threshold, Candidates<Index> to, Report* r) {
+                  float* __restrict__ e_new, std::size_t n, std::size_t chunk,
+                  const std::uint32_t* __restrict__ threshold, Filtered<Index> to, Report* r) {
   constexpr int U = kFilterUnroll;
-  constexpr unsigned kBuffer = 2 * 32 * U;
-  __shared__ Index buffer[kThreads / 32][kBuffer];
+  constexpr unsigned kRound = 32 * U;
+  __shared__ Index buffer[kThreads / 32][kFilterBuffer];
+  __shared__ float values[kThreads / 32][kFilterBuffer];
   const std::uint32_t t = *threshold;
   const unsigned lane = threadIdx.x & 31u;
-  Index* mine = buffer[threadIdx.x / 32];
-  unsigned held = 0;  // the same in every lane of the warp
+  const unsigned warp = threadIdx.x / 32;
+  const std::size_t gw = blockIdx.x * static_cast<std::size_t>(kThreads / 32) + warp;
+  Index* mine = buffer[warp];
+  float* mine_v = values[warp];
+  unsigned held = 0;               // the same in every lane of the warp
+  unsigned long long before = 0;  // the warp's candidates flushed so far
   bool bad = false;
   const auto flush = [&]() {
     __syncwarp();
     unsigned long long at = 0;
-    if (lane == 0) at = atomicAdd(to.count, static_cast<unsigned long long>(held));
+    if (lane == 0) {
+      at = atomicAdd(to.count, static_cast<unsigned long long>(held));
+      const unsigned long long f = atomicAdd(to.flush_count, 1ull);
+      if (f < to.flush_capacity) to.flushes[f] = Flush{at, before, gw, held};
+    }
     at = __shfl_sync(0xffffffffu, at, 0);
     for (unsigned j = lane; j < held; j += 32) {
-      if (at + j < to.capacity) to.index[at + j] = mine[j];
+      if (at + j < to.capacity) {
+        to.index[at + j] = mine[j];
+        to.value[at + j] = mine_v[j];
+      }
     }
     __syncwarp();
+    before += held;
     held = 0;
   };
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  // The loop's test is the same for the whole block (the ballots need every lane).
-  for (std::size_t r0 = blockIdx.x * static_cast<std::size_t>(blockDim.x); r0 < n;
-       r0 += U * stride) {
-    const std::size_t i0 = r0 + threadIdx.x;
+  const std::size_t begin = gw * chunk;
+  const std::size_t end = begin + chunk < n ? begin + chunk : n;
+  // The loop's test is the same for the whole warp (the ballots need every lane).
+  for (std::size_t base = begin; base < end; base += kRound) {
+    const std::size_t i0 = base + lane;
     float vs[U];
-    if (r0 + (U - 1) * stride + blockDim.x <= n) {
+    if (base + kRound <= end) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) vs[u] = x[i0 + u * stride];
+      for (int u = 0; u < U; ++u) vs[u] = x[i0 + 32 * u];
       if (EF) {
         float es[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) es[u] = e_old[i0 + u * stride];
+        for (int u = 0; u < U; ++u) es[u] = e_old[i0 + 32 * u];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           vs[u] = vs[u] + es[u];
-          e_new[i0 + u * stride] = vs[u];
+          e_new[i0 + 32 * u] = vs[u];
         }
       }
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const std::size_t i = i0 + u * stride;
+        const std::size_t i = i0 + 32 * u;
         vs[u] = 0.0f;
-        if (i < n) {
+        if (i < end) {
           vs[u] = x[i];
           if (EF) {
             vs[u] = vs[u] + e_old[i];
@@ -501,25 +555,44 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const std::size_t i = i0 + u * stride;
-      const bool valid = i < n;
+      const std::size_t i = i0 + 32 * u;
+      const bool valid = i < end;
       bad |= valid && nonfinite(vs[u]);
       const bool match = valid && (__float_as_uint(vs[u]) & 0x7fffffffu) >= t;
       const unsigned ballot = __ballot_sync(0xffffffffu, match);
-      if (match) mine[held + __popc(ballot & ((1u << lane) - 1u))] = static_cast<Index>(i);
+      if (match) {
+        const unsigned at = held + __popc(ballot & ((1u << lane) - 1u));
+        mine[at] = static_cast<Index>(i);
+        mine_v[at] = vs[u];
+      }
       held += static_cast<unsigned>(__popc(ballot));
     }
-    if (held > kBuffer - 32 * U) flush();
+    // A round adds at most kRound: flush before the next one could overflow.
+    if (held > kFilterBuffer - kRound) flush();
   }
   if (held > 0) flush();
+  if (lane == 0) to.warp_totals[gw] = before;
   if (bad) report_nonfinite(r);
 }
 
-// The sorted candidates' keys, in their order: the exact select's tensor.
+// Every flush to its place: warp w's candidates start at warp_offsets[w] (a scan of the warps'
+// totals), a flush's at its `before` past that. A warp per flush. The result is the candidates
+// in ascending index order, with their values.
 template <class Index>
-__global__ void gather_keys_kernel(const Index* __restrict__ idx, std::size_t count,
-                                   const float* __restrict__ v, std::uint32_t* __restrict__ out) {
-  GCOMP_GRID_LOOP(j, count) out[j] = __float_as_uint(v[idx[j]]) & 0x7fffffffu;
+__global__ void order_kernel(Filtered<Index> from, const unsigned long long* __restrict__ warp_offsets,
+                             Index* __restrict__ index, float* __restrict__ value) {
+  const std::size_t flushes = static_cast<std::size_t>(*from.flush_count);
+  const unsigned lane = threadIdx.x & 31u;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::size_t f = blockIdx.x * static_cast<std::size_t>(blockDim.x / 32) + threadIdx.x / 32;
+       f < flushes; f += warps) {
+    const Flush fl = from.flushes[f];
+    const unsigned long long to = warp_offsets[fl.warp] + fl.before;
+    for (unsigned long long j = lane; j < fl.count; j += 32) {
+      index[to + j] = from.index[fl.at + j];
+      value[to + j] = from.value[fl.at + j];
+    }
+  }
 }
 
 // ---- the ordered write of a ranked selection ----
@@ -589,12 +662,14 @@ __global__ void tile_count_kernel(std::size_t n, Keys keys, const SelectState* s
 // elements in kTieTile / kThreads rounds of one per thread, a ballot per warp and round, and
 // one scan of the (round, warp) counts, which is the tile's index order. Nothing is written past
 // k entries: a wrong count shows as a total other than k, which the host reports. With `map`
-// (the select ran on a sample's candidates) position i stands for index map[i].
+// (the select ran on a sample's candidates) position i stands for index map[i], and its value
+// keys.v[i] goes to vals.
 template <class Index>
 __global__ void __launch_bounds__(kThreads)
     ordered_write_kernel(std::size_t n, Keys keys, const SelectState* st,
                          const unsigned long long* __restrict__ offsets,
-                         const Index* __restrict__ map, Index* __restrict__ idx, std::size_t k) {
+                         const Index* __restrict__ map, Index* __restrict__ idx,
+                         float* __restrict__ vals, std::size_t k) {
   constexpr unsigned kRounds = kTieTile / kThreads;
   constexpr unsigned kWarps = kThreads / 32;
   static_assert(kRounds * kWarps == 128, "the scan below takes 4 counts per lane");
@@ -650,7 +725,12 @@ __global__ void __launch_bounds__(kThreads)
             out + before[r * kWarps + warp] + static_cast<unsigned>(__popc(ballots[r] & below));
         if (at < k) {  // else: a count is off
           const std::size_t i = base + r * kThreads;
-          idx[at] = map ? map[i] : static_cast<Index>(i);
+          if (map) {
+            idx[at] = map[i];
+            vals[at] = keys.v[i];
+          } else {
+            idx[at] = static_cast<Index>(i);
+          }
         }
       }
     }
@@ -743,11 +823,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The values of the selected entries (and, index_bytes 4 or 8, their indices as in version 1;
-// 0: none); with error feedback ef[i] = v[i] - sent.
+// 0: none); with error feedback ef[i] = v[i] - sent. The values come from `vals` in entry order
+// where the select wrote them, else from v.
 template <class Index>
 __global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long long* count_dev,
-                            std::size_t count_host, const float* v, float* ef, int index_bytes,
-                            bool fp16, float mul, unsigned char* __restrict__ ip,
+                            std::size_t count_host, const float* v, const float* vals, float* ef,
+                            int index_bytes, bool fp16, float mul, unsigned char* __restrict__ ip,
                             unsigned char* __restrict__ vp) {
   const std::size_t count = count_dev ? static_cast<std::size_t>(*count_dev) : count_host;
   GCOMP_GRID_LOOP(j, count) {
@@ -758,7 +839,7 @@ __global__ void emit_kernel(const Index* __restrict__ idx, const unsigned long l
       store_u32(ip + 8 * j, static_cast<std::uint32_t>(i));
       store_u32(ip + 8 * j + 4, static_cast<std::uint32_t>(i >> 32));
     }
-    const float x = v[i];
+    const float x = vals ? vals[j] : v[i];
     float val = x;
     if (mul != 1.0f) {
       val = val * mul;
@@ -893,35 +974,45 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   size.take<unsigned long long>(max_blocks);
   size.take<unsigned long long>(max_blocks);
   size.take<unsigned char>(scan_bytes);
-  // Top-k from a sample: the sample's keys and their sorted copy, the candidates (room for twice
-  // k and 2^16, against the 1.1 k expected), their sorted copy and their keys, CUB's sorts.
+  // Top-k from a sample: the sample's keys, its histogram and select state; the filter's
+  // candidates (room for twice k and 2^16, against the 1.1 k expected), its flushes and warps'
+  // totals, their scan; the candidates in order; the selected values.
   const std::size_t sample = std::min(kSampleMax, n / 8);
   const std::size_t rank = mode == Mode::topk && ranked && n >= kSampleMin
                                ? sample_rank(k, n, sample) : 0;
   const bool sampled = rank > 0 && k <= n / 8;
   const std::size_t sample_capacity = sampled ? std::min(n, 2 * k + (std::size_t{1} << 16)) : 0;
-  const int index_bits = n > 1 ? 64 - __builtin_clzll(static_cast<unsigned long long>(n - 1)) : 1;
-  std::size_t sample_sort_bytes = 0;
-  std::size_t cand_sort_bytes = 0;
+  constexpr std::size_t kRound = 32 * kFilterUnroll;
+  unsigned filter_blocks = 0;
+  std::size_t filter_warps = 0;
+  std::size_t chunk = 0;
+  std::size_t flush_capacity = 0;
+  std::size_t warp_scan_bytes = 0;
   if (sampled) {
-    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, sample_sort_bytes,
-                                              static_cast<const std::uint32_t*>(nullptr),
-                                              static_cast<std::uint32_t*>(nullptr),
-                                              static_cast<std::int64_t>(sample), 0, 31, s));
-    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, cand_sort_bytes,
-                                              static_cast<const Index*>(nullptr),
-                                              static_cast<Index*>(nullptr),
-                                              static_cast<std::int64_t>(sample_capacity), 0,
-                                              index_bits, s));
+    filter_blocks = c.e_old ? resident_grid(filter_kernel<true, Index>, grid_for(n, kThreads * kFilterUnroll))
+                            : resident_grid(filter_kernel<false, Index>, grid_for(n, kThreads * kFilterUnroll));
+    filter_warps = static_cast<std::size_t>(filter_blocks) * (kThreads / 32);
+    chunk = ((n + filter_warps - 1) / filter_warps + kRound - 1) / kRound * kRound;
+    // A flush other than a warp's last moves more than kFilterBuffer - kRound entries.
+    flush_capacity = filter_warps + sample_capacity / (kFilterBuffer - kRound) + 1;
+    GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, warp_scan_bytes,
+                                             static_cast<unsigned long long*>(nullptr),
+                                             static_cast<unsigned long long*>(nullptr),
+                                             static_cast<std::int64_t>(filter_warps), s));
   }
   size.take<std::uint32_t>(sample);
-  size.take<std::uint32_t>(sample);
-  size.take<unsigned char>(sample_sort_bytes);
+  size.take<unsigned long long>(sampled ? kBins : 0);
+  size.take<SelectState>(sampled ? 1 : 0);
   size.take<Index>(sample_capacity);
-  size.take<unsigned long long>(sampled ? 1 : 0);
+  size.take<float>(sample_capacity);
+  size.take<unsigned long long>(sampled ? 2 : 0);
+  size.take<Flush>(flush_capacity);
+  size.take<unsigned long long>(filter_warps);
+  size.take<unsigned long long>(filter_warps);
+  size.take<unsigned char>(warp_scan_bytes);
   size.take<Index>(sample_capacity);
-  size.take<std::uint32_t>(sample_capacity);
-  size.take<unsigned char>(cand_sort_bytes);
+  size.take<float>(sample_capacity);
+  size.take<float>(sampled ? k : 0);
   Carve carve(c.ws->reserve(size.bytes()));
   unsigned long long* hist = carve.take<unsigned long long>(kBins);
   st = carve.take<SelectState>(1);
@@ -939,13 +1030,18 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   unsigned long long* block_offsets = carve.take<unsigned long long>(max_blocks);
   void* scan_temp = carve.take<unsigned char>(scan_bytes);
   std::uint32_t* sample_keys = carve.take<std::uint32_t>(sample);
-  std::uint32_t* sample_sorted = carve.take<std::uint32_t>(sample);
-  void* sample_sort_temp = carve.take<unsigned char>(sample_sort_bytes);
-  Index* sampled_index = carve.take<Index>(sample_capacity);
-  unsigned long long* sampled_count = carve.take<unsigned long long>(sampled ? 1 : 0);
-  Index* sampled_sorted = carve.take<Index>(sample_capacity);
-  std::uint32_t* sampled_keys = carve.take<std::uint32_t>(sample_capacity);
-  void* cand_sort_temp = carve.take<unsigned char>(cand_sort_bytes);
+  unsigned long long* sample_hist = carve.take<unsigned long long>(sampled ? kBins : 0);
+  SelectState* sample_st = carve.take<SelectState>(sampled ? 1 : 0);
+  Index* filtered_index = carve.take<Index>(sample_capacity);
+  float* filtered_value = carve.take<float>(sample_capacity);
+  unsigned long long* filtered_counts = carve.take<unsigned long long>(sampled ? 2 : 0);
+  Flush* flushes = carve.take<Flush>(flush_capacity);
+  unsigned long long* warp_totals = carve.take<unsigned long long>(filter_warps);
+  unsigned long long* warp_offsets = carve.take<unsigned long long>(filter_warps);
+  void* warp_scan_temp = carve.take<unsigned char>(warp_scan_bytes);
+  Index* ordered_index = carve.take<Index>(sample_capacity);
+  float* ordered_value = carve.take<float>(sample_capacity);
+  float* selected_values = carve.take<float>(sampled ? k : 0);
   pick.st = st;
 
   Stages stages(s, "encode", codec_name(kind), n);
@@ -961,11 +1057,13 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   // The exact select of the k largest keys of nr elements (the tensor, or a sample's candidates,
   // whose indices `map` holds in ascending order), from their first level's histogram in `hist`:
   // the selected indices into idx, ascending. Returns where the selected count lands.
-  const auto select_ranked = [&](std::size_t nr, const Keys& kr, const Index* map) {
+  const auto select_ranked = [&](std::size_t nr, const Keys& kr, const Index* map, float* vals) {
     const std::size_t tr = (nr + kTieTile - 1) / kTieTile;
     const std::size_t slots = tr + 1;
+    // The second level's candidates: never more than nr.
+    const std::size_t cap = std::min(cand_capacity, nr);
     const Candidates<Index> none{nullptr, nullptr, 0};
-    const Candidates<Index> cand{cand_index, cand_count, cand_capacity};
+    const Candidates<Index> cand{cand_index, cand_count, cap};
     GCOMP_CUDA(cudaMemsetAsync(cand_count, 0, sizeof *cand_count, s));
     GCOMP_CUDA(cudaMemsetAsync(tile_ties, 0, tr * sizeof(unsigned long long), s));
     GCOMP_CUDA(cudaMemsetAsync(tile_sel, 0, slots * sizeof(unsigned long long), s));
@@ -973,35 +1071,35 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     stages.mark("pick1");
     const unsigned hist_grid = resident_grid(hist_kernel<Index>, grid_for_rounds(nr));
     hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(nr, kr, 10, 11, st, hist, none, cand,
-                                                      tile_sel, false, cand_capacity);
+                                                      tile_sel, false, cap);
     stages.mark("hist2");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 10, 11, false, st);
     stages.mark("pick2");
     // The third histogram from the candidates, or (when they did not fit) from all nr.
-    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(cand_capacity)),
+    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(cap)),
                          kThreads, 0, s>>>(nr, kr, 0, 10, st, hist, cand, none, nullptr, false,
-                                           cand_capacity);
+                                           cap);
     hist_kernel<Index><<<hist_grid, kThreads, 0, s>>>(nr, kr, 0, 10, st, hist, none, none,
-                                                      nullptr, true, cand_capacity);
+                                                      nullptr, true, cap);
     stages.mark("hist3");
     pick_bin_kernel<<<1, kScanThreads, 0, s>>>(hist, 0, 10, true, st);
     stages.mark("pick3");
     // The ties per tile (from the candidates, or from all nr when they did not fit), the cut.
-    cand_tiles_kernel<Index><<<grid_for(cand_capacity), kThreads, 0, s>>>(
-        cand, kr, st, cand_capacity, tile_sel, tile_ties);
-    tie_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, tile_ties, cand_capacity);
+    cand_tiles_kernel<Index><<<resident_grid(cand_tiles_kernel<Index>, grid_for(cap)), kThreads,
+                               0, s>>>(cand, kr, st, cap, tile_sel, tile_ties);
+    tie_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, tile_ties, cap);
     stages.mark("tie_count");
     tie_cut_kernel<<<1, kScanThreads, 0, s>>>(nr, kr, tile_ties, st);
     stages.mark("tie_cut");
     // Each tile's selected count, their offsets, the ordered write.
-    tile_ties_kernel<<<grid_for(tr), kThreads, 0, s>>>(tr, st, cand_capacity, tile_ties,
+    tile_ties_kernel<<<grid_for(tr), kThreads, 0, s>>>(tr, st, cap, tile_ties,
                                                        tile_sel);
-    tile_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, cand_capacity, tile_sel);
+    tile_count_kernel<<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, cap, tile_sel);
     GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(tile_scan_temp, tile_scan_bytes, tile_sel,
                                              tile_offsets, static_cast<std::int64_t>(slots), s));
     stages.mark("tile_counts");
     ordered_write_kernel<Index><<<grid_for(tr, 1), kThreads, 0, s>>>(nr, kr, st, tile_offsets,
-                                                                      map, idx, k);
+                                                                      map, idx, vals, k);
     GCOMP_LAUNCHED("radix select");
     stages.mark("select");
     return tile_offsets + tr;
@@ -1010,47 +1108,58 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   const unsigned long long* count_at = selected;
   bool sampled_done = false;
   if (sampled) {
-    // The threshold: the rank-th largest of the sample's keys (ascending after the sort).
-    sample_kernel<<<grid_for(sample), kThreads, 0, s>>>(c.x, c.e_old, n, sample, sample_keys);
-    GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(sample_sort_temp, sample_sort_bytes, sample_keys,
-                                              sample_sorted, static_cast<std::int64_t>(sample),
-                                              0, 31, s));
+    // The threshold: the sample's rank-th largest key to its top 22 bits (two levels of the
+    // radix select on the sample, its own state).
+    SelectState sinit{};
+    sinit.need = rank;
+    sinit.cut = ~0ull;
+    sinit.cut_tile = ~0ull;
+    GCOMP_CUDA(cudaMemcpyAsync(sample_st, &sinit, sizeof sinit, cudaMemcpyHostToDevice, s));
+    GCOMP_CUDA(cudaMemsetAsync(sample_hist, 0, kBins * sizeof(unsigned long long), s));
+    GCOMP_CUDA(cudaMemsetAsync(filtered_counts, 0, 2 * sizeof(unsigned long long), s));
+    sample_kernel<<<grid_for(sample), kThreads, 0, s>>>(c.x, c.e_old, n, sample, sample_keys,
+                                                       sample_hist);
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(sample_hist, 21, 11, false, sample_st);
+    const Candidates<Index> none{nullptr, nullptr, 0};
+    const Keys sk{reinterpret_cast<const float*>(sample_keys), Mode::topk, 0, 0, 0};
+    hist_kernel<Index><<<resident_grid(hist_kernel<Index>, grid_for_rounds(sample)), kThreads, 0,
+                         s>>>(sample, sk, 10, 11, sample_st, sample_hist, none, none, nullptr,
+                              false, sample);
+    pick_bin_kernel<<<1, kScanThreads, 0, s>>>(sample_hist, 10, 11, false, sample_st);
+    GCOMP_LAUNCHED("top-k sample");
     stages.mark("sample");
-    const Candidates<Index> to{sampled_index, sampled_count, sample_capacity};
-    GCOMP_CUDA(cudaMemsetAsync(sampled_count, 0, sizeof *sampled_count, s));
-    const std::uint32_t* threshold = sample_sorted + (sample - rank);
+    const Filtered<Index> to{filtered_index, filtered_value, filtered_counts, sample_capacity,
+                             flushes, filtered_counts + 1, flush_capacity, warp_totals};
+    const std::uint32_t* threshold = &sample_st->prefix;
     if (c.e_old) {
-      filter_kernel<true, Index>
-          <<<resident_grid(filter_kernel<true, Index>, grid_for(n, kThreads * kFilterUnroll)),
-             kThreads, 0, s>>>(c.x, c.e_old, c.e_new, n, threshold, to, c.ws->report());
+      filter_kernel<true, Index><<<filter_blocks, kThreads, 0, s>>>(
+          c.x, c.e_old, c.e_new, n, chunk, threshold, to, c.ws->report());
     } else {
-      filter_kernel<false, Index>
-          <<<resident_grid(filter_kernel<false, Index>, grid_for(n, kThreads * kFilterUnroll)),
-             kThreads, 0, s>>>(c.x, nullptr, nullptr, n, threshold, to, c.ws->report());
+      filter_kernel<false, Index><<<filter_blocks, kThreads, 0, s>>>(
+          c.x, nullptr, nullptr, n, chunk, threshold, to, c.ws->report());
     }
     GCOMP_LAUNCHED("top-k filter");
     stages.mark("filter");
     unsigned long long found = 0;
-    GCOMP_CUDA(cudaMemcpyAsync(&found, sampled_count, sizeof found, cudaMemcpyDeviceToHost, s));
+    GCOMP_CUDA(cudaMemcpyAsync(&found, filtered_counts, sizeof found, cudaMemcpyDeviceToHost, s));
     if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
     stages.mark("filter_count");
     if (found >= k && found <= sample_capacity) {
       const std::size_t nc = static_cast<std::size_t>(found);
-      GCOMP_CUDA(cub::DeviceRadixSort::SortKeys(cand_sort_temp, cand_sort_bytes, sampled_index,
-                                                sampled_sorted, static_cast<std::int64_t>(nc), 0,
-                                                index_bits, s));
-      gather_keys_kernel<Index><<<grid_for(nc), kThreads, 0, s>>>(sampled_sorted, nc, v,
-                                                                  sampled_keys);
+      GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(warp_scan_temp, warp_scan_bytes, warp_totals,
+                                               warp_offsets,
+                                               static_cast<std::int64_t>(filter_warps), s));
+      order_kernel<Index><<<grid_for(flush_capacity, kThreads / 32), kThreads, 0, s>>>(
+          to, warp_offsets, ordered_index, ordered_value);
       GCOMP_LAUNCHED("top-k candidates");
-      stages.mark("sort_candidates");
-      const float* as_floats = reinterpret_cast<const float*>(sampled_keys);
-      const Keys ck{as_floats, Mode::topk, 0, 0, 0};
+      stages.mark("order");
+      const Keys ck{ordered_value, Mode::topk, 0, 0, 0};
       first_pass_kernel<false>
           <<<first_grid(first_pass_kernel<false>, nc, true), kThreads, 0, s>>>(
-              as_floats, nullptr, nullptr, nc, ck, hist, c.ws->report());
+              ordered_value, nullptr, nullptr, nc, ck, hist, c.ws->report());
       GCOMP_LAUNCHED("top-k candidates' histogram");
       stages.mark("first_pass");
-      count_at = select_ranked(nc, ck, sampled_sorted);
+      count_at = select_ranked(nc, ck, ordered_index, selected_values);
       sampled_done = true;
     } else {
       // The sample's threshold missed: the select reads the tensor (v, written by the filter).
@@ -1071,45 +1180,50 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
     stages.mark("first_pass");
   }
   if (ranked && !sampled_done) {
-    count_at = select_ranked(n, keys, nullptr);
+    count_at = select_ranked(n, keys, nullptr, nullptr);
   } else if (!ranked && n > 0) {
     GCOMP_CUDA(cub::DeviceSelect::If(cub_temp, cub_bytes, thrust::counting_iterator<Index>(0), idx,
                                      selected, static_cast<std::int64_t>(n), pick, s));
     stages.mark("select");
   }
-  // The selected count comes back: threshold's sizes the header; top-k's and random-k's must be
-  // k (the select is exact), which is checked.
+  // The selected count comes back: threshold's sizes the header, so it comes before the widths;
+  // top-k's and random-k's must be k (the select is exact), which is checked with the packed
+  // size below, one wait for both.
   unsigned long long got = 0;
   if (n > 0) {
     GCOMP_CUDA(cudaMemcpyAsync(&got, count_at, sizeof got, cudaMemcpyDeviceToHost, s));
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
-  stages.mark("count_back");
   std::size_t nnz = k;
-  if (mode == Mode::threshold) {
-    nnz = static_cast<std::size_t>(got);
-  } else if (n > 0 && got != k) {
-    throw Error(Status::internal, "CUDA top-k select kept " + std::to_string(got) +
-                                      " entries instead of " + std::to_string(k));
+  if (!ranked) {
+    if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
+    if (mode == Mode::threshold) nnz = static_cast<std::size_t>(got);
   }
+  stages.mark("count_back");
 
   // The packed indices' size: each block's width and bytes, their offsets, the total.
   const std::size_t blocks = (nnz + kBlock - 1) / kBlock;
-  std::size_t packed = 0;
+  unsigned long long last[2] = {0, 0};
   if (blocks > 0) {
     block_width_kernel<Index><<<grid_for(blocks, kThreads / 32), kThreads, 0, s>>>(idx, nnz, widths,
                                                                               block_bytes);
     GCOMP_CUDA(cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, block_bytes, block_offsets,
                                              static_cast<int>(blocks), s));
     GCOMP_LAUNCHED("sparse index widths");
-    unsigned long long last[2] = {0, 0};
     GCOMP_CUDA(cudaMemcpyAsync(&last[0], block_offsets + blocks - 1, sizeof last[0],
                                cudaMemcpyDeviceToHost, s));
     GCOMP_CUDA(cudaMemcpyAsync(&last[1], block_bytes + blocks - 1, sizeof last[1],
                                cudaMemcpyDeviceToHost, s));
-    GCOMP_CUDA(cudaStreamSynchronize(s));
-    packed = static_cast<std::size_t>(last[0] + last[1]);
   }
+  if (ranked) {
+    if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, n, *c.ws);
+    if (n > 0 && got != k) {
+      throw Error(Status::internal, "CUDA top-k select kept " + std::to_string(got) +
+                                        " entries instead of " + std::to_string(k));
+    }
+  } else if (blocks > 0) {
+    GCOMP_CUDA(cudaStreamSynchronize(s));
+  }
+  const std::size_t packed = blocks > 0 ? static_cast<std::size_t>(last[0] + last[1]) : 0;
   stages.mark("widths");
   const std::size_t vb = cp.fp16_values ? 2 : 4;
   const std::size_t head_bytes = gcomp::detail::header_bytes(gcomp::detail::Layout{16, 2});
@@ -1134,8 +1248,8 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
                                                                            block_offsets, ip);
     stages.mark("pack");
     emit_kernel<Index><<<grid_for(nnz), kThreads, 0, s>>>(
-        idx, nullptr, nnz, v, c.e_old ? c.e_new : nullptr, 0, cp.fp16_values, mul, nullptr,
-        ip + packed);
+        idx, nullptr, nnz, v, sampled_done ? selected_values : nullptr,
+        c.e_old ? c.e_new : nullptr, 0, cp.fp16_values, mul, nullptr, ip + packed);
     GCOMP_LAUNCHED("sparse emit");
     stages.mark("emit");
   }
