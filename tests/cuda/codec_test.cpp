@@ -24,7 +24,8 @@ using gcomp::Status;
 using gcomp::cuda::DeviceBuffer;
 
 // Every codec, with the variants that take other paths (odd bit widths, buckets that are not a
-// multiple of 16 or of 8, one-element buckets, no clipping, fp16 values, k = n, scaling).
+// multiple of 16 or of 8, one-element buckets, buckets that tile QSGD's code tile from 64 to
+// 2048 elements, no clipping, fp16 values, k = n, scaling).
 const std::vector<std::string> kSpecs = {"none",
                                          "fp16",
                                          "bf16",
@@ -37,6 +38,8 @@ const std::vector<std::string> kSpecs = {"none",
                                          "qsgd:bits=5,bucket=1",
                                          "qsgd:bits=7,bucket=4095",
                                          "qsgd:bits=8,bucket=16",
+                                         "qsgd:bits=4,bucket=64",
+                                         "qsgd:bits=8,bucket=2048",
                                          "topk:ratio=0.01",
                                          "topk:k=7,values=fp16",
                                          "topk:ratio=1",
