@@ -29,7 +29,6 @@ using gcomp::detail::Ternary;
 namespace {
 
 constexpr unsigned kTile = 2048;  // elements per code tile: 256 threads x 8
-static_assert(kTile == 8 * kThreads, "a thread codes eight elements of a tile");
 constexpr std::size_t kStatsBatch = 16;  // rows per lane in flight in the statistics
 
 // ---- statistics of 4096-element blocks (sign, TernGrad) ----
@@ -280,37 +279,6 @@ __device__ __forceinline__ void code_values(const Coder& coder, const float (&vs
   }
 }
 
-// A tile's codes (a byte each in `tile`, thread t's eight at 8 t) packed `bits` to a code into
-// thread t's `bits` bytes at t * bits of the tile's output, which leaves through shared memory
-// so that each warp stores consecutive bytes (4 at a time where the output is 4-byte aligned):
-// a thread storing its own bytes made each store of a warp span `bits` times the bytes it wrote.
-// The whole block calls it once its codes are in `tile`; it returns with `tile` and `out` free.
-__device__ __forceinline__ void store_codes(const unsigned char* tile, unsigned char* out,
-                                            int bits, std::size_t base,
-                                            unsigned char* __restrict__ codes,
-                                            std::size_t code_bytes) {
-  const unsigned t = threadIdx.x;
-  const unsigned long long eight = *reinterpret_cast<const unsigned long long*>(tile + 8 * t);
-  unsigned long long packed = 0;
-#pragma unroll
-  for (unsigned k = 0; k < 8; ++k) packed |= ((eight >> (8 * k)) & 0xffull) << (k * bits);
-  for (int b = 0; b < bits; ++b) out[t * bits + b] = static_cast<unsigned char>(packed >> (8 * b));
-  __syncthreads();
-  const std::size_t first = base / 8 * static_cast<std::size_t>(bits);
-  const unsigned total = static_cast<unsigned>(bits) * kThreads;
-  unsigned char* dst = codes + first;
-  if ((reinterpret_cast<std::uintptr_t>(dst) & 3u) == 0 && first + total <= code_bytes) {
-    const auto* from = reinterpret_cast<const std::uint32_t*>(out);
-    auto* to = reinterpret_cast<std::uint32_t*>(dst);
-    for (unsigned q = t; q < total / 4; q += kThreads) to[q] = from[q];
-  } else {
-    for (unsigned q = t; q < total; q += kThreads) {
-      if (first + q < code_bytes) dst[q] = out[q];
-    }
-  }
-  __syncthreads();
-}
-
 // Q::at(first, last) gives the coder of one thread's elements in [first, last]:
 // std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded), and
 // when `shared` (they share their constants, loaded once) fast(), the same without a lookup.
@@ -322,8 +290,7 @@ template <class Q>
 __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::size_t n, DrawKey st,
                              unsigned char* __restrict__ codes, std::size_t code_bytes,
                              const Report* r) {
-  __shared__ __align__(8) unsigned char tile[kTile];
-  __shared__ __align__(4) unsigned char out[kTile];
+  __shared__ unsigned char tile[kTile];
   if (r->code != 0) return;
   const unsigned t = threadIdx.x;
   const unsigned g = t >> 3;
@@ -345,7 +312,16 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
       code_values(coder, vs, base, n, g, j, words, ef, tile);
     }
     __syncthreads();
-    store_codes(tile, out, bits, base, codes, code_bytes);
+    unsigned long long packed = 0;
+#pragma unroll
+    for (unsigned k = 0; k < 8; ++k) {
+      packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
+    }
+    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+    for (int b = 0; b < bits; ++b) {
+      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+    }
+    __syncthreads();
   }
 }
 
@@ -557,8 +533,7 @@ __global__ void __launch_bounds__(kThreads)
                       std::size_t code_bytes, Report* r) {
   __shared__ float values[kTile];
   __shared__ QsgdScale scales[kTile / 64];
-  __shared__ __align__(8) unsigned char tile[kTile];
-  __shared__ __align__(4) unsigned char out[kTile];
+  __shared__ unsigned char tile[kTile];
   const unsigned t = threadIdx.x;
   const unsigned g = t >> 3;
   const unsigned j = t & 7u;
@@ -613,7 +588,16 @@ __global__ void __launch_bounds__(kThreads)
     const QsgdQ::Coder::Shared coder{scales[(64 * g) / bucket], levels, bits};
     code_values(coder, vs, base, n, g, j, words, EF ? e_new : nullptr, tile);
     __syncthreads();
-    store_codes(tile, out, bits, base, codes, code_bytes);  // then values, scales, tile are free
+    unsigned long long packed = 0;
+#pragma unroll
+    for (unsigned k = 0; k < 8; ++k) {
+      packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
+    }
+    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+    for (int b = 0; b < bits; ++b) {
+      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+    }
+    __syncthreads();  // values, scales and tile are the next tile's
   }
 }
 
