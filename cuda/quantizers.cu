@@ -279,37 +279,6 @@ __device__ __forceinline__ void code_values(const Coder& coder, const float (&vs
   }
 }
 
-// A thread's `bits` bytes of packed codes at codes + first (cut at code_bytes), in the widest
-// stores their alignment allows: byte stores a stride of `bits` apart across a warp spread each
-// of its store instructions over up to 8 sectors. Little-endian, as the bytes one at a time.
-__device__ __forceinline__ void store_packed(unsigned char* __restrict__ codes, std::size_t first,
-                                             int bits, unsigned long long packed,
-                                             std::size_t code_bytes) {
-  unsigned char* p = codes + first;
-  if (first + static_cast<std::size_t>(bits) <= code_bytes) {
-    const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
-    if (bits == 8 && (a & 7u) == 0) {
-      *reinterpret_cast<unsigned long long*>(p) = packed;
-      return;
-    }
-    if (bits % 4 == 0 && (a & 3u) == 0) {
-      for (int b = 0; b < bits; b += 4) {
-        *reinterpret_cast<std::uint32_t*>(p + b) = static_cast<std::uint32_t>(packed >> (8 * b));
-      }
-      return;
-    }
-    if (bits % 2 == 0 && (a & 1u) == 0) {
-      for (int b = 0; b < bits; b += 2) {
-        *reinterpret_cast<std::uint16_t*>(p + b) = static_cast<std::uint16_t>(packed >> (8 * b));
-      }
-      return;
-    }
-  }
-  for (int b = 0; b < bits; ++b) {
-    if (first + b < code_bytes) p[b] = static_cast<unsigned char>(packed >> (8 * b));
-  }
-}
-
 // Q::at(first, last) gives the coder of one thread's elements in [first, last]:
 // std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded), and
 // when `shared` (they share their constants, loaded once) fast(), the same without a lookup.
@@ -348,7 +317,10 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
     for (unsigned k = 0; k < 8; ++k) {
       packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
     }
-    store_packed(codes, (base / 8 + t) * static_cast<std::size_t>(bits), bits, packed, code_bytes);
+    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+    for (int b = 0; b < bits; ++b) {
+      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+    }
     __syncthreads();
   }
 }
@@ -621,7 +593,10 @@ __global__ void __launch_bounds__(kThreads)
     for (unsigned k = 0; k < 8; ++k) {
       packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
     }
-    store_packed(codes, (base / 8 + t) * static_cast<std::size_t>(bits), bits, packed, code_bytes);
+    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+    for (int b = 0; b < bits; ++b) {
+      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+    }
     __syncthreads();  // values, scales and tile are the next tile's
   }
 }
