@@ -21,7 +21,9 @@
 // Gloo's waits take a timeout that ends the whole context when it passes (every connection
 // closes), so only the agreement's wait has one (the user's timeout, after which the
 // Communicator is broken anyway); every other wait is unlimited, as MPI's are.
+#include <arpa/inet.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,6 +46,7 @@
 
 #include "doubling.hpp"
 #include "gcomp/error.hpp"
+#include "socket_mesh.hpp"
 #include "stall.hpp"
 #include "transport.hpp"
 
@@ -148,7 +151,29 @@ std::string first_of_list(const char* text) {
   return comma == std::string::npos ? s : s.substr(0, comma);
 }
 
-std::shared_ptr<gloo::transport::Device> make_device(const GlooOptions& o) {
+// The device, and the IPv4 address it resolved (for the agreement's sockets; empty where the
+// address is IPv6).
+struct Device {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::string ipv4;
+};
+
+std::string ipv4_of(const gloo::transport::tcp::attr& a) {
+  const gloo::transport::tcp::attr resolved = gloo::transport::tcp::CreateDeviceAttr(a);
+  if (resolved.ai_family != AF_INET) return "";
+  const auto* in = reinterpret_cast<const sockaddr_in*>(&resolved.ai_addr);
+  char text[INET_ADDRSTRLEN] = {};
+  return inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) ? std::string(text) : "";
+}
+
+Device with_address(const gloo::transport::tcp::attr& a) {
+  Device d;
+  d.device = gloo::transport::tcp::CreateDevice(a);
+  d.ipv4 = ipv4_of(a);
+  return d;
+}
+
+Device make_device(const GlooOptions& o) {
   gloo::transport::tcp::attr a;
   std::string iface =
       o.interface.empty() ? first_of_list(std::getenv("GLOO_SOCKET_IFNAME")) : o.interface;
@@ -160,23 +185,23 @@ std::shared_ptr<gloo::transport::Device> make_device(const GlooOptions& o) {
                       ")");
     }
     a.iface = iface;
-    return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+    return guarded("device", [&] { return with_address(a); });
   }
   if (!o.hostname.empty()) {
     a.hostname = o.hostname;
-    return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+    return guarded("device", [&] { return with_address(a); });
   }
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') {
     try {
       a.hostname = name;
-      return gloo::transport::tcp::CreateDevice(a);
+      return with_address(a);
     } catch (...) {
       // The host's name does not resolve to an address of this host: one host only.
     }
   }
   a.hostname = "127.0.0.1";
-  return guarded("device", [&] { return gloo::transport::tcp::CreateDevice(a); });
+  return guarded("device", [&] { return with_address(a); });
 }
 
 // This process's host, as the locality sees it: GlooOptions::host, GCOMP_HOST, else the host's
@@ -467,7 +492,8 @@ class GlooTransport final : public Transport {
   GlooTransport(gloo::rendezvous::Store& store, int rank, int size, const GlooOptions& o)
       : Transport(gcomp::Transport::gloo, rank, size) {
     const Ms connect_timeout = to_ms(o.connect_seconds);
-    device_ = make_device(o);
+    const Device made = make_device(o);
+    device_ = made.device;
     ctx_ = connect(store, o.prefix, rank, size, device_, connect_timeout);
     down_ctx_ = connect(store, o.prefix + "/down", rank, size, device_, connect_timeout);
     watch_ctx_ = connect(store, o.prefix + "/watch", rank, size, device_, connect_timeout);
@@ -490,6 +516,13 @@ class GlooTransport final : public Transport {
     // The agreement's all on ctx_: a wait that times out closes its context's connections,
     // which tells every rank waiting on them.
     open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256, *ctx_, *ctx_);
+    // The agreement on sockets of its own, polled by the waiting thread (socket_mesh.hpp), where
+    // the device's address is IPv4 (GCOMP_GLOO_SOCKETS=0: on Gloo's agreement channel).
+    const char* sockets = std::getenv("GCOMP_GLOO_SOCKETS");
+    if (size > 1 && !made.ipv4.empty() && !(sockets && std::strcmp(sockets, "0") == 0)) {
+      gloo::rendezvous::PrefixStore prefixed(o.prefix + "/sockets", store);
+      mesh_ = std::make_unique<SocketMesh>(prefixed, "", rank, size, made.ipv4, o.connect_seconds);
+    }
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
       for (int q = 0; q <= r; ++q) {
@@ -812,6 +845,46 @@ class GlooTransport final : public Transport {
     if (d.folds_into >= 0) take(d.folds_into, false);
   }
 
+  // The agreement's MAX by recursive doubling (as reduce_doubling) over the sockets: every wait
+  // has `limit` seconds (0: none).
+  void max_doubling_sockets(std::uint64_t* data, std::size_t words, double limit) {
+    const std::size_t bytes = words * 8;
+    std::vector<std::byte> got;
+    const std::span<const std::byte> mine(reinterpret_cast<const std::byte*>(data), bytes);
+    const auto check = [&](int from) {
+      if (got.size() != bytes) {
+        throw Error(Status::bad_payload, "rank " + std::to_string(from) + " sent an agreement of " +
+                                             std::to_string(got.size()) + " bytes, not " +
+                                             std::to_string(bytes));
+      }
+    };
+    const auto combine = [&] {
+      for (std::size_t w = 0; w < words; ++w) {
+        std::uint64_t v = 0;
+        std::memcpy(&v, got.data() + 8 * w, 8);
+        data[w] = std::max(data[w], v);
+      }
+    };
+    const DoublingSchedule d(rank(), size());
+    if (d.folds_into >= 0) mesh_->exchange(d.folds_into, mine, -1, got, limit);
+    if (d.folded_from >= 0) {
+      mesh_->exchange(-1, {}, d.folded_from, got, limit);
+      check(d.folded_from);
+      combine();
+    }
+    for (const int peer : d.partners) {
+      mesh_->exchange(peer, mine, peer, got, limit);  // data changes only after both are done
+      check(peer);
+      combine();
+    }
+    if (d.folded_from >= 0) mesh_->exchange(d.folded_from, mine, -1, got, limit);
+    if (d.folds_into >= 0) {
+      mesh_->exchange(-1, {}, d.folds_into, got, limit);
+      check(d.folds_into);
+      std::memcpy(data, got.data(), bytes);
+    }
+  }
+
   void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
     const double start = now();
     guarded("send", [&] {
@@ -871,6 +944,10 @@ class GlooTransport final : public Transport {
     if (broken_) {
       throw Error(Status::timeout, "this Communicator's Gloo connections closed at a timeout");
     }
+    if (sockets_closed_) {
+      throw Error(Status::transport,
+                  "this Communicator's agreement sockets closed at an earlier failure");
+    }
     std::copy(mine, mine + words, all);
     if (size() == 1) return;
     const bool watched = limits.stall > 0 || limits.timeout > 0;
@@ -878,19 +955,39 @@ class GlooTransport final : public Transport {
     const double start = now();
     if (watched) watch_.begin(call, limits, describe);
     try {
-      reduce_doubling(agree_, all, words, 8, &gloo::max<std::uint64_t>, limit);
+      if (mesh_) {
+        max_doubling_sockets(all, words, limits.timeout);
+      } else {
+        reduce_doubling(agree_, all, words, 8, &gloo::max<std::uint64_t>, limit);
+      }
       // With a timeout, every rank passes a barrier too (as on MPI): a rank that came after a
       // rank gave up finds the connections closed there at the latest.
       if (limits.timeout > 0) {
         std::uint64_t token = 0;
-        reduce_doubling(agree_, &token, 1, 8, &gloo::max<std::uint64_t>, limit);
+        if (mesh_) {
+          max_doubling_sockets(&token, 1, limits.timeout);
+        } else {
+          reduce_doubling(agree_, &token, 1, 8, &gloo::max<std::uint64_t>, limit);
+        }
       }
     } catch (...) {
       const double waited = now() - start;
       if (watched) watch_.end();
+      // The sockets close, so that every rank waiting on this one hears of it at once (as
+      // Gloo's timeout closes its context's connections).
+      if (mesh_) {
+        mesh_.reset();
+        sockets_closed_ = true;
+      }
       std::string why;
       try {
-        rethrow_gloo("agreement");
+        try {
+          throw;
+        } catch (const Error&) {
+          throw;
+        } catch (...) {
+          rethrow_gloo("agreement");
+        }
       } catch (const Error& e) {
         why = e.what();
       }
@@ -915,7 +1012,9 @@ class GlooTransport final : public Transport {
   std::shared_ptr<Context> ctx_;        // the calls (first parts: from lower ranks to higher)
   std::shared_ptr<Context> down_ctx_;   // first parts from higher ranks to lower
   Channel point_;                       // point to point: per peer, its posted receives
-  Channel agree_;                       // the agreement's
+  Channel agree_;                       // the agreement's (without sockets)
+  std::unique_ptr<SocketMesh> mesh_;    // the agreement's sockets (closed after a failure)
+  bool sockets_closed_ = false;
   std::shared_ptr<Context> watch_ctx_;  // the watch's questions and answers
   // Declared after the contexts, so destroyed first: its threads end before the connections
   // close.
