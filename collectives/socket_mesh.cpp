@@ -209,6 +209,24 @@ SocketMesh::~SocketMesh() {
   }
 }
 
+// One peer's part of an exchange: a message to send (the 8-byte length, then the bytes) and
+// one to receive (the length, checked, then that many bytes into *out).
+struct SocketMesh::Flow {
+  int peer = -1;
+  int fd = -1;
+  bool sending = false;
+  std::span<const std::byte> bytes;
+  unsigned char head_out[8] = {};
+  std::size_t sent = 0;  // of 8 + bytes.size()
+  std::vector<std::byte>* out = nullptr;  // nullptr: nothing to receive
+  unsigned char head_in[8] = {};
+  std::size_t got_head = 0;
+  std::uint64_t n_in = 0;
+  std::size_t got = 0;
+  bool received = true;
+  bool send_pending() const { return sending && sent < 8 + bytes.size(); }
+};
+
 void SocketMesh::exchange(int to, std::span<const std::byte> bytes, int from,
                           std::vector<std::byte>& out, double timeout_seconds) {
   const auto valid = [&](int r) { return r >= 0 && r < size_ && r != rank_; };
@@ -217,101 +235,128 @@ void SocketMesh::exchange(int to, std::span<const std::byte> bytes, int from,
                                               " cannot exchange with " + std::to_string(to) +
                                               " and " + std::to_string(from));
   }
+  Flow flows[2];
+  std::size_t count = 0;
+  if (to != -1) {
+    flows[count].peer = to;
+    flows[count].sending = true;
+    flows[count].bytes = bytes;
+    ++count;
+  }
+  if (from != -1) {
+    Flow* f = to == from ? &flows[0] : &flows[count++];
+    f->peer = from;
+    f->out = &out;
+  }
+  progress(std::span<Flow>(flows, count), timeout_seconds);
+}
+
+void SocketMesh::exchange_all(const std::vector<std::span<const std::byte>>& to,
+                              std::vector<std::vector<std::byte>>& from,
+                              double timeout_seconds) {
+  if (to.size() != static_cast<std::size_t>(size_)) {
+    throw Error(Status::internal, "sockets: an exchange with every rank needs a message for each");
+  }
+  from.resize(static_cast<std::size_t>(size_));
+  std::vector<Flow> flows;
+  flows.reserve(static_cast<std::size_t>(size_));
+  // Each rank starts with the next rank up, so that the ranks do not all send to one at once.
+  for (int k = 1; k < size_; ++k) {
+    const int r = (rank_ + k) % size_;
+    Flow f;
+    f.peer = r;
+    f.sending = true;
+    f.bytes = to[static_cast<std::size_t>(r)];
+    f.out = &from[static_cast<std::size_t>(r)];
+    flows.push_back(f);
+  }
+  progress(flows, timeout_seconds);
+}
+
+void SocketMesh::progress(std::span<Flow> flows, double timeout_seconds) {
   const bool limited = timeout_seconds > 0;
   const auto deadline =
       Clock::now() + std::chrono::microseconds(
                          limited ? static_cast<std::int64_t>(std::ceil(timeout_seconds * 1e6)) : 0);
-  // The send: the length, then the bytes.
-  unsigned char head_out[8];
-  const std::uint64_t n_out = bytes.size();
-  for (int b = 0; b < 8; ++b) head_out[b] = static_cast<unsigned char>(n_out >> (8 * b));
-  std::size_t sent = to == -1 ? 8 + bytes.size() : 0;
-  // The receive: the length (8 bytes), then that many.
-  unsigned char head_in[8];
-  std::size_t got_head = from == -1 ? 8 : 0;
-  std::uint64_t n_in = 0;
-  std::size_t got = 0;
-  bool receiving_body = false;
-  bool received = from == -1;
-  if (!received) out.clear();
-  while (sent < 8 + bytes.size() || !received) {
-    pollfd p[2];
+  for (Flow& f : flows) {
+    f.fd = fds_[static_cast<std::size_t>(f.peer)];
+    const std::uint64_t n = f.bytes.size();
+    for (int b = 0; b < 8; ++b) f.head_out[b] = static_cast<unsigned char>(n >> (8 * b));
+    if (f.out) {
+      f.out->clear();
+      f.received = false;
+    }
+  }
+  std::vector<pollfd> polls(flows.size());
+  std::vector<Flow*> polled(flows.size());
+  const auto closed = [&](const Flow& f) {
+    return Error(Status::transport, "sockets: rank " + std::to_string(f.peer) +
+                                        " closed its connection to rank " + std::to_string(rank_));
+  };
+  for (;;) {
     nfds_t count = 0;
-    int send_at = -1, recv_at = -1;
-    if (sent < 8 + bytes.size()) {
-      send_at = static_cast<int>(count);
-      p[count++] = {fds_[static_cast<std::size_t>(to)], POLLOUT, 0};
+    for (Flow& f : flows) {
+      const short events = static_cast<short>((f.send_pending() ? POLLOUT : 0) |
+                                              (f.received ? 0 : POLLIN));
+      if (events == 0) continue;
+      polls[count] = {f.fd, events, 0};
+      polled[count] = &f;
+      ++count;
     }
-    if (!received) {
-      recv_at = static_cast<int>(count);
-      p[count++] = {fds_[static_cast<std::size_t>(from)], POLLIN, 0};
-    }
-    const int r = ::poll(p, count, poll_ms(limited, deadline));
+    if (count == 0) return;
+    const int r = ::poll(polls.data(), count, poll_ms(limited, deadline));
     if (r < 0) {
       if (errno == EINTR) continue;
       fail("poll");
     }
     if (r == 0) {
-      throw Error(Status::timeout,
-                  "sockets: rank " + std::to_string(rank_) + " waited " +
-                      std::to_string(timeout_seconds) + " s" +
-                      (received ? "" : " for a message from rank " + std::to_string(from)) +
-                      (sent < 8 + bytes.size() ? " to send to rank " + std::to_string(to) : ""));
-    }
-    if (send_at >= 0 && (p[send_at].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const int fd = p[send_at].fd;
-      ssize_t w;
-      if (sent < 8) {
-        w = ::send(fd, head_out + sent, 8 - sent, MSG_NOSIGNAL);
-      } else {
-        w = ::send(fd, bytes.data() + (sent - 8), bytes.size() - (sent - 8), MSG_NOSIGNAL);
+      std::string what;
+      for (nfds_t i = 0; i < count; ++i) {
+        const Flow& f = *polled[i];
+        if (!f.received) what += " for a message from rank " + std::to_string(f.peer);
+        if (f.send_pending()) what += " to send to rank " + std::to_string(f.peer);
       }
-      if (w > 0) {
-        sent += static_cast<std::size_t>(w);
-      } else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-        if (errno == EPIPE || errno == ECONNRESET) {
-          throw Error(Status::transport, "sockets: rank " + std::to_string(to) +
-                                             " closed its connection to rank " +
-                                             std::to_string(rank_));
+      throw Error(Status::timeout, "sockets: rank " + std::to_string(rank_) + " waited " +
+                                       std::to_string(timeout_seconds) + " s" + what);
+    }
+    for (nfds_t i = 0; i < count; ++i) {
+      Flow& f = *polled[i];
+      const short ev = polls[i].revents;
+      if (f.send_pending() && (ev & (POLLOUT | POLLERR | POLLHUP))) {
+        const ssize_t w =
+            f.sent < 8 ? ::send(f.fd, f.head_out + f.sent, 8 - f.sent, MSG_NOSIGNAL)
+                       : ::send(f.fd, f.bytes.data() + (f.sent - 8), f.bytes.size() - (f.sent - 8),
+                                MSG_NOSIGNAL);
+        if (w > 0) {
+          f.sent += static_cast<std::size_t>(w);
+        } else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+          if (errno == EPIPE || errno == ECONNRESET) throw closed(f);
+          fail("send to rank " + std::to_string(f.peer));
         }
-        fail("send to rank " + std::to_string(to));
       }
-    }
-    if (recv_at >= 0 && (p[recv_at].revents & (POLLIN | POLLERR | POLLHUP))) {
-      const int fd = p[recv_at].fd;
-      ssize_t g;
-      if (!receiving_body) {
-        g = ::recv(fd, head_in + got_head, 8 - got_head, 0);
-      } else {
-        g = ::recv(fd, out.data() + got, static_cast<std::size_t>(n_in) - got, 0);
-      }
-      if (g == 0) {
-        throw Error(Status::transport, "sockets: rank " + std::to_string(from) +
-                                           " closed its connection to rank " +
-                                           std::to_string(rank_));
-      }
-      if (g < 0) {
-        if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-          if (errno == ECONNRESET) {
-            throw Error(Status::transport, "sockets: rank " + std::to_string(from) +
-                                               " closed its connection to rank " +
-                                               std::to_string(rank_));
+      if (!f.received && (ev & (POLLIN | POLLERR | POLLHUP))) {
+        const bool body = f.got_head == 8;
+        const ssize_t g =
+            body ? ::recv(f.fd, f.out->data() + f.got, static_cast<std::size_t>(f.n_in) - f.got, 0)
+                 : ::recv(f.fd, f.head_in + f.got_head, 8 - f.got_head, 0);
+        if (g == 0) throw closed(f);
+        if (g < 0) {
+          if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+            if (errno == ECONNRESET) throw closed(f);
+            fail("recv from rank " + std::to_string(f.peer));
           }
-          fail("recv from rank " + std::to_string(from));
+        } else if (!body) {
+          f.got_head += static_cast<std::size_t>(g);
+          if (f.got_head == 8) {
+            for (int b = 0; b < 8; ++b) f.n_in |= static_cast<std::uint64_t>(f.head_in[b]) << (8 * b);
+            check_announced(f.n_in, f.peer);
+            f.out->resize(static_cast<std::size_t>(f.n_in));
+            f.received = f.n_in == 0;
+          }
+        } else {
+          f.got += static_cast<std::size_t>(g);
+          f.received = f.got == f.n_in;
         }
-      } else if (!receiving_body) {
-        got_head += static_cast<std::size_t>(g);
-        if (got_head == 8) {
-          n_in = 0;
-          for (int b = 0; b < 8; ++b) n_in |= static_cast<std::uint64_t>(head_in[b]) << (8 * b);
-          check_announced(n_in, from);
-          out.resize(static_cast<std::size_t>(n_in));
-          receiving_body = true;
-          received = n_in == 0;
-        }
-      } else {
-        got += static_cast<std::size_t>(g);
-        received = got == n_in;
       }
     }
   }

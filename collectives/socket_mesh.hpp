@@ -45,8 +45,15 @@ class SocketMesh {
   // the same rank, never this one. timeout_seconds 0: no limit.
   void exchange(int to, std::span<const std::byte> bytes, int from, std::vector<std::byte>& out,
                 double timeout_seconds);
+  // Sends to[r] to every other rank r and receives each one's next message into from[r], all
+  // at once (to has an entry per rank; this rank's own is neither sent nor touched in from).
+  void exchange_all(const std::vector<std::span<const std::byte>>& to,
+                    std::vector<std::vector<std::byte>>& from, double timeout_seconds);
 
  private:
+  struct Flow;
+  void progress(std::span<Flow> flows, double timeout_seconds);
+
   int rank_;
   int size_;
   std::vector<int> fds_;  // fds_[r]: the connection to rank r (-1 for this rank)

@@ -15,8 +15,10 @@
 //   all-to-allv          and the first part at once, the rests once every receive is posted
 //   all-to-all           gloo::alltoall (fixed blocks)
 //   barrier              gloo::barrier
-//   the agreement        recursive doubling of eager messages on a channel of its own, the
-//                        timeout Gloo's own; watched by two threads (GlooWatch below)
+//   the agreement        recursive doubling over sockets of its own (socket_mesh.hpp, polled
+//                        by the waiting thread; where the device's address is IPv4), else of
+//                        eager messages on a channel of its own with Gloo's timeout; watched by
+//                        two threads (GlooWatch below)
 // Waits block in Gloo (a condition variable): the wait policy, which is MPI's, does not apply.
 // Gloo's waits take a timeout that ends the whole context when it passes (every connection
 // closes), so only the agreement's wait has one (the user's timeout, after which the
@@ -522,6 +524,9 @@ class GlooTransport final : public Transport {
     if (size > 1 && !made.ipv4.empty() && !(sockets && std::strcmp(sockets, "0") == 0)) {
       gloo::rendezvous::PrefixStore prefixed(o.prefix + "/sockets", store);
       mesh_ = std::make_unique<SocketMesh>(prefixed, "", rank, size, made.ipv4, o.connect_seconds);
+      gloo::rendezvous::PrefixStore data_prefixed(o.prefix + "/data-sockets", store);
+      data_ = std::make_unique<SocketMesh>(data_prefixed, "", rank, size, made.ipv4,
+                                           o.connect_seconds);
     }
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
@@ -544,7 +549,11 @@ class GlooTransport final : public Transport {
       // call here whatever the size, 2 ranks on the loopback, its allgather 0.1 ms); more, where
       // the ring's bytes matter, as torch's gloo runs it (the ring).
       if (bytes + 8 <= std::min(point_.capacity, kSmallReduction)) {
-        reduce_doubling(point_, recv, count, element_size(op), reduce_function(op), kForever);
+        if (data_) {
+          reduce_doubling_sockets(*data_, recv, count, element_size(op), reduce_function(op), 0);
+        } else {
+          reduce_doubling(point_, recv, count, element_size(op), reduce_function(op), kForever);
+        }
         return;
       }
       gloo::AllreduceOptions opts(ctx_);
@@ -577,6 +586,22 @@ class GlooTransport final : public Transport {
     if (p == 1) {
       out.sizes.assign(1, mine.size());
       out.bytes.assign(mine.begin(), mine.end());
+    } else if (data_) {
+      std::vector<std::vector<std::byte> > from;
+      data_->exchange_all(std::vector<std::span<const std::byte> >(p, mine), from, 0);
+      out.sizes.assign(p, 0);
+      std::uint64_t total = 0;
+      for (std::size_t r = 0; r < p; ++r) {
+        out.sizes[r] = r == me ? mine.size() : from[r].size();
+        check_announced(total + out.sizes[r], static_cast<int>(r));
+        out.offsets[r] = total;
+        total += out.sizes[r];
+      }
+      out.bytes.resize(static_cast<std::size_t>(total));
+      for (std::size_t r = 0; r < p; ++r) {
+        const std::byte* src = r == me ? mine.data() : from[r].data();
+        if (out.sizes[r] > 0) std::memcpy(out.bytes.data() + out.offsets[r], src, out.sizes[r]);
+      }
     } else {
       guarded("allgatherv", [&] {
         exchange_all(std::vector<std::span<const std::byte> >(p, mine),
@@ -613,6 +638,14 @@ class GlooTransport final : public Transport {
       parts[r] = to[r];
     }
     from.resize(p);
+    if (data_) {
+      data_->exchange_all(parts, from, 0);
+      from[me] = to[me];
+      for (std::size_t r = 0; r < p; ++r) recv_sizes[r] = from[r].size();
+      t.seconds += now() - start;
+      count_alltoallv(t, send_sizes, recv_sizes, me);
+      return;
+    }
     guarded("all-to-all", [&] {
       exchange_all(parts, [&](const std::vector<std::uint64_t>& sizes) {
         std::vector<std::byte*> at(p);
@@ -845,41 +878,35 @@ class GlooTransport final : public Transport {
     if (d.folds_into >= 0) take(d.folds_into, false);
   }
 
-  // The agreement's MAX by recursive doubling (as reduce_doubling) over the sockets: every wait
-  // has `limit` seconds (0: none).
-  void max_doubling_sockets(std::uint64_t* data, std::size_t words, double limit) {
-    const std::size_t bytes = words * 8;
+  // reduce_doubling over sockets (the agreement's on mesh_, small reductions on data_): every
+  // wait has `limit` seconds (0: none).
+  void reduce_doubling_sockets(SocketMesh& m, void* data, std::size_t count, std::size_t element,
+                               ReduceFn fn, double limit) {
+    const std::size_t bytes = count * element;
     std::vector<std::byte> got;
-    const std::span<const std::byte> mine(reinterpret_cast<const std::byte*>(data), bytes);
+    const std::span<const std::byte> mine(static_cast<const std::byte*>(data), bytes);
     const auto check = [&](int from) {
       if (got.size() != bytes) {
-        throw Error(Status::bad_payload, "rank " + std::to_string(from) + " sent an agreement of " +
+        throw Error(Status::bad_payload, "rank " + std::to_string(from) + " sent a reduction of " +
                                              std::to_string(got.size()) + " bytes, not " +
                                              std::to_string(bytes));
       }
     };
-    const auto combine = [&] {
-      for (std::size_t w = 0; w < words; ++w) {
-        std::uint64_t v = 0;
-        std::memcpy(&v, got.data() + 8 * w, 8);
-        data[w] = std::max(data[w], v);
-      }
-    };
     const DoublingSchedule d(rank(), size());
-    if (d.folds_into >= 0) mesh_->exchange(d.folds_into, mine, -1, got, limit);
+    if (d.folds_into >= 0) m.exchange(d.folds_into, mine, -1, got, limit);
     if (d.folded_from >= 0) {
-      mesh_->exchange(-1, {}, d.folded_from, got, limit);
+      m.exchange(-1, {}, d.folded_from, got, limit);
       check(d.folded_from);
-      combine();
+      fn(data, data, got.data(), count);
     }
     for (const int peer : d.partners) {
-      mesh_->exchange(peer, mine, peer, got, limit);  // data changes only after both are done
+      m.exchange(peer, mine, peer, got, limit);  // data changes only after both are done
       check(peer);
-      combine();
+      fn(data, data, got.data(), count);
     }
-    if (d.folded_from >= 0) mesh_->exchange(d.folded_from, mine, -1, got, limit);
+    if (d.folded_from >= 0) m.exchange(d.folded_from, mine, -1, got, limit);
     if (d.folds_into >= 0) {
-      mesh_->exchange(-1, {}, d.folds_into, got, limit);
+      m.exchange(-1, {}, d.folds_into, got, limit);
       check(d.folds_into);
       std::memcpy(data, got.data(), bytes);
     }
@@ -888,6 +915,11 @@ class GlooTransport final : public Transport {
   void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
     const double start = now();
     guarded("send", [&] {
+      if (data_) {
+        std::vector<std::byte> none;
+        data_->exchange(to, send, -1, none, 0);
+        return;
+      }
       Outgoing out;
       start_send(point_, to, send, out);
       finish_send(out);
@@ -898,7 +930,13 @@ class GlooTransport final : public Transport {
 
   void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
     const double start = now();
-    const std::uint64_t n = guarded("recv", [&] { return receive(point_, from, recv); });
+    const std::uint64_t n = guarded("recv", [&]() -> std::uint64_t {
+      if (data_) {
+        data_->exchange(-1, {}, from, recv, 0);
+        return recv.size();
+      }
+      return receive(point_, from, recv);
+    });
     t.seconds += now() - start;
     t.received += n;
   }
@@ -906,7 +944,11 @@ class GlooTransport final : public Transport {
   void sendrecv_bytes(int partner, std::span<const std::byte> send, std::vector<std::byte>& recv,
                       Traffic& t) override {
     const double start = now();
-    const std::uint64_t n = guarded("sendrecv", [&] {
+    const std::uint64_t n = guarded("sendrecv", [&]() -> std::uint64_t {
+      if (data_) {
+        data_->exchange(partner, send, partner, recv, 0);
+        return recv.size();
+      }
       return exchange(point_, partner, send, partner, recv);
     });
     t.seconds += now() - start;
@@ -956,7 +998,7 @@ class GlooTransport final : public Transport {
     if (watched) watch_.begin(call, limits, describe);
     try {
       if (mesh_) {
-        max_doubling_sockets(all, words, limits.timeout);
+        reduce_doubling_sockets(*mesh_, all, words, 8, &gloo::max<std::uint64_t>, limits.timeout);
       } else {
         reduce_doubling(agree_, all, words, 8, &gloo::max<std::uint64_t>, limit);
       }
@@ -965,7 +1007,8 @@ class GlooTransport final : public Transport {
       if (limits.timeout > 0) {
         std::uint64_t token = 0;
         if (mesh_) {
-          max_doubling_sockets(&token, 1, limits.timeout);
+          reduce_doubling_sockets(*mesh_, &token, 1, 8, &gloo::max<std::uint64_t>,
+                                  limits.timeout);
         } else {
           reduce_doubling(agree_, &token, 1, 8, &gloo::max<std::uint64_t>, limit);
         }
@@ -1015,6 +1058,7 @@ class GlooTransport final : public Transport {
   Channel agree_;                       // the agreement's (without sockets)
   std::unique_ptr<SocketMesh> mesh_;    // the agreement's sockets (closed after a failure)
   bool sockets_closed_ = false;
+  std::unique_ptr<SocketMesh> data_;    // point to point, allgatherv, all-to-all(v), small sums
   std::shared_ptr<Context> watch_ctx_;  // the watch's questions and answers
   // Declared after the contexts, so destroyed first: its threads end before the connections
   // close.

@@ -89,6 +89,33 @@ TEST(SocketMesh, MessagesArriveWholeInOrderAndUnchanged) {
   }
 }
 
+TEST(SocketMesh, EveryRankToEveryOtherAtOnce) {
+  for (int size : {2, 3, 5}) {
+    run_ranks(size, [size](int r, SocketMesh& mesh) {
+      // Twice: sizes from empty to 3 MiB, a pair's two directions of different sizes.
+      for (unsigned round = 0; round < 2; ++round) {
+        std::vector<Bytes> mine(static_cast<std::size_t>(size));
+        std::vector<std::span<const std::byte>> to(static_cast<std::size_t>(size));
+        for (int q = 0; q < size; ++q) {
+          mine[static_cast<std::size_t>(q)] =
+              pattern(static_cast<std::size_t>((r * 7 + q * 3 + round) % 4) << 20 >> (q % 3), r * 10 + q);
+          to[static_cast<std::size_t>(q)] = mine[static_cast<std::size_t>(q)];
+        }
+        std::vector<Bytes> from;
+        mesh.exchange_all(to, from, 60);
+        ASSERT_EQ(from.size(), static_cast<std::size_t>(size));
+        for (int q = 0; q < size; ++q) {
+          if (q == r) continue;
+          EXPECT_EQ(from[static_cast<std::size_t>(q)],
+                    pattern(static_cast<std::size_t>((q * 7 + r * 3 + round) % 4) << 20 >> (r % 3),
+                            q * 10 + r))
+              << "rank " << r << " from " << q << " round " << round;
+        }
+      }
+    });
+  }
+}
+
 TEST(SocketMesh, LargeMessagesBothWaysAtOnce) {
   run_ranks(2, [](int r, SocketMesh& mesh) {
     const Bytes mine = pattern(std::size_t{16} << 20, r + 5);
