@@ -11,15 +11,19 @@
 //   point to point       two receives always posted per peer: the size and the first part (up
 //                        to 1 MiB, less at many ranks) at once, the rest after it in 1 MiB
 //                        segments (Gloo's receives need their size)
+//   with GCOMP_GLOO_SOCKETS=1 (on every rank; an IPv4 device): the agreement, the small
+//                        reductions and the first parts on the transport's own sockets instead
+//                        (socket_mesh.hpp: a TCP connection per pair, polled by the waiting
+//                        thread); the rests as above
 //   allgatherv,          one point-to-point message each way between every pair: the size
 //   all-to-allv          and the first part at once, the rests once every receive is posted
 //   all-to-all           gloo::alltoall (fixed blocks)
 //   barrier              gloo::barrier
-//   the agreement        recursive doubling over sockets of its own (socket_mesh.hpp, polled
-//                        by the waiting thread; where the device's address is IPv4), else of
-//                        eager messages on a channel of its own with Gloo's timeout; watched by
-//                        two threads (GlooWatch below)
-// Waits block in Gloo (a condition variable): the wait policy, which is MPI's, does not apply.
+//   the agreement        recursive doubling of eager messages on a channel of its own, the
+//                        timeout Gloo's own (on the sockets: theirs); watched by two threads
+//                        (GlooWatch below)
+// Waits block in Gloo (a condition variable), or poll the sockets: the wait policy, which is
+// MPI's, does not apply.
 // Gloo's waits take a timeout that ends the whole context when it passes (every connection
 // closes), so only the agreement's wait has one (the user's timeout, after which the
 // Communicator is broken anyway); every other wait is unlimited, as MPI's are.
@@ -518,10 +522,14 @@ class GlooTransport final : public Transport {
     // The agreement's all on ctx_: a wait that times out closes its context's connections,
     // which tells every rank waiting on them.
     open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256, *ctx_, *ctx_);
-    // The agreement on sockets of its own, polled by the waiting thread (socket_mesh.hpp), where
-    // the device's address is IPv4 (GCOMP_GLOO_SOCKETS=0: on Gloo's agreement channel).
+    // With GCOMP_GLOO_SOCKETS=1 (the same on every rank) and an IPv4 device: the agreement, the
+    // small reductions and the first parts of messages on sockets of the transport's own,
+    // polled by the waiting thread (socket_mesh.hpp). Not the default: on the per-host testbed
+    // it made a call of 1024 floats a tenth as long and kept every algorithm at 16M floats
+    // within 10% of MPI, but the one line's DDP step slower (median 1.11x over 8 pairs;
+    // docs/results.md).
     const char* sockets = std::getenv("GCOMP_GLOO_SOCKETS");
-    if (size > 1 && !made.ipv4.empty() && !(sockets && std::strcmp(sockets, "0") == 0)) {
+    if (size > 1 && !made.ipv4.empty() && sockets && std::strcmp(sockets, "1") == 0) {
       gloo::rendezvous::PrefixStore prefixed(o.prefix + "/sockets", store);
       mesh_ = std::make_unique<SocketMesh>(prefixed, "", rank, size, made.ipv4, o.connect_seconds);
       gloo::rendezvous::PrefixStore data_prefixed(o.prefix + "/data-sockets", store);
