@@ -279,6 +279,25 @@ __device__ __forceinline__ void code_values(const Coder& coder, const float (&vs
   }
 }
 
+// Thread t's eight codes of a tile (bytes 8 t.. of `tile`), `bits` each, packed into its `bits`
+// bytes of the payload (cut at code_bytes). Staging the tile's bytes in shared memory for
+// stores of consecutive words, and storing a thread's bytes in one wide store, were both slower
+// or no faster on an H200 (docs/results.md, runs 12 and 13).
+__device__ __forceinline__ void store_codes(const unsigned char* tile, int bits, std::size_t base,
+                                            unsigned char* __restrict__ codes,
+                                            std::size_t code_bytes) {
+  const unsigned t = threadIdx.x;
+  unsigned long long packed = 0;
+#pragma unroll
+  for (unsigned k = 0; k < 8; ++k) {
+    packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
+  }
+  const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
+  for (int b = 0; b < bits; ++b) {
+    if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
+  }
+}
+
 // Q::at(first, last) gives the coder of one thread's elements in [first, last]:
 // std::uint32_t operator()(std::size_t i, float v, std::uint32_t draw16, float* decoded), and
 // when `shared` (they share their constants, loaded once) fast(), the same without a lookup.
@@ -312,15 +331,7 @@ __global__ void codes_kernel(Q q, int bits, const float* src, float* ef, std::si
       code_values(coder, vs, base, n, g, j, words, ef, tile);
     }
     __syncthreads();
-    unsigned long long packed = 0;
-#pragma unroll
-    for (unsigned k = 0; k < 8; ++k) {
-      packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
-    }
-    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
-    for (int b = 0; b < bits; ++b) {
-      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
-    }
+    store_codes(tile, bits, base, codes, code_bytes);
     __syncthreads();
   }
 }
@@ -588,15 +599,7 @@ __global__ void __launch_bounds__(kThreads)
     const QsgdQ::Coder::Shared coder{scales[(64 * g) / bucket], levels, bits};
     code_values(coder, vs, base, n, g, j, words, EF ? e_new : nullptr, tile);
     __syncthreads();
-    unsigned long long packed = 0;
-#pragma unroll
-    for (unsigned k = 0; k < 8; ++k) {
-      packed |= static_cast<unsigned long long>(tile[8 * t + k]) << (k * bits);
-    }
-    const std::size_t first = (base / 8 + t) * static_cast<std::size_t>(bits);
-    for (int b = 0; b < bits; ++b) {
-      if (first + b < code_bytes) codes[first + b] = static_cast<unsigned char>(packed >> (8 * b));
-    }
+    store_codes(tile, bits, base, codes, code_bytes);
     __syncthreads();  // values, scales and tile are the next tile's
   }
 }
