@@ -4,8 +4,8 @@
 // that waits (poll(2)): a message reaches its receiver through one wake-up, the kernel's, where
 // Gloo's TCP device reads it in its own network thread and then wakes the waiting thread. On a
 // host whose cores are busy with the ranks' compute each wake-up waits for a core (docs/results.md,
-// "The one line's DDP step"); this is the piece meant for the transports' small, latency-bound
-// exchanges (the agreement), not yet used by them (#40).
+// "The one line's DDP step"). The Gloo transport sends its agreement, small reductions and the
+// first parts of messages on two of these with GCOMP_GLOO_SOCKETS=1 (transport_gloo.cpp).
 //
 // Messages are an 8-byte little-endian length and the bytes; a length past kMaxMessageBytes is
 // an Error(bad_payload) naming the peer, before anything is allocated. Messages between two

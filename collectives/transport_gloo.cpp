@@ -664,7 +664,7 @@ class GlooTransport final : public Transport {
       std::vector<std::span<const std::byte> > first_spans(p);
       for (std::size_t r = 0; r < p; ++r) {
         if (r == me) continue;
-        firsts[r] = first_part(to[r]);
+        firsts[r] = first_part(to[r], point_.capacity);
         first_spans[r] = firsts[r];
       }
       data_->exchange_all(first_spans, got, 0);
@@ -776,10 +776,7 @@ class GlooTransport final : public Transport {
   };
   void start_send(Channel& c, int to, std::span<const std::byte> send, Outgoing& out) {
     const std::size_t inline_bytes = std::min(send.size(), c.capacity - 8);
-    out.first.resize(8 + inline_bytes);
-    const std::uint64_t n = send.size();
-    std::memcpy(out.first.data(), &n, 8);
-    if (inline_bytes > 0) std::memcpy(out.first.data() + 8, send.data(), inline_bytes);
+    out.first = first_part(send, c.capacity);
     out.head = c.between(rank(), to).createUnboundBuffer(out.first.data(), out.first.size());
     out.head->send(to, c.slot);
     out.to = to;
@@ -803,7 +800,9 @@ class GlooTransport final : public Transport {
     Eager& e = c.from[static_cast<std::size_t>(from)];
     e.buf[e.next]->waitRecv(nullptr, limit);
     std::uint64_t n = 0;
-    std::memcpy(&n, e.bytes[e.next].data(), 8);
+    for (int b = 0; b < 8; ++b) {
+      n |= static_cast<std::uint64_t>(e.bytes[e.next][static_cast<std::size_t>(b)]) << (8 * b);
+    }
     check_announced(n, from);
     return n;
   }
@@ -898,8 +897,11 @@ class GlooTransport final : public Transport {
   std::size_t first_bytes(std::uint64_t n) const {
     return static_cast<std::size_t>(std::min<std::uint64_t>(n, point_.capacity - 8));
   }
-  std::vector<std::byte> first_part(std::span<const std::byte> send) const {
-    const std::size_t inline_bytes = first_bytes(send.size());
+  // [the size, 8 bytes little-endian; then up to capacity - 8 of the bytes]: the first part of a
+  // message, on the sockets or into a channel's eager receive.
+  static std::vector<std::byte> first_part(std::span<const std::byte> send, std::size_t capacity) {
+    const std::size_t inline_bytes =
+        static_cast<std::size_t>(std::min<std::uint64_t>(send.size(), capacity - 8));
     std::vector<std::byte> f(8 + inline_bytes);
     const std::uint64_t n = send.size();
     for (int b = 0; b < 8; ++b) f[static_cast<std::size_t>(b)] = static_cast<std::byte>(n >> (8 * b));
@@ -979,7 +981,7 @@ class GlooTransport final : public Transport {
     guarded("send", [&] {
       if (data_) {
         std::vector<std::byte> none;
-        data_->exchange(to, first_part(send), -1, none, 0);
+        data_->exchange(to, first_part(send, point_.capacity), -1, none, 0);
         Segments rest;
         send_rest_of(to, send, rest);
         rest.wait();
@@ -1018,7 +1020,7 @@ class GlooTransport final : public Transport {
     const std::uint64_t n = guarded("sendrecv", [&]() -> std::uint64_t {
       if (data_) {
         std::vector<std::byte> first;
-        data_->exchange(partner, first_part(send), partner, first, 0);
+        data_->exchange(partner, first_part(send, point_.capacity), partner, first, 0);
         const std::uint64_t n = parse_first(first, partner);
         recv.resize(static_cast<std::size_t>(n));
         Segments rest;
