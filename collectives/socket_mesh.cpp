@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "gcomp/error.hpp"
+#include "mpi_util.hpp"
 #include "transport.hpp"
 
 namespace gcomp::detail {
@@ -67,6 +69,19 @@ int poll_ms(bool limited, Clock::time_point deadline) {
   if (!limited) return -1;
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
+}
+
+// poll(2) as the wait policy says (mpi_util.hpp): spin polls without sleeping, yield yields the
+// CPU between polls, sleep blocks in the kernel until a socket is ready. 0 past the deadline.
+int poll_as_policy(WaitPolicy mode, pollfd* polls, nfds_t count, bool limited,
+                   Clock::time_point deadline) {
+  if (mode == WaitPolicy::sleep) return ::poll(polls, count, poll_ms(limited, deadline));
+  for (;;) {
+    const int r = ::poll(polls, count, 0);
+    if (r != 0) return r;
+    if (limited && Clock::now() >= deadline) return 0;
+    if (mode == WaitPolicy::yield) sched_yield();
+  }
 }
 
 // Waits until fd is ready for `events`; false past the deadline.
@@ -287,6 +302,7 @@ void SocketMesh::progress(std::span<Flow> flows, double timeout_seconds) {
       f.received = false;
     }
   }
+  const WaitPolicy mode = follows_policy_ ? wait_mode() : WaitPolicy::sleep;
   std::vector<pollfd> polls(flows.size());
   std::vector<Flow*> polled(flows.size());
   const auto closed = [&](const Flow& f) {
@@ -304,7 +320,7 @@ void SocketMesh::progress(std::span<Flow> flows, double timeout_seconds) {
       ++count;
     }
     if (count == 0) return;
-    const int r = ::poll(polls.data(), count, poll_ms(limited, deadline));
+    const int r = poll_as_policy(mode, polls.data(), count, limited, deadline);
     if (r < 0) {
       if (errno == EINTR) continue;
       fail("poll");

@@ -5,7 +5,7 @@
 // Gloo's TCP device reads it in its own network thread and then wakes the waiting thread. On a
 // host whose cores are busy with the ranks' compute each wake-up waits for a core (docs/results.md,
 // "The one line's DDP step"). The Gloo transport sends its agreement, small reductions and the
-// first parts of messages on two of these with GCOMP_GLOO_SOCKETS=1 (transport_gloo.cpp).
+// first parts of messages on two of these unless GCOMP_GLOO_SOCKETS=0 (transport_gloo.cpp).
 //
 // Messages are an 8-byte little-endian length and the bytes; a length past kMaxMessageBytes is
 // an Error(bad_payload) naming the peer, before anything is allocated. Messages between two
@@ -38,6 +38,9 @@ class SocketMesh {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  // Whether waits follow the wait policy (the default; mpi_util.hpp: spin polls without a
+  // timeout, yield yields between polls, sleep blocks in poll(2)) or always block in poll(2).
+  void set_follows_wait_policy(bool follows) noexcept { follows_policy_ = follows; }
 
   // Sends `bytes` to rank `to` and receives rank `from`'s next message into `out` (resized to
   // it), progressing both at once, so that two ranks exchanging large messages never block each
@@ -57,6 +60,7 @@ class SocketMesh {
   int rank_;
   int size_;
   std::vector<int> fds_;  // fds_[r]: the connection to rank r (-1 for this rank)
+  bool follows_policy_ = true;
 };
 
 }  // namespace gcomp::detail

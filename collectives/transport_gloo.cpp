@@ -11,10 +11,10 @@
 //   point to point       two receives always posted per peer: the size and the first part (up
 //                        to 1 MiB, less at many ranks) at once, the rest after it in 1 MiB
 //                        segments (Gloo's receives need their size)
-//   with GCOMP_GLOO_SOCKETS=1 (on every rank; an IPv4 device): the agreement, the small
-//                        reductions and the first parts on the transport's own sockets instead
-//                        (socket_mesh.hpp: a TCP connection per pair, polled by the waiting
-//                        thread); the rests as above
+//   unless GCOMP_GLOO_SOCKETS=0 (alike on every rank) or a device has no IPv4 address: the
+//                        agreement, the small reductions and the first parts on the transport's
+//                        own sockets instead (socket_mesh.hpp: a TCP connection per pair, polled
+//                        by the waiting thread); the rests as above
 //   allgatherv,          one point-to-point message each way between every pair: the size
 //   all-to-allv          and the first part at once, the rests once every receive is posted
 //   all-to-all           gloo::alltoall (fixed blocks)
@@ -22,8 +22,8 @@
 //   the agreement        recursive doubling of eager messages on a channel of its own, the
 //                        timeout Gloo's own (on the sockets: theirs); watched by two threads
 //                        (GlooWatch below)
-// Waits block in Gloo (a condition variable), or poll the sockets: the wait policy, which is
-// MPI's, does not apply.
+// Waits block in Gloo (a condition variable) and on the data's sockets (poll(2)); on the
+// agreement's sockets they follow the wait policy, as MPI's waits do (socket_mesh.hpp).
 // Gloo's waits take a timeout that ends the whole context when it passes (every connection
 // closes), so only the agreement's wait has one (the user's timeout, after which the
 // Communicator is broken anyway); every other wait is unlimited, as MPI's are.
@@ -221,6 +221,14 @@ std::string host_key(const GlooOptions& o) {
   const std::string ns =
       stat("/proc/self/ns/net", &st) == 0 ? std::to_string(st.st_ino) : std::string("?");
   return std::string(name) + "/netns:" + ns;
+}
+
+// GCOMP_GLOO_SOCKETS: 1 (or unset, or empty) the transport's own sockets, 0 not; 2 for any other
+// value (every rank then fails, once all have said theirs).
+char sockets_setting() {
+  const char* v = std::getenv("GCOMP_GLOO_SOCKETS");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return 1;
+  return std::strcmp(v, "0") == 0 ? 0 : 2;
 }
 
 std::shared_ptr<Context> connect(gloo::rendezvous::Store& store, const std::string& prefix,
@@ -504,15 +512,18 @@ class GlooTransport final : public Transport {
     down_ctx_ = connect(store, o.prefix + "/down", rank, size, device_, connect_timeout);
     watch_ctx_ = connect(store, o.prefix + "/watch", rank, size, device_, connect_timeout);
     watch_.start(watch_ctx_);
-    // The hosts: every rank's key gathered; a host is named by its lowest rank.
-    constexpr std::size_t kKey = 256;
-    std::vector<char> keys(kKey * static_cast<std::size_t>(size));
+    // The hosts: every rank's key gathered; a host is named by its lowest rank. After each key,
+    // the rank's say on the sockets (below): whether it wants them, whether its device can.
+    constexpr std::size_t kKey = 256, kRecord = kKey + 2;
+    std::vector<char> keys(kRecord * static_cast<std::size_t>(size));
     const std::string mine = host_key(o);
-    std::vector<char> key(kKey, '\0');
+    std::vector<char> key(kRecord, '\0');
     std::memcpy(key.data(), mine.data(), std::min(mine.size(), kKey - 1));
+    key[kKey] = sockets_setting();
+    key[kKey + 1] = made.ipv4.empty() ? 0 : 1;
     guarded("allgather", [&] {
       gloo::AllgatherOptions opts(ctx_);
-      opts.setInput(key.data(), kKey);
+      opts.setInput(key.data(), kRecord);
       opts.setOutput(keys.data(), keys.size());
       opts.setTimeout(connect_timeout);
       gloo::allgather(opts);
@@ -522,25 +533,49 @@ class GlooTransport final : public Transport {
     // The agreement's all on ctx_: a wait that times out closes its context's connections,
     // which tells every rank waiting on them.
     open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256, *ctx_, *ctx_);
-    // With GCOMP_GLOO_SOCKETS=1 (the same on every rank) and an IPv4 device: the agreement, the
-    // small reductions and the first parts of messages on sockets of the transport's own,
-    // polled by the waiting thread (socket_mesh.hpp). Not the default: on the per-host testbed
-    // it made a call of 1024 floats a tenth as long and kept every algorithm at 16M floats
-    // within 10% of MPI, but the one line's DDP step slower (median 1.11x over 8 pairs;
-    // docs/results.md).
-    const char* sockets = std::getenv("GCOMP_GLOO_SOCKETS");
-    if (size > 1 && !made.ipv4.empty() && sockets && std::strcmp(sockets, "1") == 0) {
+    // The agreement, the small reductions and the first parts of messages on sockets of the
+    // transport's own, polled by the waiting thread (socket_mesh.hpp), unless GCOMP_GLOO_SOCKETS=0
+    // or some rank's device has no IPv4 address. On the per-host testbed they made a call of 1024
+    // floats a tenth as long, the algorithms at 16M floats within about 10% of MPI, and the one
+    // line's DDP step under torchrun as fast as under mpiexec (docs/results.md). Every rank decides from what all
+    // said, so all decide alike; where GCOMP_GLOO_SOCKETS differs between ranks, all fail here.
+    int wants = -1, refuses = -1;
+    bool all_can = true;
+    for (int r = 0; r < size; ++r) {
+      const char* record = &keys[kRecord * static_cast<std::size_t>(r)];
+      if (record[kKey] == 2) {
+        const char* v = std::getenv("GCOMP_GLOO_SOCKETS");
+        throw Error(Status::invalid_argument,
+                    "GCOMP_GLOO_SOCKETS on rank " + std::to_string(r) + " is " +
+                        (r == rank ? "'" + std::string(v ? v : "") + "'" : "neither 0 nor 1") +
+                        ": 1 (or unset) for the Gloo transport's own sockets, 0 for Gloo's alone");
+      }
+      if (record[kKey] == 1 && wants < 0) wants = r;
+      if (record[kKey] == 0 && refuses < 0) refuses = r;
+      all_can = all_can && record[kKey + 1] != 0;
+    }
+    if (wants >= 0 && refuses >= 0) {
+      throw Error(Status::invalid_argument,
+                  "GCOMP_GLOO_SOCKETS differs between ranks (0 on rank " +
+                      std::to_string(refuses) + ", 1 or unset on rank " + std::to_string(wants) +
+                      "): set it alike on every rank");
+    }
+    if (size > 1 && refuses < 0 && all_can) {
       gloo::rendezvous::PrefixStore prefixed(o.prefix + "/sockets", store);
       mesh_ = std::make_unique<SocketMesh>(prefixed, "", rank, size, made.ipv4, o.connect_seconds);
       gloo::rendezvous::PrefixStore data_prefixed(o.prefix + "/data-sockets", store);
       data_ = std::make_unique<SocketMesh>(data_prefixed, "", rank, size, made.ipv4,
                                            o.connect_seconds);
+      // The data's waits block: polling there took the core the kernel's network work needed
+      // (a QSGD allgather of 16M floats on the testbed: 1.17-1.21x MPI's time polling, 1.10-1.12x
+      // blocking).
+      data_->set_follows_wait_policy(false);
     }
     hosts_.assign(static_cast<std::size_t>(size), 0);
     for (int r = 0; r < size; ++r) {
       for (int q = 0; q <= r; ++q) {
-        if (std::memcmp(&keys[kKey * static_cast<std::size_t>(q)],
-                        &keys[kKey * static_cast<std::size_t>(r)], kKey) == 0) {
+        if (std::memcmp(&keys[kRecord * static_cast<std::size_t>(q)],
+                        &keys[kRecord * static_cast<std::size_t>(r)], kKey) == 0) {
           hosts_[static_cast<std::size_t>(r)] = q;
           break;
         }

@@ -1,8 +1,9 @@
 // SocketMesh (collectives/socket_mesh.hpp): ranks as threads of one process meeting through
 // Gloo's in-memory store on the loopback. Messages arrive whole, in order and unchanged (empty,
 // small, and 16 MiB both ways at once, which blocks unless both directions progress together);
-// a wait past its limit is Error(timeout), a closed peer Error(transport), and what a peer sends
-// is checked before use: a greeting naming the wrong rank, and a length past 2^40.
+// a wait past its limit is Error(timeout), under every wait policy, a closed peer
+// Error(transport), and what a peer sends is checked before use: a greeting naming the wrong
+// rank, and a length past 2^40.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -19,13 +20,16 @@
 #include <thread>
 #include <vector>
 
+#include "gcomp/communicator.hpp"
 #include "gcomp/error.hpp"
+#include "mpi_util.hpp"
 #include "socket_mesh.hpp"
 
 namespace {
 
 using gcomp::Error;
 using gcomp::Status;
+using gcomp::WaitPolicy;
 using gcomp::detail::SocketMesh;
 using Bytes = std::vector<std::byte>;
 
@@ -158,6 +162,44 @@ TEST(SocketMesh, WaitsPastTheirLimitAndClosedPeersAreErrors) {
     EXPECT_THROW(mesh.exchange(r, {}, -1, got, 1), Error);  // not with itself
     EXPECT_THROW(mesh.exchange(-1, {}, 2, got, 1), Error);  // no such rank
   });
+}
+
+// The waits follow the wait policy (mpi_util.hpp): spin polls without a timeout, yield yields
+// between polls, sleep blocks in poll(2). Under each, a ring of 3 ranks delivers, and a wait
+// for a message that never comes ends at its limit (a polling loop that missed the deadline
+// would hang here, and the test's timeout would fail it).
+TEST(SocketMesh, EveryWaitPolicyDeliversAndEndsAtItsLimit) {
+  const WaitPolicy before = gcomp::detail::wait_mode();
+  for (const WaitPolicy mode : {WaitPolicy::spin, WaitPolicy::yield, WaitPolicy::sleep}) {
+    gcomp::detail::set_wait_mode(mode);
+    ASSERT_EQ(gcomp::detail::wait_mode(), mode);
+    run_ranks(3, [mode](int r, SocketMesh& mesh) {
+      const int next = (r + 1) % 3, prev = (r + 2) % 3;
+      for (unsigned round = 0; round < 3; ++round) {
+        Bytes got;
+        mesh.exchange(next, pattern(std::size_t{100000} * r + round, r + round), prev, got, 20);
+        EXPECT_EQ(got, pattern(std::size_t{100000} * prev + round, prev + round))
+            << gcomp::wait_policy_name(mode) << ": rank " << r << " round " << round;
+      }
+      // Rank 2 waits for a message rank 0 has not sent, then lets rank 0 go.
+      Bytes got;
+      if (r == 2) {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          mesh.exchange(-1, {}, 0, got, 0.1);
+          ADD_FAILURE() << gcomp::wait_policy_name(mode) << ": no timeout";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), Status::timeout) << gcomp::wait_policy_name(mode) << ": " << e.what();
+        }
+        EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  0.09);
+        mesh.exchange(0, pattern(1, 0), -1, got, 20);
+      } else if (r == 0) {
+        mesh.exchange(-1, {}, 2, got, 20);
+      }
+    });
+  }
+  gcomp::detail::set_wait_mode(before);
 }
 
 // The test plays rank 1 by hand against a real rank 0.

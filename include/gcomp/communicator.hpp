@@ -100,6 +100,9 @@ inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 //   sleep      MPI_Test, polling for the first 20 us, then sleeping between polls (10 us, doubling
 //              to 100 us): for waits beside compute on the same cores (a training step's
 //              communication thread), which a spinning wait slows; up to ~100 us later a wait
+// On the Gloo transport the agreement's waits on its own sockets follow it too (spin: poll(2)
+// without a timeout, yield: with sched_yield between polls, sleep: poll(2) blocking until a
+// socket is ready); its waits for data block whatever it says.
 // Applies from the next wait on, to every Communicator; thread-safe.
 enum class WaitPolicy : int { automatic = 0, spin, yield, sleep };
 void set_wait_policy(WaitPolicy policy) noexcept;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -172,6 +173,47 @@ TEST(Gloo, BadOptionsAreRefusedBeforeConnecting) {
   o.interface = "";
   o.connect_seconds = -1;
   EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }), Status::invalid_argument);
+}
+
+// GCOMP_GLOO_SOCKETS is every rank's to say alike: where ranks differ, or one says neither 0 nor
+// 1, every rank fails at the rendezvous with an error naming the variable (no rank hangs or runs
+// on without the others' sockets).
+TEST(Gloo, RanksThatDisagreeOnTheSocketsAllFail) {
+  if (!test::on_gloo() || size() < 2) GTEST_SKIP() << "the Gloo run's, with two ranks";
+  const char* was = std::getenv("GCOMP_GLOO_SOCKETS");
+  const std::string before = was ? was : "";
+  auto s = store();
+  GlooOptions o;
+  o.connect_seconds = 30;
+  std::string msg;
+  o.prefix = "sockets-differ";
+  setenv("GCOMP_GLOO_SOCKETS", rank() == 0 ? "0" : "1", 1);
+  EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }, &msg),
+            Status::invalid_argument);
+  EXPECT_NE(msg.find("GCOMP_GLOO_SOCKETS differs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0 on rank 0"), std::string::npos) << msg;
+  o.prefix = "sockets-bad";
+  setenv("GCOMP_GLOO_SOCKETS", rank() == size() - 1 ? "yes" : "1", 1);
+  EXPECT_EQ(status_of([&] { Communicator c(*s, rank(), size(), o); }, &msg),
+            Status::invalid_argument);
+  EXPECT_NE(msg.find("GCOMP_GLOO_SOCKETS on rank " + std::to_string(size() - 1)),
+            std::string::npos) << msg;
+  if (rank() == size() - 1) EXPECT_NE(msg.find("'yes'"), std::string::npos) << msg;
+  // Alike again (0 on every rank): the Communicator runs, on Gloo's connections alone.
+  o.prefix = "sockets-off";
+  setenv("GCOMP_GLOO_SOCKETS", "0", 1);
+  {
+    Communicator c(*s, rank(), size(), test::test_network(), nullptr, o);
+    std::vector<float> x(100, 1.0f);
+    c.allreduce(x, Codec("topk:ratio=0.5"));
+    EXPECT_EQ(c.total_stats().calls, 1u);
+  }
+  if (was) {
+    setenv("GCOMP_GLOO_SOCKETS", before.c_str(), 1);
+  } else {
+    unsetenv("GCOMP_GLOO_SOCKETS");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // A rank that never comes to the rendezvous: the others fail after connect_seconds with the
