@@ -537,8 +537,9 @@ class GlooTransport final : public Transport {
     // transport's own, polled by the waiting thread (socket_mesh.hpp), unless GCOMP_GLOO_SOCKETS=0
     // or some rank's device has no IPv4 address. On the per-host testbed they made a call of 1024
     // floats a tenth as long, the algorithms at 16M floats within about 10% of MPI, and the one
-    // line's DDP step under torchrun as fast as under mpiexec (docs/results.md). Every rank decides from what all
-    // said, so all decide alike; where GCOMP_GLOO_SOCKETS differs between ranks, all fail here.
+    // line's DDP step under torchrun as fast as under mpiexec (docs/results.md). Every rank
+    // decides from what all said, so all decide alike; where GCOMP_GLOO_SOCKETS differs between
+    // ranks, all fail here.
     int wants = -1, refuses = -1;
     bool all_can = true;
     for (int r = 0; r < size; ++r) {
@@ -810,13 +811,12 @@ class GlooTransport final : public Transport {
     bool rest_posted = false;
   };
   void start_send(Channel& c, int to, std::span<const std::byte> send, Outgoing& out) {
-    const std::size_t inline_bytes = std::min(send.size(), c.capacity - 8);
     out.first = first_part(send, c.capacity);
     out.head = c.between(rank(), to).createUnboundBuffer(out.first.data(), out.first.size());
     out.head->send(to, c.slot);
     out.to = to;
     out.bulk = c.bulk;
-    out.remainder = send.subspan(inline_bytes);
+    out.remainder = send.subspan(out.first.size() - 8);  // what the first part did not hold
   }
   void send_rest(Outgoing& out) {
     if (out.rest_posted) return;
