@@ -692,7 +692,8 @@ int main(int argc, char** argv) {
       if (paired) {
         for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign", "topk:ratio=0.01"}) {
           for (const bool unc : {false, true}) {
-            if (unc && std::string(spec) == "none") continue;
+            // The uncompressed call of an uncompressed codec is the call itself.
+            if (unc && gcomp::Codec(spec).kind() == gcomp::CodecKind::none) continue;
             benchmark::RegisterBenchmark(
                 (std::string(unc ? "paired_unc/" : "paired/") + spec + "/" + std::to_string(n))
                     .c_str(),

@@ -58,6 +58,9 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
     if (!row->join_memory != !row->split_memory) {
       fail(at + " (" + row->name + ") has one of join_memory and split_memory");
     }
+    if (row->state_signature && !row->join_memory) {
+      fail(at + " (" + row->name + ") has a state_signature but no memory in the ErrorFeedback");
+    }
     for (std::size_t j = 0; j < i; ++j) {
       if (std::string_view(rows[j]->name) == row->name) fail(at + " repeats " + row->name);
     }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 
 #include "algorithms.hpp"
@@ -72,6 +73,9 @@ struct AlgorithmRow {
   // back after a call that succeeded.
   void (*join_memory)(const BucketParts& parts, ErrorFeedback& bucket) = nullptr;
   void (*split_memory)(const BucketParts& parts, const ErrorFeedback& bucket) = nullptr;
+  // A hash of that memory (0 while it holds nothing), which the agreement compares so that
+  // ranks whose memories differ fail alike rather than sum different things.
+  std::uint64_t (*state_signature)(const ErrorFeedback& ef) = nullptr;
 };
 
 // The memories of the tensors a Communicator has reduced, one per stateful algorithm that suits
@@ -102,7 +106,7 @@ std::span<const AlgorithmRow* const> algorithm_rows();
 const AlgorithmRow& algorithm_row(Algorithm a);
 // Throws Error(internal) unless rows holds kAlgorithmCount - 1 rows, none null, row i's id
 // i + 1, each with a distinct non-empty name, a description and the functions every row needs
-// (and join_memory and split_memory both or neither).
+// (and join_memory and split_memory both or neither, state_signature only with them).
 void check_algorithm_table(std::span<const AlgorithmRow* const> rows);
 
 // Whether a row runs a codec of these properties (sparse_only rows sparse codecs; low_rank rows
@@ -112,6 +116,15 @@ inline bool row_suits(const AlgorithmRow& row, const CodecProperties& p) {
 }
 inline bool row_suits(const AlgorithmRow& row, const ModelInput& in) {
   return row.low_rank == in.low_rank && (!row.sparse_only || in.sparse);
+}
+
+// The complaint when a codec that needs each tensor's shape (CodecProperties::needs_shapes) is
+// called without them ("" when it needs none).
+inline std::string shapes_missing(const Codec& codec) {
+  if (!codec.properties().needs_shapes) return {};
+  return codec.spec() +
+         " needs each tensor's shape: use Communicator::allreduce_buckets with shapes (the C "
+         "API's gcomp_allreduce_buckets_shaped, the module's allreduce_buckets with shapes=)";
 }
 
 // Candidate rules shared by rows.

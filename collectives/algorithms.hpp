@@ -190,9 +190,7 @@ void payload_vector(Job& job, SparseVector& out);
 // Whether the sparse algorithms' vectors carry binary16 values (the codec's values=fp16).
 bool half_values(const Job& job);
 
-// low_rank (low_rank.cpp): a hash of the state a bucket's ErrorFeedback slot holds (0: none), which
-// the ranks agree on; and what its matrices make of the call, for the cost model.
-std::uint64_t low_rank_state_signature(const ErrorFeedback& ef);
+// low_rank (low_rank.cpp): what its matrices make of the call, for the cost model.
 void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):

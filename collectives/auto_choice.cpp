@@ -70,7 +70,7 @@ ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, st
   in.shared_support = codec.properties().shared_support;
   in.sent = static_cast<double>(sent);
   in.payload_bytes = static_cast<double>(bytes);
-  in.value_bytes = codec.impl().params().fp16_values ? 2 : 4;
+  in.value_bytes = in.sparse ? codec.properties().value_bytes : 4;
   in.average = average;
   return in;
 }

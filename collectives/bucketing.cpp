@@ -65,10 +65,8 @@ Plan plan(std::span<const std::span<float>> tensors, std::span<const MatrixShape
 std::string bad_memories(std::span<const std::span<float>> tensors,
                          std::span<ErrorFeedback* const> efs, std::span<const MatrixShape> shapes,
                          bool shaped, const Codec& codec, const detail::OnDevice* device) {
-  if (!shaped && codec.properties().low_rank) {
-    return codec.spec() +
-           " needs each tensor's shape: use Communicator::allreduce_buckets with shapes (the C "
-           "API's gcomp_allreduce_buckets_shaped, the module's allreduce_buckets with shapes=)";
+  if (!shaped) {
+    if (std::string why = detail::shapes_missing(codec); !why.empty()) return why;
   }
   if (shaped && shapes.size() != tensors.size()) {
     return std::to_string(shapes.size()) + " shapes for " + std::to_string(tensors.size()) +

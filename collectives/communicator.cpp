@@ -223,7 +223,7 @@ struct Communicator::Impl::Call {
   std::uint64_t extra_signature;
   const detail::DeviceCall* device = nullptr;     // set for a call on device tensors
   std::span<const detail::MatrixBlock> matrices;  // the tensors' shapes, where given
-  std::uint64_t state_signature = 0;              // low-rank codecs: of the state in ef's slot
+  std::uint64_t state_signature = 0;              // of the rows' state in ef's slot
   double start = detail::now();
   double cpu_start = detail::thread_cpu_seconds();
   std::optional<detail::Job> job;                     // made by make_job
@@ -323,12 +323,10 @@ void Communicator::Impl::check_arguments(const Call& c, std::span<const float> i
     throw Error(Status::invalid_argument,
                 "a host tensor needs its error-feedback memory in host memory");
   }
-  if (c.codec->properties().low_rank && c.matrices.empty()) {
-    throw Error(Status::invalid_argument,
-                c.codec->spec() +
-                    " needs each tensor's shape: use Communicator::allreduce_buckets with shapes "
-                    "(the C API's gcomp_allreduce_buckets_shaped, the module's allreduce_buckets "
-                    "with shapes=)");
+  if (c.matrices.empty()) {
+    if (std::string why = detail::shapes_missing(*c.codec); !why.empty()) {
+      throw Error(Status::invalid_argument, why);
+    }
   }
 }
 
@@ -347,9 +345,8 @@ Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const Allred
         std::string("algorithm ") + algorithm_name(requested) +
             (codec.properties().low_rank ? " does not run the low-rank codec " + codec.spec() +
                                                ", which runs only on low_rank"
-             : row.low_rank
-                 ? " runs only the low-rank codecs (powersgd), not " + codec.spec()
-                 : " needs a sparse codec (topk, randomk, threshold), not " + codec.spec()));
+             : row.low_rank ? " runs only the low-rank codecs, not " + codec.spec()
+                            : " needs a sparse codec (properties().sparse), not " + codec.spec()));
   }
   if (opt.majority_vote) {
     if (codec.kind() != CodecKind::sign) {
@@ -413,7 +410,14 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
     buf.ef_next = ef->scratch();
   }
   c.job.emplace(spec, buf, self.ws_);
-  if (ef && codec->properties().low_rank) c.state_signature = detail::low_rank_state_signature(*ef);
+  if (ef) {
+    const CodecProperties props = codec->properties();
+    for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
+      if (row->state_signature && detail::row_suits(*row, props)) {
+        c.state_signature ^= row->state_signature(*ef);
+      }
+    }
+  }
   // The algorithms' memories of this tensor: the same from step to step (the seed left out),
   // compared in the agreement.
   c.memories = &self.memories_.of(

@@ -25,7 +25,7 @@ std::span<const std::byte> encode_whole(Job& job) {
 }
 
 bool half_values(const Job& job) {
-  return job.call.codec != nullptr && job.call.codec->impl().params().fp16_values;
+  return job.call.codec != nullptr && job.call.codec->properties().value_bytes == 2;
 }
 
 void payload_vector(Job& job, SparseVector& out) {

@@ -527,8 +527,6 @@ double bytes_low_rank(const ModelInput& in) {
 
 bool for_low_rank_codecs(const ModelInput& in) { return in.low_rank; }
 
-}  // namespace
-
 std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
   const std::vector<float>& slot = FeedbackSlot::of(ef);
   if (slot.empty()) return 0;
@@ -539,6 +537,8 @@ std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
   for (float f : slot) x = (x ^ word_of(f)) * 0x100000001b3ull;
   return h.add(x).h | 1;
 }
+
+}  // namespace
 
 void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in) {
   const LowRankSpec& s = low_rank_spec(codec);
@@ -573,6 +573,7 @@ extern const AlgorithmRow kLowRankRow = {
     .run_device = run_low_rank_device,
     .join_memory = join_low_rank,
     .split_memory = split_low_rank,
+    .state_signature = low_rank_state_signature,
 };
 
 }  // namespace gcomp::detail

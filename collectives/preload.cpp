@@ -97,7 +97,7 @@ Settings read_settings() {
     } catch (const gcomp::Error& e) {
       bad_setting("GCOMP_CODEC", v, e.what());
     }
-    if (s.codec->properties().low_rank) {
+    if (s.codec->properties().needs_shapes) {
       bad_setting("GCOMP_CODEC", v,
                   "a low-rank codec needs each tensor's shape, which MPI_Allreduce does not "
                   "give; use gcomp's allreduce_buckets with shapes (C++, the C API's "

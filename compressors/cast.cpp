@@ -28,6 +28,8 @@ class CastCodec final : public CodecImpl {
     p.unbiased = kind_ == CodecKind::none;
     p.contraction = kind_ != CodecKind::none;  // fp16, bf16: a relative error of 2^-11, 2^-8
     p.bits_per_element = kind_ == CodecKind::none ? 32 : 16;
+    p.elementwise = true;
+    if (kind_ == CodecKind::none) p.variance_bound = 0;
     return p;
   }
   std::size_t width() const { return kind_ == CodecKind::none ? 4 : 2; }
@@ -121,6 +123,7 @@ const CodecEntry& cast_none_entry() {
                             "none",
                             "float32 as is (32 bits per element)",
                             {},
+                            Layout{0, 1},
                             make_cast<CodecKind::none>,
                             validate_dense,
                             decode_add_dense,
@@ -133,6 +136,7 @@ const CodecEntry& cast_fp16_entry() {
                             "fp16",
                             "IEEE half precision, round to nearest even, saturating at 65504",
                             {},
+                            Layout{0, 1},
                             make_cast<CodecKind::fp16>,
                             validate_dense,
                             decode_add_dense,
@@ -145,6 +149,7 @@ const CodecEntry& cast_bf16_entry() {
                             "bf16",
                             "bfloat16 (float32's upper half), round to nearest even",
                             {},
+                            Layout{0, 1},
                             make_cast<CodecKind::bf16>,
                             validate_dense,
                             decode_add_dense,

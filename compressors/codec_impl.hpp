@@ -46,12 +46,14 @@ class CodecImpl {
                              std::uint64_t seed, std::byte* out, std::size_t cap) const = 0;
 };
 
-// One codec family's entry in the registry (codec.cpp holds the table).
+// One codec's entry in the registry (registry.cpp holds the list).
 struct CodecEntry {
   CodecKind kind;
   const char* name;
   const char* summary;
   std::vector<SpecKey> keys;
+  // Its parameter bytes and section count in the wire format ({0, 0}: no payload, powersgd's).
+  Layout layout;
   std::unique_ptr<CodecImpl> (*make)(SpecReader& spec);
   // Checks everything codec-specific of a parsed payload (parameters, section sizes, values);
   // throws Error(bad_payload).
@@ -69,22 +71,10 @@ struct CodecEntry {
   void (*validate_decode_add)(const Payload& p, float* acc, float alpha) = nullptr;
 };
 
-// Every family's entry, in wire-id order (registry.cpp).
+// Every codec's entry, in wire-id order (registry.cpp).
 const std::vector<const CodecEntry*>& codec_entries();
 const CodecEntry* find_codec(CodecKind kind) noexcept;
 const CodecEntry* find_codec(std::string_view name) noexcept;
-
-// Per-family factories (one file each).
-const CodecEntry& cast_none_entry();
-const CodecEntry& cast_fp16_entry();
-const CodecEntry& cast_bf16_entry();
-const CodecEntry& topk_entry();
-const CodecEntry& randomk_entry();
-const CodecEntry& threshold_entry();
-const CodecEntry& qsgd_entry();
-const CodecEntry& terngrad_entry();
-const CodecEntry& sign_entry();
-const CodecEntry& powersgd_entry();
 
 // The entries of a parsed sparse payload (sparse.cpp); throws for other codecs or bad payloads.
 // own: a payload this process just encoded, whose values need no second check.

@@ -42,6 +42,8 @@ class PowerSgdCodec final : public CodecImpl {
     // (exactly so for one rank; Vogels et al. run it with error feedback).
     p.contraction = true;
     p.bits_per_element = 32;  // what goes dense; the factors' share depends on the shapes
+    p.needs_shapes = true;    // each gradient factored as a matrix
+    p.start_steps = s.start;
     return p;
   }
   // A bound for whatever this codec makes travel of n elements: the dense ones, as float32.
@@ -301,6 +303,7 @@ const CodecEntry& powersgd_entry() {
        {"values", "fp32", "the factors on the wire: fp32, or fp16 (summed in float32)"},
        {"alternate", "false", "ACP-SGD: P on one step, Q on the next, one allreduce a step"},
        {"start", "0", "dense steps before the first compressed one"}},
+      Layout{0, 0},  // no payload
       make_powersgd,
       no_payload,
       no_decode,

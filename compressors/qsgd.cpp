@@ -10,6 +10,7 @@
 //          sections: ceil(n/D) float32 norms, then the codes, B bits each (bits.hpp).
 // The AVX-512 kernels handle buckets whose length is a multiple of 16 (so a SIMD lane is a
 // reduction lane); everything else goes through the scalar reference, which defines the bytes.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -376,6 +377,9 @@ class QsgdCodec final : public CodecImpl {
     p.stochastic = true;
     p.contraction = false;  // its variance is min(D / s^2, sqrt(D) / s) |x|^2: 3.2 at 4 bits
     p.bits_per_element = bits + 32.0 / static_cast<double>(bucket);
+    // Per bucket of d <= D elements, min(d / s^2, sqrt(d) / s), largest at d = D.
+    const double s = std::exp2(bits - 1) - 1, d = static_cast<double>(bucket);
+    p.variance_bound = std::min(d / (s * s), std::sqrt(d) / s);
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
@@ -569,6 +573,7 @@ const CodecEntry& qsgd_entry() {
       "QSGD: per-bucket L2 norm + B-bit sign/level, stochastic rounding (unbiased)",
       {{"bits", "4", "bits per element including the sign, 2..8 (levels s = 2^(B-1) - 1)"},
        {"bucket", "512", "elements per norm, 1..2^24"}},
+      Layout{8, 2},
       make_qsgd,
       validate_qsgd,
       decode_add_qsgd,

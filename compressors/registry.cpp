@@ -10,6 +10,18 @@ namespace gcomp {
 
 namespace detail {
 
+// Each codec's entry, defined in its family's file.
+const CodecEntry& cast_none_entry();
+const CodecEntry& cast_fp16_entry();
+const CodecEntry& cast_bf16_entry();
+const CodecEntry& topk_entry();
+const CodecEntry& randomk_entry();
+const CodecEntry& threshold_entry();
+const CodecEntry& qsgd_entry();
+const CodecEntry& terngrad_entry();
+const CodecEntry& sign_entry();
+const CodecEntry& powersgd_entry();
+
 const std::vector<const CodecEntry*>& codec_entries() {
   static const std::vector<const CodecEntry*> r = {
       &cast_none_entry(), &cast_fp16_entry(), &cast_bf16_entry(), &topk_entry(), &randomk_entry(),

@@ -111,6 +111,8 @@ class SignCodec final : public CodecImpl {
     CodecProperties p;
     p.contraction = true;  // delta = |x|_1^2 / (n |x|^2) >= 1 / n
     p.bits_per_element = 1;
+    p.split_per_tensor = true;  // one mean |x| per call
+    p.sends_late = true;        // the magnitudes sign evens out wait in the residual
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
@@ -224,6 +226,7 @@ const CodecEntry& sign_entry() {
                             "sign",
                             "scaled sign: 1 bit per element + scale = mean |x| (EF-signSGD)",
                             {},
+                            Layout{0, 2},
                             make_sign,
                             validate_sign,
                             decode_add_sign,

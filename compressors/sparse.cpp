@@ -144,6 +144,9 @@ class SparseCodec final : public CodecImpl {
     p.shared_support = mode == Mode::randomk;
     p.contraction = !p.unbiased;  // scaled random-k's k / n scale is no contraction
     p.bits_per_element = 0;
+    p.value_bytes = static_cast<int>(value_bytes());
+    p.elementwise = mode == Mode::threshold;  // |v| >= tau, element by element
+    p.sends_late = true;                      // what is not selected waits in the residual
     return p;
   }
 
@@ -489,6 +492,7 @@ const CodecEntry& topk_entry() {
                             "topk",
                             "the k largest |x| exactly; indices ascending, ties to the lower index",
                             kRatioKeys,
+                            Layout{16, 2},
                             make_topk,
                             validate_sparse,
                             decode_add_sparse,
@@ -505,6 +509,7 @@ const CodecEntry& randomk_entry() {
                              kRatioKeys[1],
                              {"scale", "false", "multiply values by n/k so the decode is unbiased"},
                              kRatioKeys[2]},
+                            Layout{16, 2},
                             make_randomk,
                             validate_sparse,
                             decode_add_sparse,
@@ -518,6 +523,7 @@ const CodecEntry& threshold_entry() {
                             "threshold",
                             "every element with |x| >= tau",
                             {{"tau", "", "the threshold, T >= 0 (required)"}, kRatioKeys[2]},
+                            Layout{16, 2},
                             make_threshold,
                             validate_sparse,
                             decode_add_sparse,

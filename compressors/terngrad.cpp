@@ -238,6 +238,7 @@ class TernGradCodec final : public CodecImpl {
     // Unclipped, its variance is max |x| |x|_1 - |x|^2: up to (sqrt(n) - 1) |x|^2.
     p.contraction = false;
     p.bits_per_element = 2;
+    p.split_per_tensor = true;  // one max |x| per call
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
@@ -418,6 +419,7 @@ const CodecEntry& terngrad_entry() {
       "terngrad",
       "TernGrad: s * {-1, 0, +1} per element (2 bits), s = max |g| after clipping to c sigma",
       {{"clip", "2.5", "clip to +-clip * standard deviation first; 0 disables clipping"}},
+      Layout{4, 2},
       make_terngrad,
       validate_terngrad,
       decode_add_terngrad,

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "bytes.hpp"
+#include "codec_impl.hpp"
 #include "gcomp/error.hpp"
 
 namespace gcomp::detail {
@@ -22,30 +23,10 @@ std::uint32_t crc32c(const std::byte* bytes, std::size_t n) noexcept {
 }
 
 bool layout_of(std::uint8_t codec_id, Layout* out) noexcept {
-  switch (static_cast<CodecKind>(codec_id)) {
-    case CodecKind::none:
-    case CodecKind::fp16:
-    case CodecKind::bf16:
-      *out = {0, 1};
-      return true;
-    case CodecKind::topk:
-    case CodecKind::randomk:
-    case CodecKind::threshold:
-      *out = {16, 2};
-      return true;
-    case CodecKind::qsgd:
-      *out = {8, 2};
-      return true;
-    case CodecKind::terngrad:
-      *out = {4, 2};
-      return true;
-    case CodecKind::sign:
-      *out = {0, 2};
-      return true;
-    case CodecKind::powersgd:  // no payloads
-      return false;
-  }
-  return false;
+  const CodecEntry* e = find_codec(static_cast<CodecKind>(codec_id));
+  if (e == nullptr || e->layout.sections == 0) return false;  // unknown, or no payload
+  *out = e->layout;
+  return true;
 }
 
 void bad_payload(const std::string& why) {

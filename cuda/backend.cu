@@ -27,6 +27,16 @@ unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header,
 
 namespace {
 
+// The device entry points of a codec (codecs.cuh), or null.
+const DeviceCodec* device_codec(CodecKind kind) {
+  for (const auto list : {cast_device_codecs, quantizer_device_codecs, sparse_device_codecs}) {
+    for (const DeviceCodec& d : list()) {
+      if (d.kind == kind) return &d;
+    }
+  }
+  return nullptr;
+}
+
 __global__ void scale_kernel(float* p, std::size_t n, float a) {
   GCOMP_GRID_LOOP(i, n) p[i] *= a;
 }
@@ -112,23 +122,10 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
     std::lock_guard<std::mutex> lock(ws.mutex());
     const EncodeCall c{&codec, x, e_old, e_new, n, seed, reinterpret_cast<unsigned char*>(out),
                        cap, &ws};
-    switch (codec.kind()) {
-      case CodecKind::none:
-      case CodecKind::fp16:
-      case CodecKind::bf16:
-        return encode_dense(c);
-      case CodecKind::sign:
-        return encode_sign(c);
-      case CodecKind::terngrad:
-        return encode_terngrad(c);
-      case CodecKind::qsgd:
-        return encode_qsgd(c);
-      case CodecKind::topk:
-      case CodecKind::randomk:
-      case CodecKind::threshold:
-        return encode_sparse(c);
-      case CodecKind::powersgd:  // no payload: the CPU's refusal, touching nothing
-        return codec.encode(x, e_old, e_new, n, seed, out, cap);
+    if (const DeviceCodec* d = device_codec(codec.kind())) return d->encode(c);
+    const gcomp::detail::CodecEntry* e = gcomp::detail::find_codec(codec.kind());
+    if (e != nullptr && e->layout.sections == 0) {
+      return codec.encode(x, e_old, e_new, n, seed, out, cap);  // no payload: the CPU's refusal
     }
     throw Error(Status::internal, "no CUDA encoder for codec id " +
                                       std::to_string(static_cast<int>(codec.kind())));
@@ -160,24 +157,8 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
     d.acc = acc;
     d.alpha = alpha;
     d.ws = &ws;
-    switch (d.p.kind) {
-      case CodecKind::none:
-      case CodecKind::fp16:
-      case CodecKind::bf16:
-        return decode_dense(d);
-      case CodecKind::sign:
-        return decode_sign(d);
-      case CodecKind::terngrad:
-        return decode_terngrad(d);
-      case CodecKind::qsgd:
-        return decode_qsgd(d);
-      case CodecKind::topk:
-      case CodecKind::randomk:
-      case CodecKind::threshold:
-        return decode_sparse(d);
-      case CodecKind::powersgd:  // parse_payload_head has refused it already
-        break;
-    }
+    // A kind without a payload (powersgd) parse_payload_head has refused already.
+    if (const DeviceCodec* k = device_codec(d.p.kind)) return k->decode_add(d);
     throw Error(Status::internal, "no CUDA decoder for codec id " +
                                       std::to_string(static_cast<int>(d.p.kind)));
   }

@@ -197,8 +197,6 @@ void launch_decode(const DecodeCall& d) {
   }
 }
 
-}  // namespace
-
 std::size_t encode_dense(const EncodeCall& c) {
   const CodecKind kind = c.codec->kind();
   const std::size_t need = c.codec->max_bytes(c.n);
@@ -234,6 +232,15 @@ void decode_dense(const DecodeCall& d) {
                                std::to_string(r.first / kCpuChunk * kCpuChunk) + ")");
   }
   check_size(d);
+}
+
+}  // namespace
+
+std::span<const DeviceCodec> cast_device_codecs() {
+  static const DeviceCodec list[] = {{CodecKind::none, encode_dense, decode_dense},
+                                     {CodecKind::fp16, encode_dense, decode_dense},
+                                     {CodecKind::bf16, encode_dense, decode_dense}};
+  return list;
 }
 
 }  // namespace gcomp::cuda::detail

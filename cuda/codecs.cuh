@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "codec_impl.hpp"
 #include "common.cuh"
@@ -45,17 +46,17 @@ void check_size(const DecodeCall& d);
 // returns the device address of the first section.
 unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len);
 
-std::size_t encode_dense(const EncodeCall& c);     // none, fp16, bf16
-std::size_t encode_sign(const EncodeCall& c);
-std::size_t encode_terngrad(const EncodeCall& c);
-std::size_t encode_qsgd(const EncodeCall& c);
-std::size_t encode_sparse(const EncodeCall& c);   // topk, randomk, threshold
-
-void decode_dense(const DecodeCall& d);
-void decode_sign(const DecodeCall& d);
-void decode_terngrad(const DecodeCall& d);
-void decode_qsgd(const DecodeCall& d);
-void decode_sparse(const DecodeCall& d);
+// A codec's device entry points: encode a device tensor into a device payload, and validate
+// and decode_add one. Each kernel file lists those of its codecs (below); backend.cu looks a
+// payload's kind up in every list.
+struct DeviceCodec {
+  CodecKind kind;
+  std::size_t (*encode)(const EncodeCall& c);
+  void (*decode_add)(const DecodeCall& d);
+};
+std::span<const DeviceCodec> cast_device_codecs();       // cast.cu: none, fp16, bf16
+std::span<const DeviceCodec> quantizer_device_codecs();  // quantizers.cu: sign, terngrad, qsgd
+std::span<const DeviceCodec> sparse_device_codecs();     // sparse.cu: topk, randomk, threshold
 
 // PowerSGD's arithmetic (low_rank.cu; DeviceBackend's add and lr_* say what each computes),
 // queued on `stream`.

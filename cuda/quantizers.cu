@@ -756,8 +756,6 @@ unsigned char* header_for(const EncodeCall& c, const std::byte* params,
                     static_cast<std::size_t>(end - head));
 }
 
-}  // namespace
-
 std::size_t encode_sign(const EncodeCall& c) {
   const std::size_t need = c.codec->max_bytes(c.n);
   gcomp::detail::require_capacity(need, c.cap);
@@ -970,6 +968,15 @@ void decode_qsgd(const DecodeCall& d) {
                                " is negative, NaN or Inf");
   }
   gcomp::detail::bad_payload("qsgd code padding bits are not zero");
+}
+
+}  // namespace
+
+std::span<const DeviceCodec> quantizer_device_codecs() {
+  static const DeviceCodec list[] = {{CodecKind::sign, encode_sign, decode_sign},
+                                     {CodecKind::terngrad, encode_terngrad, decode_terngrad},
+                                     {CodecKind::qsgd, encode_qsgd, decode_qsgd}};
+  return list;
 }
 
 }  // namespace gcomp::cuda::detail

@@ -1258,8 +1258,6 @@ std::size_t encode_sparse_as(const EncodeCall& c) {
   return need;
 }
 
-}  // namespace
-
 std::size_t encode_sparse(const EncodeCall& c) {
   // Indices fit 32 bits up to n = 2^32 (the largest index is n - 1).
   if (gcomp::detail::index_width(c.n) == 4) return encode_sparse_as<std::uint32_t>(c);
@@ -1359,6 +1357,15 @@ void decode_sparse(const DecodeCall& d) {
                                std::to_string(pair[1]) + ")");
   }
   gcomp::detail::bad_payload("value of entry " + std::to_string(r.second) + " is NaN or Inf");
+}
+
+}  // namespace
+
+std::span<const DeviceCodec> sparse_device_codecs() {
+  static const DeviceCodec list[] = {{CodecKind::topk, encode_sparse, decode_sparse},
+                                     {CodecKind::randomk, encode_sparse, decode_sparse},
+                                     {CodecKind::threshold, encode_sparse, decode_sparse}};
+  return list;
 }
 
 }  // namespace gcomp::cuda::detail

@@ -21,6 +21,20 @@ const char* needed(Elem e) {
 
 std::string type_name(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
 
+std::uint64_t to_uint64(py::handle v, const std::string& what, const std::string& wanted) {
+  const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+  if (!i) {
+    PyErr_Clear();
+    throw py::type_error(what + " must be " + wanted + ", not " + type_name(v));
+  }
+  const unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
+  if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(what + " must be " + wanted + ", not " + std::string(py::str(v)));
+  }
+  return u;
+}
+
 bool is_torch_tensor(py::handle obj) {
   PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
   if (torch == nullptr) return false;
@@ -32,18 +46,10 @@ namespace {
 
 std::size_t item_bytes(Elem e) { return e == Elem::float32 ? 4 : 1; }
 
-std::intptr_t to_intptr(py::handle v, const std::string& what) {
-  const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
-  if (!i) {
-    PyErr_Clear();
-    throw py::type_error(what + " must be an int, not " + type_name(v));
-  }
-  const long long x = PyLong_AsLongLong(i.ptr());
-  if (x == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::value_error(what + " does not fit a pointer: " + std::string(py::str(v)));
-  }
-  return static_cast<std::intptr_t>(x);
+// An address or a handle, as an int.
+void* to_address(py::handle v, const std::string& what) {
+  return reinterpret_cast<void*>(
+      static_cast<std::uintptr_t>(to_uint64(v, what, "an address (a non-negative int)")));
 }
 
 // Where an object's memory is, as far as the protocols say.
@@ -83,7 +89,7 @@ void check_usable(const std::string& what) {
   const std::string why = devices().unusable();
   if (why.empty()) return;
   const std::string text = what + " is a CUDA array, but " + why;
-  if (std::string(devices().name()) == "none") throw py::type_error(text);
+  if (!devices().built()) throw py::type_error(text);
   throw py::value_error(text);
 }
 
@@ -104,9 +110,8 @@ CallStream to_stream(py::handle stream) {
         "not " +
         type_name(stream));
   }
-  const std::intptr_t h = to_intptr(value, "stream");
-  if (h < 0) throw py::value_error("stream must be a CUDA stream handle, not " + std::to_string(h));
-  s.handle = reinterpret_cast<void*>(h);
+  s.handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(
+      to_uint64(value, "stream", "a CUDA stream handle (a non-negative int)")));
   s.given = true;
   return s;
 }
@@ -328,7 +333,7 @@ void Held::take_interface(py::handle obj, Elem elem, bool writable, const CallSt
   if (writable && py::cast<bool>(data[1])) {
     throw py::value_error(what_ + " is read-only; it is written in place");
   }
-  data_ = reinterpret_cast<void*>(to_intptr(data[0], what_ + "'s data pointer"));
+  data_ = to_address(data[0], what_ + "'s data pointer");
   size_ = n;
   device_ = data_ ? devices().device_of(data_) : devices().current_device();
   if (device_ < 0) {
@@ -339,8 +344,8 @@ void Held::take_interface(py::handle obj, Elem elem, bool writable, const CallSt
   // Version 3's stream: the producer's work on the array is ordered before the call's stream.
   const py::object producer = item("stream");
   if (!producer.is_none()) {
-    const std::intptr_t p = to_intptr(producer, what_ + "'s __cuda_array_interface__ stream");
-    if (p == 0) {
+    void* const p = to_address(producer, what_ + "'s __cuda_array_interface__ stream");
+    if (p == nullptr) {
       throw py::value_error(what_ +
                             "'s __cuda_array_interface__ stream is 0, which the "
                             "protocol does not allow");
@@ -398,7 +403,7 @@ void release_unused_capsule(PyObject* capsule) {
 
 py::object export_dlpack(py::object self, py::object stream) {
   const DeviceArray& a = self.cast<const DeviceArray&>();
-  if (!stream.is_none()) (void)to_intptr(stream, "stream");  // complete when handed out: no wait
+  if (!stream.is_none()) (void)to_address(stream, "stream");  // complete when handed out: no wait
   auto* e = new Export;
   e->shape = static_cast<std::int64_t>(a.size);
   DLTensor& t = e->managed.dl_tensor;

@@ -28,6 +28,10 @@ enum class Elem { float32, byte };
 // What a call needs, for messages ("a 1-D float32 array ...").
 const char* needed(Elem e);
 std::string type_name(py::handle obj);
+// v (an int, or anything with __index__) as an unsigned 64-bit integer: TypeError for what is
+// no int, ValueError for one outside 0..2**64-1, each "<what> must be <wanted>, not ...". The one
+// conversion of the binding's seeds, counts, addresses and stream handles.
+std::uint64_t to_uint64(py::handle v, const std::string& what, const std::string& wanted);
 // torch.Tensor, when torch has been imported by someone (this module never imports it).
 bool is_torch_tensor(py::handle obj);
 

@@ -23,6 +23,8 @@ class Devices {
   // usable GPU and the CUDA runtime's reason).
   virtual std::string unusable() const = 0;
   virtual const detail::DeviceBackend* backend() const = 0;
+  // Whether this build has a device backend at all (not device_none.cpp's).
+  bool built() const { return backend() != nullptr; }
   // The CUDA device the memory at p belongs to; -1 when p is not device memory.
   virtual int device_of(const void* p) const = 0;
   virtual int current_device() const = 0;

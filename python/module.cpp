@@ -78,32 +78,11 @@ using gcomp::python::to_stream;
 using gcomp::python::type_name;
 
 std::uint64_t to_seed(py::handle seed, const std::string& what = "seed") {
-  const py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(seed.ptr()));
-  if (!v) {
-    PyErr_Clear();
-    throw py::type_error(what + " must be an int in 0..2**64-1, not " + type_name(seed));
-  }
-  const unsigned long long s = PyLong_AsUnsignedLongLong(v.ptr());
-  if (s == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::value_error(what + " must be an int in 0..2**64-1, not " +
-                          std::string(py::str(seed)));
-  }
-  return s;
+  return gcomp::python::to_uint64(seed, what, "an int in 0..2**64-1");
 }
 
 std::size_t to_count(py::handle v, const std::string& what) {
-  const py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
-  if (!i) {
-    PyErr_Clear();
-    throw py::type_error(what + " must be an int, not " + type_name(v));
-  }
-  const unsigned long long n = PyLong_AsUnsignedLongLong(i.ptr());
-  if (n == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::value_error(what + " must be a non-negative int, not " + std::string(py::str(v)));
-  }
-  return static_cast<std::size_t>(n);
+  return static_cast<std::size_t>(gcomp::python::to_uint64(v, what, "a non-negative int"));
 }
 
 // ---- error feedback ----
@@ -187,7 +166,7 @@ std::unique_ptr<PyErrorFeedback> make_ef(std::size_t n, py::handle device) {
   if (d == -1) return std::make_unique<PyErrorFeedback>(n);
   if (const std::string why = devices().unusable(); !why.empty()) {
     const std::string text = "ErrorFeedback(device=" + std::string(py::repr(device)) + "): " + why;
-    if (std::string(devices().name()) == "none") throw py::type_error(text);
+    if (!devices().built()) throw py::type_error(text);
     throw py::value_error(text);
   }
   if (d == -2) d = devices().current_device();
@@ -834,6 +813,51 @@ auto wait_setter(void (gcomp::Communicator::*set)(double)) {
   };
 }
 
+// The algorithms' names from the table, quoted and comma-separated, in lines of at most 80
+// characters, the first of at most `first` (the rest of its line is taken).
+std::string algorithm_list(std::size_t first) {
+  std::string out, line;
+  std::size_t room = first;
+  for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
+    const bool last = a + 1 == gcomp::kAlgorithmCount;
+    const std::string word = std::string("\"") +
+                             gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a)) +
+                             (last ? "\"." : "\",");
+    if (!line.empty() && line.size() + 1 + word.size() > room) {
+      out += line + "\n";
+      line.clear();
+      room = 80;
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line;
+}
+
+// Communicator.allreduce's docstring (its list of algorithms from the table).
+const std::string& allreduce_doc() {
+  static const std::string lead = "Algorithms (docs/algorithms.md): ";
+  static const std::string doc =
+      "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
+      "          allow_uncompressed=True, step=None, index=0, label=None, stream=None) -> x\n\n"
+      "x (a 1-D float32 numpy array or torch tensor, CPU or CUDA) becomes, in place, the sum "
+      "over\n"
+      "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
+      "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
+      "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
+      "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
+      "the codec) or one of the algorithms listed below. step, index: a training\n"
+      "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
+      "used is gcomp.step_seed(seed, step, index), so that the calls of a step, and the\n"
+      "steps, draw differently; step=None uses seed as given (index must then be 0).\n"
+      "label: the call's name in a stall report or a timeout (stall_seconds; default\n"
+      "\"step S, index I\" where a step is given). A CUDA x (with ef on its device) is\n"
+      "encoded and decoded on the GPU on stream (as Codec.encode's; returns when x holds\n"
+      "the result) and only payloads cross to host memory for MPI. The GIL is released\n"
+      "while it runs.\n\n" +
+      lead + algorithm_list(80 - lead.size());
+  return doc;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_gcomp, m) {
@@ -922,6 +946,17 @@ PYBIND11_MODULE(_gcomp, m) {
       "(GCOMP_WAIT when set, else spin, or yield where ranks outnumber a node's cores). A bad\n"
       "name raises gcomp.Error (invalid_argument).");
   m.def(
+      "step_seed",
+      [](py::handle seed, py::handle step, py::handle index) {
+        return gcomp::step_seed(to_seed(seed), to_seed(step, "step"), to_seed(index, "index"));
+      },
+      py::arg("seed"), py::arg("step"), py::arg("index") = 0,
+      "step_seed(seed, step, index=0) -> int\n\n"
+      "The seed of one call of a training loop (gcomp::step_seed, include/gcomp/codec.hpp):\n"
+      "from the user's seed, the step and the call's index within the step (a bucket's), so\n"
+      "that the calls of a step, and the steps, draw differently. Communicator.allreduce\n"
+      "and allreduce_buckets use it when given a step.");
+  m.def(
       "wait_policy",
       [] { return std::string(gcomp::wait_policy_name(gcomp::effective_wait_policy())); },
       "wait_policy() -> str\n\nWhat waits do now: \"spin\", \"yield\" or \"sleep\" (see "
@@ -947,14 +982,27 @@ PYBIND11_MODULE(_gcomp, m) {
             d["shared_support"] = p.shared_support;
             d["contraction"] = p.contraction;
             d["low_rank"] = p.low_rank;
+            d["needs_shapes"] = p.needs_shapes;
             d["bits_per_element"] = p.bits_per_element;
+            d["value_bytes"] = p.value_bytes;
+            d["elementwise"] = p.elementwise;
+            d["split_per_tensor"] = p.split_per_tensor;
+            d["sends_late"] = p.sends_late;
+            d["variance_bound"] = p.variance_bound;
+            d["start_steps"] = p.start_steps;
             return d;
           },
           "What the codec promises: sparse, unbiased, stochastic, shared_support (every rank\n"
           "selects the same indices: random-k), contraction (its error |x - C(x)|^2 <=\n"
           "(1 - delta) |x|^2, so error feedback applies by default; not QSGD, TernGrad, scaled\n"
-          "random-k, none), low_rank (powersgd: runs only in allreduce_buckets with shapes),\n"
-          "bits_per_element (dense codecs).")
+          "random-k, none), low_rank (powersgd: runs only on the low_rank algorithm),\n"
+          "needs_shapes (allreduce_buckets must be given shapes=), bits_per_element (dense\n"
+          "codecs), value_bytes (sparse codecs: 4, or 2 with values=fp16), elementwise (each\n"
+          "value sent depends on its element alone: none, fp16, bf16, threshold),\n"
+          "split_per_tensor (one scale per call: sign, terngrad), sends_late (with error\n"
+          "feedback much of each gradient is sent late: the sparsifiers, sign),\n"
+          "variance_bound (omega of E|C(x) - x|^2 <= omega |x|^2 for every size; nan where\n"
+          "none is known), start_steps (steps sent uncompressed first: powersgd's start=).")
       .def("max_bytes", &gcomp::Codec::max_bytes, py::arg("n"),
            "max_bytes(n) -> int\n\nAn upper bound of the bytes encode writes for n floats.")
       .def("selected", &gcomp::Codec::selected, py::arg("n"),
@@ -1120,32 +1168,10 @@ PYBIND11_MODULE(_gcomp, m) {
             return d;
           },
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
-      .def(
-          "allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
-          py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
-          py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
-          py::arg("label") = py::none(), py::arg("stream") = py::none(),
-          "allreduce(x, codec, ef=None, algorithm=\"auto\", average=False, seed=0,\n"
-          "          allow_uncompressed=True, step=None, index=0, label=None, stream=None) -> x\n\n"
-          "x (a 1-D float32 numpy array or torch tensor, CPU or CUDA) becomes, in place, the sum "
-          "over\n"
-          "ranks (the mean with average=True) of what each rank's codec sent. codec: a\n"
-          "gcomp.Codec or a spec. ef: this rank's gcomp.ErrorFeedback for x, or None.\n"
-          "algorithm: \"auto\" (the cost model's choice; it may send x uncompressed when no\n"
-          "compression pays; allow_uncompressed=False keeps it to the algorithms that apply\n"
-          "the codec) or one of \"dense\", \"sparse_allgather\",\n"
-          "\"sparse_recursive_doubling\", \"sparse_split\", \"allgather\",\n"
-          "\"compressed_reduce_scatter\", \"sparse_reduce_scatter\", \"low_rank\". step, index: a\n"
-          "training "
-          "loop's step and the call's place in it (a bucket's index); with a step, the seed\n"
-          "used is (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9 + index *\n"
-          "0x94D049BB133111EB) mod 2**64, so that the calls of a step, and the steps, draw\n"
-          "differently; step=None uses seed as given (index must then be 0). label: the call's\n"
-          "name in a stall report or a timeout (stall_seconds; default \"step S, index I\" where "
-          "a\n"
-          "step is given). A CUDA x (with ef on its device) is encoded and decoded on the GPU\n"
-          "on stream (as Codec.encode's; returns when x holds the result) and only payloads\n"
-          "cross to host memory for MPI. The GIL is released while it runs.")
+      .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
+           py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
+           py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,
+           py::arg("label") = py::none(), py::arg("stream") = py::none(), allreduce_doc().c_str())
       .def_property(
           "stall_seconds", [](const PyCommunicator& c) { return c.get().stall_seconds(); },
           wait_setter(&gcomp::Communicator::set_stall_seconds),

@@ -15,6 +15,7 @@
 #include "gcomp/communicator.hpp"
 #include "idx.hpp"
 #include "model.hpp"
+#include "optimizer.hpp"
 #include "train.hpp"
 
 namespace {
@@ -124,10 +125,15 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the initialisation and the sample order")
       ->capture_default_str();
-  app.add_option("--algorithm", algorithm, "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), "
-                 "auto (gcomp chooses by time), dense, sparse_allgather, "
-                 "sparse_recursive_doubling, sparse_split, allgather, compressed_reduce_scatter, "
-                 "sparse_reduce_scatter, low_rank (powersgd's only one)")->capture_default_str();
+  std::string algorithms;  // the table's names
+  for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
+    algorithms += std::string(", ") + gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
+  }
+  app.add_option("--algorithm", algorithm,
+                 "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), "
+                 "auto (gcomp chooses by time)" +
+                     algorithms + " (docs/algorithms.md)")
+      ->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");
@@ -180,9 +186,12 @@ int run(int argc, char** argv) {
                            {"parameters", model.parameter_count()},
                            {"epochs", nlohmann::json::array()}};
   if (rank == 0 && !quiet) {
+    // Error feedback has nothing to keep where the codec loses nothing (its variance bound 0).
+    const bool ef = c.error_feedback && (gcomp::train::parse_dgc(c.codec).on ||
+                                         gcomp::Codec(c.codec).properties().variance_bound != 0);
     std::printf("gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs\n",
-                c.model.c_str(), model.parameter_count(), c.codec.c_str(),
-                c.error_feedback && c.codec != "none" ? " + EF" : "", ranks, c.batch, c.epochs);
+                c.model.c_str(), model.parameter_count(), c.codec.c_str(), ef ? " + EF" : "", ranks,
+                c.batch, c.epochs);
     std::fflush(stdout);
   }
   if (const std::string w = gcomp::train::feedback_warning(c); rank == 0 && !w.empty()) {

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "gcomp/momentum.hpp"
+#include "spec.hpp"
 
 namespace gcomp::train {
 
@@ -26,41 +29,14 @@ void add_stats(EpochRecord& total, const CallStats& st) {
 
 Dgc parse_dgc(const std::string& spec) {
   Dgc d;
-  if (spec != "dgc" && spec.rfind("dgc:", 0) != 0) return d;
+  detail::SpecReader r(spec);  // the codecs' grammar and complaints
+  if (r.name() != "dgc") return d;
   d.on = true;
-  bool have_ratio = false;
-  const auto bad = [&](const std::string& why) {
-    throw Error(Status::invalid_argument, "invalid codec spec '" + spec + "': " + why);
-  };
-  if (spec.size() > 4) {
-    std::string rest = spec.substr(4);
-    std::size_t pos = 0;
-    while (pos <= rest.size()) {
-      const std::size_t comma = rest.find(',', pos);
-      const std::string item =
-          rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      const std::size_t eq = item.find('=');
-      if (eq == std::string::npos) bad("'" + item + "' is not key=value");
-      const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
-      char* end = nullptr;
-      const double v = std::strtod(val.c_str(), &end);
-      if (val.empty() || *end != '\0' || !std::isfinite(v))
-        bad(key + " must be a number, got '" + val + "'");
-      if (key == "ratio") {
-        if (!(v > 0 && v <= 1)) bad("ratio must be in (0, 1], got " + val);
-        d.ratio = v;
-        have_ratio = true;
-      } else if (key == "clip") {
-        if (!(v >= 0)) bad("clip must be >= 0, got " + val);
-        d.clip = v;
-      } else {
-        bad("unknown key '" + key + "' for dgc (ratio, clip)");
-      }
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
-  }
-  if (!have_ratio) bad("dgc needs ratio=R");
+  const std::optional<double> ratio = r.real("ratio", 0, true, 1, false);
+  if (!ratio) r.fail("dgc needs ratio=R");
+  d.ratio = *ratio;
+  d.clip = r.real("clip", 0, false, std::numeric_limits<double>::max(), false).value_or(0);
+  r.finish();
   return d;
 }
 

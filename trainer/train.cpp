@@ -70,23 +70,16 @@ Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks) {
 std::string feedback_warning(const Config& c) {
   if (!c.error_feedback || parse_dgc(c.codec).on) return {};
   const Codec k(c.codec);
-  if (k.properties().contraction) return {};  // what error feedback is for
-  if (k.kind() != CodecKind::qsgd) return {};
-  // The canonical spec spells every key: "qsgd:bits=B,bucket=D".
-  const std::string spec = k.spec();
-  const auto value = [&](const std::string& key) {
-    const std::size_t at = spec.find(key + "=");
-    return std::stod(spec.substr(at + key.size() + 1));
-  };
-  const double s = std::exp2(value("bits") - 1) - 1, d = value("bucket");
-  const double omega = std::min(d / (s * s), std::sqrt(d) / s);  // QSGD's variance bound
-  if (omega < 1) return {};
+  const CodecProperties p = k.properties();
+  if (p.contraction) return {};           // what error feedback is for
+  const double omega = p.variance_bound;  // NaN where none is known
+  if (!(omega >= 1)) return {};
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "error feedback with %s: QSGD's variance bound is %.2f x |x|^2 (>= 1), so it is "
-                "not a contraction and the residual can grow until the run diverges; QSGD is "
-                "unbiased and meant to run without it (--no-ef)",
-                spec.c_str(), omega);
+                "error feedback with %s: its variance bound is %.2f x |x|^2 (>= 1), so it is "
+                "not a contraction and the residual can grow until the run diverges; an "
+                "unbiased codec is meant to run without it (--no-ef)",
+                k.spec().c_str(), omega);
   return buf;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -54,10 +55,30 @@ struct CodecProperties {
   // leaves nothing to feed back.
   bool contraction = false;
   // A scheme across ranks rather than a payload per rank (powersgd): it runs only in the
-  // collectives' low_rank algorithm, which needs each tensor's shape (allreduce_buckets with
-  // shapes); its encode and decode refuse.
+  // collectives' low_rank algorithm; its encode and decode refuse.
   bool low_rank = false;
+  // It needs each tensor's shape (powersgd, which factors each gradient as a matrix):
+  // allreduce_buckets must be given the shapes.
+  bool needs_shapes = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
+  int value_bytes = 0;           // for sparse codecs, per value sent: 4 (float32) or 2 (fp16)
+
+  // What the layers above the collectives ask (gcomp.torch, gcomp-train):
+  // Each value sent depends on its own element alone (none, fp16, bf16, threshold), so a bucket
+  // compressed whole or tensor by tensor sends the same values.
+  bool elementwise = false;
+  // One scale per call, which must follow each layer's magnitude (sign's mean |x|, TernGrad's
+  // max |x|): gcomp.torch compresses each parameter on its own by default.
+  bool split_per_tensor = false;
+  // With error feedback it sends much of each gradient late (the sparsifiers; sign), a delay that
+  // plain momentum amplifies: momentum then belongs before compression (momentum correction).
+  bool sends_late = false;
+  // The omega of E|C(x) - x|^2 <= omega |x|^2 that holds for every size of x, where one is known
+  // (QSGD: min(D / s^2, sqrt(D) / s) with s = 2^(bits-1) - 1 and D its bucket; none: 0); NaN
+  // where none is (the biased codecs, and TernGrad and scaled random-k, whose bounds grow with n).
+  double variance_bound = std::numeric_limits<double>::quiet_NaN();
+  // Steps sent uncompressed before the first compressed one (powersgd's start=N).
+  std::uint64_t start_steps = 0;
 };
 
 // One key of a codec's spec, for `gcomp list` and the docs.

@@ -1,8 +1,8 @@
 /* gcomp's compressed allreduce for C (library gcomp_mpi): like MPI_Allreduce of floats with
  * MPI_SUM, but each rank's contribution goes through a codec, and the algorithm that keeps the
  * payloads sparse or compressed on the wire is chosen by a cost model (or by the environment
- * variable GCOMP_ALGORITHM: dense, sparse_allgather, sparse_recursive_doubling, sparse_split,
- * allgather, compressed_reduce_scatter, sparse_reduce_scatter, low_rank).
+ * variable GCOMP_ALGORITHM: an algorithm's name, as docs/algorithms.md lists them; an unknown
+ * one's error names them all).
  *
  * The first call on a communicator is collective setup too: gcomp duplicates the communicator
  * (attached to it as an attribute, freed with it) and measures the network once.

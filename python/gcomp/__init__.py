@@ -45,6 +45,7 @@ from ._gcomp import (
     set_num_threads,
     set_wait_policy,
     simd_level,
+    step_seed,
     wait_policy,
 )
 
@@ -71,5 +72,6 @@ __all__ = [
     "set_num_threads",
     "set_wait_policy",
     "simd_level",
+    "step_seed",
     "wait_policy",
 ]

@@ -36,7 +36,6 @@ import math
 import os
 import pickle
 import queue
-import re
 import threading
 import time
 import warnings
@@ -96,11 +95,11 @@ def _feedback_wanted(codec, setting):
 
 def _splits(codec, per_parameter):
     """Whether to compress each parameter on its own. None (the default): for the codecs with
-    one scale per tensor (sign's mean |x|, TernGrad's max), which must follow each layer's
-    magnitude; the others compress the bucket whole, in one collective (top-k and random-k then
-    select over the bucket's layers together; QSGD has a norm per 512 elements anyway). True:
-    every codec but the element-wise ones (none, fp16, bf16, threshold), whose values are the
-    same either way. False: none."""
+    one scale per call (properties' split_per_tensor: sign's mean |x|, TernGrad's max), which
+    must follow each layer's magnitude; the others compress the bucket whole, in one collective
+    (top-k and random-k then select over the bucket's layers together; QSGD has a norm per 512
+    elements anyway). True: every codec but the element-wise ones (properties' elementwise:
+    none, fp16, bf16, threshold), whose values are the same either way. False: none."""
     if per_parameter not in (None, True, False):
         raise ValueError(f"per_parameter must be None, True or False, not {per_parameter!r}")
     if per_parameter is False:
@@ -108,19 +107,19 @@ def _splits(codec, per_parameter):
     c = _codec_or_none(codec)
     if c is None:
         return False  # a bad spec: the first allreduce reports it, on every rank
-    name = c.spec.split(":")[0]
+    props = c.properties
     if per_parameter is None:
-        return name in ("sign", "terngrad")
-    return name not in ("none", "fp16", "bf16", "threshold")
+        return props["split_per_tensor"]
+    return not props["elementwise"]
 
 
-def _low_rank(codec):
-    """Whether the codec is a low-rank one (powersgd), which needs each gradient's shape: the
+def _needs_shapes(codec):
+    """Whether the codec needs each gradient's shape (powersgd, a low-rank codec): the
     bucket then goes to allreduce_buckets as one bucket of its parameters' views, with their
     shapes and one ErrorFeedback each (which holds the residual and the warm-start Q, and so
     follows the parameter through DDP's rebuild of its buckets)."""
     c = _codec_or_none(codec)
-    return c is not None and c.properties["low_rank"]
+    return c is not None and c.properties["needs_shapes"]
 
 
 def _momentum_of(momentum, error_feedback):
@@ -156,14 +155,12 @@ def _waits_of(stall_seconds, timeout_seconds):
 
 
 def _delays(codec, error_feedback):
-    """Whether the codec sends much of each gradient late, through error feedback (the
-    sparsifiers: top-k, unscaled random-k, threshold; and sign): the codecs whose delay plain
-    momentum amplifies, and whose momentum belongs in the hook (DGC's momentum correction)."""
+    """Whether the codec sends much of each gradient late, through error feedback (properties'
+    sends_late: the sparsifiers top-k, random-k, threshold; and sign): the codecs whose delay
+    plain momentum amplifies, and whose momentum belongs in the hook (DGC's momentum
+    correction)."""
     c = _codec_or_none(codec)
-    if c is None or not error_feedback:
-        return False
-    props = c.properties
-    return not props["low_rank"] and (props["sparse"] or c.spec.split(":")[0] == "sign")
+    return c is not None and bool(error_feedback) and c.properties["sends_late"]
 
 
 def _take_momentum(optimizer, codec, options, who):
@@ -823,7 +820,7 @@ class CompressionState(_PerParameterFeedback):
         self.synchronous = bool(synchronous)
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
-        self._shaped = _low_rank(codec)
+        self._shaped = _needs_shapes(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
         self.momentum = _momentum_of(momentum, self.error_feedback)
         self.weight_decay = _weight_decay_of(weight_decay)
@@ -1018,9 +1015,9 @@ class _StepCheck:
 
 
 def _start_steps(codec):
-    """The codec's dense start steps (powersgd's start=N), or 0."""
-    m = re.search(r"(?:^|[:,])start=(\d+)", _codec_or_none(codec).spec)
-    return int(m.group(1)) if m else 0
+    """The steps the codec sends uncompressed first (properties' start_steps: powersgd's
+    start=N), or 0."""
+    return _codec_or_none(codec).properties["start_steps"]
 
 
 def _vote(local):
@@ -1267,7 +1264,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         self.synchronous = bool(synchronous)
         self.per_parameter = per_parameter
         self._split = _splits(codec, per_parameter)
-        self._shaped = _low_rank(codec)
+        self._shaped = _needs_shapes(codec)
         self.allow_uncompressed = bool(allow_uncompressed)
         # The wrapped SGD's momentum and weight decay move here for the codecs that delay
         # (register()'s rule), unless momentum is given.

@@ -66,7 +66,8 @@ namespace gcomp {
 namespace {
 
 // The table's own check (run on its first use): the real table passes; a table with a row out
-// of place, a row missing, a name twice, a row without a function or the wrong count fails.
+// of place, a row missing, a name twice, a row without a function, the wrong count or a state
+// signature without the memory it hashes fails.
 TEST(AlgorithmTable, TheCheckFindsEveryKindOfMistake) {
   const auto rows = detail::algorithm_rows();
   EXPECT_NO_THROW(detail::check_algorithm_table(rows));
@@ -101,6 +102,18 @@ TEST(AlgorithmTable, TheCheckFindsEveryKindOfMistake) {
   auto without_description = t;
   without_description[3] = &undescribed;
   fails(without_description);
+  // A state signature of memory the row does not keep in the ErrorFeedback.
+  const detail::AlgorithmRow* stateful = nullptr;
+  for (const detail::AlgorithmRow* r : rows) {
+    if (r->state_signature) stateful = r;
+  }
+  ASSERT_NE(stateful, nullptr);  // low_rank's
+  detail::AlgorithmRow unjoined = *stateful;
+  unjoined.join_memory = nullptr;
+  unjoined.split_memory = nullptr;
+  auto without_memory = t;
+  without_memory[static_cast<std::size_t>(stateful->id) - 1] = &unjoined;
+  fails(without_memory);
 }
 
 // The algorithm table: one row per algorithm, in the order of gcomp::Algorithm, each name

@@ -9,6 +9,7 @@ GCOMP_CLI, GCOMP_PYTHON_REFERENCE to the two programs.
 import ctypes
 import gc
 import os
+import math
 import pathlib
 import pydoc
 import subprocess
@@ -90,6 +91,40 @@ def test_codec_spec_and_bounds():
     with pytest.raises(gcomp.Error) as e:
         gcomp.Codec("none").max_bytes(1 << 61)
     assert e.value.status == "invalid_argument"
+
+
+def test_properties_carry_what_gcomp_torch_asks():
+    """gcomp.torch decides from these (tests/spec_test.cpp checks them against the codecs)."""
+    keys = {"sparse", "unbiased", "stochastic", "shared_support", "contraction", "low_rank",
+            "needs_shapes", "bits_per_element", "value_bytes", "elementwise",
+            "split_per_tensor", "sends_late", "variance_bound", "start_steps"}
+    for spec in SPECS + ["powersgd"]:
+        assert set(gcomp.Codec(spec).properties) == keys, spec
+    p = {s: gcomp.Codec(s).properties for s in
+         ("none", "fp16", "threshold:tau=0.5", "topk:ratio=0.01,values=fp16", "sign", "terngrad",
+          "qsgd", "powersgd:start=12")}
+    assert [s for s in p if p[s]["elementwise"]] == ["none", "fp16", "threshold:tau=0.5"]
+    assert [s for s in p if p[s]["split_per_tensor"]] == ["sign", "terngrad"]
+    assert [s for s in p if p[s]["sends_late"]] == ["threshold:tau=0.5",
+                                                    "topk:ratio=0.01,values=fp16", "sign"]
+    assert p["topk:ratio=0.01,values=fp16"]["value_bytes"] == 2 and p["sign"]["value_bytes"] == 0
+    assert abs(p["qsgd"]["variance_bound"] - 512 ** 0.5 / 7) < 1e-12
+    assert p["none"]["variance_bound"] == 0 and math.isnan(p["sign"]["variance_bound"])
+    assert p["powersgd:start=12"]["start_steps"] == 12 and p["powersgd:start=12"]["needs_shapes"]
+    assert p["qsgd"]["start_steps"] == 0 and not p["qsgd"]["needs_shapes"]
+
+
+def test_step_seed_is_the_librarys():
+    mask = (1 << 64) - 1
+    for seed, step, index in ((0, 0, 0), (7, 3, 2), (mask, mask - 1, 5)):
+        want = (seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9
+                + index * 0x94D049BB133111EB) & mask
+        assert gcomp.step_seed(seed, step, index) == want
+    assert gcomp.step_seed(5, 1) == gcomp.step_seed(5, 1, 0)
+    with pytest.raises(ValueError, match="step must be an int in 0..2"):
+        gcomp.step_seed(1, -1)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        gcomp.step_seed(1.5, 0)
 
 
 def test_help_reads_well():
