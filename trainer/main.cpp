@@ -36,6 +36,23 @@ bool all_ok(bool ok) {
   return all == 1;
 }
 
+// --algorithm's help, the algorithms' names from the table.
+std::string algorithm_help() {
+  std::string s =
+      "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), auto (gcomp "
+      "chooses by time)";
+  for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
+    s += std::string(", ") + gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
+  }
+  return s + " (docs/algorithms.md)";
+}
+
+// Whether error feedback keeps anything: not where the codec loses nothing (variance bound 0).
+bool feedback_kept(const Config& c) {
+  return c.error_feedback && (gcomp::train::parse_dgc(c.codec).on ||
+                              gcomp::Codec(c.codec).properties().variance_bound != 0);
+}
+
 nlohmann::json config_json(const Config& c, int ranks, const std::string& data) {
   return {{"model", c.model},
           {"codec", c.codec},
@@ -125,15 +142,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the initialisation and the sample order")
       ->capture_default_str();
-  std::string algorithms;  // the table's names
-  for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
-    algorithms += std::string(", ") + gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
-  }
-  app.add_option("--algorithm", algorithm,
-                 "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), "
-                 "auto (gcomp chooses by time)" +
-                     algorithms + " (docs/algorithms.md)")
-      ->capture_default_str();
+  app.add_option("--algorithm", algorithm, algorithm_help())->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");
@@ -186,12 +195,9 @@ int run(int argc, char** argv) {
                            {"parameters", model.parameter_count()},
                            {"epochs", nlohmann::json::array()}};
   if (rank == 0 && !quiet) {
-    // Error feedback has nothing to keep where the codec loses nothing (its variance bound 0).
-    const bool ef = c.error_feedback && (gcomp::train::parse_dgc(c.codec).on ||
-                                         gcomp::Codec(c.codec).properties().variance_bound != 0);
     std::printf("gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs\n",
-                c.model.c_str(), model.parameter_count(), c.codec.c_str(), ef ? " + EF" : "", ranks,
-                c.batch, c.epochs);
+                c.model.c_str(), model.parameter_count(), c.codec.c_str(),
+                feedback_kept(c) ? " + EF" : "", ranks, c.batch, c.epochs);
     std::fflush(stdout);
   }
   if (const std::string w = gcomp::train::feedback_warning(c); rank == 0 && !w.empty()) {
