@@ -528,18 +528,13 @@ class GlooTransport final : public Transport {
       opts.setTimeout(connect_timeout);
       gloo::allgather(opts);
     });
-    // Every peer's eager receives, posted (point to point, below).
-    open_channel(point_, kSlotPoint, kSlotBulk, eager_capacity(size), *ctx_, *down_ctx_);
-    // The agreement's all on ctx_: a wait that times out closes its context's connections,
-    // which tells every rank waiting on them.
-    open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256, *ctx_, *ctx_);
-    // The agreement, the small reductions and the first parts of messages on sockets of the
-    // transport's own, polled by the waiting thread (socket_mesh.hpp), unless GCOMP_GLOO_SOCKETS=0
-    // or some rank's device has no IPv4 address. On the per-host testbed they made a call of 1024
-    // floats a tenth as long, the algorithms at 16M floats within about 10% of MPI, and the one
-    // line's DDP step under torchrun as fast as under mpiexec (docs/results.md). Every rank
-    // decides from what all said, so all decide alike; where GCOMP_GLOO_SOCKETS differs between
-    // ranks, all fail here.
+    // The sockets (below): the agreement, the small reductions and the first parts of messages
+    // on sockets of the transport's own, polled by the waiting thread (socket_mesh.hpp), unless
+    // GCOMP_GLOO_SOCKETS=0 or some rank's device has no IPv4 address. On the per-host testbed
+    // they made a call of 1024 floats a tenth as long, the algorithms at 16M floats within about
+    // 10% of MPI, and the one line's DDP step under torchrun as fast as under mpiexec
+    // (docs/results.md). Every rank decides from what all said, so all decide alike; where
+    // GCOMP_GLOO_SOCKETS differs between ranks, all fail here.
     int wants = -1, refuses = -1;
     bool all_can = true;
     for (int r = 0; r < size; ++r) {
@@ -561,6 +556,13 @@ class GlooTransport final : public Transport {
                       std::to_string(refuses) + ", 1 or unset on rank " + std::to_string(wants) +
                       "): set it alike on every rank");
     }
+    // Only after those checks, which every rank makes from the same records (a rank that threw
+    // there closes its connections, and a receive posted on one of them would fail with Gloo's
+    // error instead of the check's): every peer's eager receives, posted (point to point).
+    open_channel(point_, kSlotPoint, kSlotBulk, eager_capacity(size), *ctx_, *down_ctx_);
+    // The agreement's all on ctx_: a wait that times out closes its context's connections,
+    // which tells every rank waiting on them.
+    open_channel(agree_, kSlotAgree, kSlotAgreeBulk, 256, *ctx_, *ctx_);
     if (size > 1 && refuses < 0 && all_can) {
       gloo::rendezvous::PrefixStore prefixed(o.prefix + "/sockets", store);
       mesh_ = std::make_unique<SocketMesh>(prefixed, "", rank, size, made.ipv4, o.connect_seconds);
