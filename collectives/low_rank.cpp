@@ -544,6 +544,7 @@ void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, M
   const LowRankSpec& s = low_rank_spec(codec);
   in.low_rank = true;
   in.alternate = s.alternate;
+  in.value_bytes = s.fp16 ? 2 : 4;  // the factors' (values=fp16: binary16)
   in.dense_elements = in.p_elements = in.q_elements = in.product_elements = 0;
   for (const MatrixBlock& m : matrices) {
     const std::size_t r = low_rank_of(m.rows, m.cols, s);

@@ -4,13 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "algorithm_table.hpp"
+#include "algorithms.hpp"
+#include "gcomp/error.hpp"
 #include "index_pack.hpp"
 #include "network.hpp"
-#include "gcomp/error.hpp"
 
 namespace gcomp {
 namespace {
@@ -207,6 +210,32 @@ TEST(CostModel, SparseReduceScatterBytesDoNotGrowWithRanks) {
   EXPECT_LT(five / two, 1.75);  // 0.8 + 0.88 against 0.5 + 0.55 k entries
   EXPECT_GT(bytes(64, Algorithm::sparse_split), 4 * many);
   EXPECT_GT(bytes(64, Algorithm::sparse_allgather), 20 * many);
+}
+
+}  // namespace
+}  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// powersgd's values=fp16 sends its factors as binary16: the low-rank row's model counts 2 bytes
+// a factor value (4 with fp32), and so predicts fewer bytes.
+TEST(LowRankModel, Fp16FactorsCountTwoBytes) {
+  const detail::MatrixBlock m{0, 512, 256};
+  std::array<double, kAlgorithmCount> bytes[2];
+  for (int half = 0; half < 2; ++half) {
+    ModelInput in;
+    in.n = 512.0 * 256;
+    in.ranks = 4;
+    detail::low_rank_model(Codec(half ? "powersgd:rank=4,values=fp16" : "powersgd:rank=4"),
+                           std::span<const detail::MatrixBlock>(&m, 1), in);
+    EXPECT_EQ(in.value_bytes, half ? 2 : 4);
+    bytes[half] = predict_bytes(in);
+  }
+  const auto lr = static_cast<std::size_t>(Algorithm::low_rank);
+  // No dense part: the factors (512 + 256) x 4 at 4 or 2 bytes, times 2 (P-1)/P.
+  EXPECT_DOUBLE_EQ(bytes[0][lr], 2 * 3.0 / 4 * 4 * (512 + 256) * 4);
+  EXPECT_DOUBLE_EQ(bytes[1][lr], bytes[0][lr] / 2);
 }
 
 }  // namespace
