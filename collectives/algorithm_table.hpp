@@ -50,7 +50,8 @@ struct AlgorithmRow {
   bool sparse_only;
   // Runs only the low-rank codecs (powersgd: CodecProperties::low_rank), which run nothing else.
   bool low_rank = false;
-  // Whether auto weighs it for the codec ModelInput describes (in.sparse, in.codec_none).
+  // Whether auto weighs it for the codec ModelInput describes (in.sparse, in.codec_none), where
+  // the row runs that codec (row_suits).
   bool (*candidate)(const ModelInput& in);
   // The model's seconds (docs/algorithms.md derives each formula); kNotApplicable where it does
   // not apply.
@@ -115,7 +116,8 @@ inline bool row_suits(const AlgorithmRow& row, const CodecProperties& p) {
   return row.low_rank == p.low_rank && (!row.sparse_only || p.sparse);
 }
 inline bool row_suits(const AlgorithmRow& row, const ModelInput& in) {
-  return row.low_rank == in.low_rank && (!row.sparse_only || in.sparse);
+  return in.codec ? row_suits(row, in.codec->properties())
+                  : !row.low_rank && (!row.sparse_only || in.sparse);
 }
 
 // The complaint when a codec that needs each tensor's shape (CodecProperties::needs_shapes) is
@@ -129,8 +131,6 @@ inline std::string shapes_missing(const Codec& codec) {
 
 // Candidate rules shared by rows.
 inline bool for_sparse_codecs(const ModelInput& in) { return in.sparse && !in.codec_none; }
-inline bool for_dense_codecs(const ModelInput& in) {
-  return !in.sparse && !in.codec_none && !in.low_rank;
-}
+inline bool for_dense_codecs(const ModelInput& in) { return !in.sparse && !in.codec_none; }
 
 }  // namespace gcomp::detail

@@ -41,14 +41,6 @@ struct DeviceStage {
   ~DeviceStage();
 };
 
-// A tensor of the call as a matrix (low-rank codecs): elements [begin, begin + rows * cols) of
-// the call's tensor, the blocks in order and covering it.
-struct MatrixBlock {
-  std::uint64_t begin = 0;
-  std::uint64_t rows = 0;
-  std::uint64_t cols = 1;
-};
-
 // What the call is, fixed once every rank has agreed on it (same codec, size, options and
 // algorithm, and no rank failed).
 struct CallSpec {
@@ -61,7 +53,8 @@ struct CallSpec {
   std::uint64_t shared_seed = 0;  // the same on every rank (powersgd's random start of Q)
   bool average = false;
   bool majority_vote = false;
-  std::span<const MatrixBlock> matrices;  // the tensors' shapes (empty: none given)
+  // The call's tensors as matrices, in order and covering it (empty: none given).
+  std::span<const MatrixShape> shapes;
 };
 
 // The call's memory. Host tensors: in and out. Device tensors (dev set): the codec runs on the
@@ -189,9 +182,6 @@ struct SparseVector;
 void payload_vector(Job& job, SparseVector& out);
 // Whether the sparse algorithms' vectors carry binary16 values (the codec's values=fp16).
 bool half_values(const Job& job);
-
-// low_rank (low_rank.cpp): what its matrices make of the call, for the cost model.
-void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in);
 
 // The region exchange both region algorithms start with (sparse_split, sparse_reduce_scatter):
 // this rank's payload as a sparse vector (into mine), its part j, [bound[j], bound[j+1]), to rank j

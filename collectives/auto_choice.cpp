@@ -70,8 +70,10 @@ ModelInput model_input(const Codec& codec, std::size_t n, std::uint64_t sent, st
   in.shared_support = codec.properties().shared_support;
   in.sent = static_cast<double>(sent);
   in.payload_bytes = static_cast<double>(bytes);
-  in.value_bytes = in.sparse ? codec.properties().value_bytes : 4;
+  const int value_bytes = codec.properties().value_bytes;
+  in.value_bytes = value_bytes > 0 ? value_bytes : 4;
   in.average = average;
+  in.codec = &codec;
   return in;
 }
 
@@ -138,20 +140,11 @@ Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) co
   ModelInput in = model_input(q.codec, q.n, q.sent, q.bytes, size_, network_, q.compute, q.average,
                               q.error_feedback);
   in.allow_uncompressed = q.allow_uncompressed;
-  if (q.codec.properties().low_rank) {
-    // Without shapes (choose, predict): the tensor as one square matrix.
-    const auto side = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(q.n)));
-    const detail::MatrixBlock square{0, side, side ? q.n / side : 1};
-    detail::low_rank_model(
-        q.codec, q.matrices.empty() ? std::span<const detail::MatrixBlock>(&square, 1) : q.matrices,
-        in);
-  }
+  in.shapes = q.shapes;
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
   std::size_t m = 0;
-  if (!in.low_rank)
-    options[m++] = {{Algorithm::dense, true}, t[static_cast<int>(Algorithm::dense)]};
-  for (int a = 2; a < kAlgorithmCount; ++a) {
+  for (int a = 1; a < kAlgorithmCount; ++a) {
     if (auto_candidate(static_cast<Algorithm>(a), in)) {
       options[m++] = {{static_cast<Algorithm>(a), true}, t[a]};
     }

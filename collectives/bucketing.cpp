@@ -151,10 +151,10 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   const bool with_ef = !efs.empty();
   std::vector<std::uint64_t> begin, count;
   std::vector<ErrorFeedback*> parts_efs;
-  std::vector<detail::MatrixBlock> matrices;
+  std::vector<MatrixShape> member_shapes;
   std::size_t len = 0;
   for (std::size_t t : members) {
-    if (!shapes.empty()) matrices.push_back({len, shapes[t].rows, shapes[t].cols});
+    if (!shapes.empty()) member_shapes.push_back(shapes[t]);
     begin.push_back(len);
     count.push_back(tensors[t].size());
     parts_efs.push_back(with_ef ? efs[t] : nullptr);
@@ -202,10 +202,10 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   if (device) {
     const detail::DeviceCall call{device->dev, device->stream, fused, fused};
     impl.call(impl.ws_.staging, impl.ws_.staging, &codec, bucket, opt, nullptr, sig, &call,
-              matrices);
+              member_shapes);
   } else {
     const std::span<float> f(fused, len);
-    impl.call(f, f, &codec, bucket, opt, nullptr, sig, nullptr, matrices);
+    impl.call(f, f, &codec, bucket, opt, nullptr, sig, nullptr, member_shapes);
   }
   if (bucket) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {

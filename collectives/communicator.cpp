@@ -222,7 +222,7 @@ struct Communicator::Impl::Call {
   const AllreduceOptions& opt;
   std::uint64_t extra_signature;
   const detail::DeviceCall* device = nullptr;     // set for a call on device tensors
-  std::span<const detail::MatrixBlock> matrices;  // the tensors' shapes, where given
+  std::span<const MatrixShape> shapes;            // the tensors' shapes, where given
   std::uint64_t state_signature = 0;              // of the rows' state in ef's slot
   double start = detail::now();
   double cpu_start = detail::thread_cpu_seconds();
@@ -246,12 +246,12 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
                               ErrorFeedback* ef, const AllreduceOptions& opt,
                               const Error* abandoned, std::uint64_t extra_signature,
                               const detail::DeviceCall* device,
-                              std::span<const detail::MatrixBlock> matrices) {
+                              std::span<const MatrixShape> shapes) {
   Impl& self = *this;
   if (!self.broken_.empty()) throw Error(Status::timeout, self.broken_);
   Call c{self, codec, ef, opt, extra_signature};
   c.device = device;
-  c.matrices = matrices;
+  c.shapes = shapes;
   c.n = in.size();
   c.number = ++self.calls_;
   // 1. Local work that may fail: a failure is this rank's part of the agreement.
@@ -323,7 +323,7 @@ void Communicator::Impl::check_arguments(const Call& c, std::span<const float> i
     throw Error(Status::invalid_argument,
                 "a host tensor needs its error-feedback memory in host memory");
   }
-  if (c.matrices.empty()) {
+  if (c.shapes.empty()) {
     if (std::string why = detail::shapes_missing(*c.codec); !why.empty()) {
       throw Error(Status::invalid_argument, why);
     }
@@ -391,7 +391,7 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
       .shared_seed = derive_seed(opt.seed, opt.tensor, 2, 0),
       .average = opt.average,
       .majority_vote = opt.majority_vote,
-      .matrices = c.matrices,
+      .shapes = c.shapes,
   };
   detail::CallBuffers buf{.in = in, .out = out, .ef = ef, .ef_next = {}};
   if (const detail::DeviceCall* device = c.device) {
@@ -452,7 +452,7 @@ bool Communicator::Impl::expect(Call& c) {
                             .average = c.opt.average,
                             .error_feedback = c.ef != nullptr,
                             .allow_uncompressed = true,
-                            .matrices = c.matrices},
+                            .shapes = c.shapes},
                            true)
               .compressed;
 }
@@ -597,7 +597,7 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
                                           .average = c.opt.average,
                                           .error_feedback = c.ef != nullptr,
                                           .allow_uncompressed = c.opt.allow_uncompressed,
-                                          .matrices = c.matrices});
+                                          .shapes = c.shapes});
   c.job->skip_codec = !choice.compressed;
   return choice.algorithm;
 }

@@ -104,7 +104,7 @@ struct Communicator::Impl {
     bool average = false;
     bool error_feedback = false;
     bool allow_uncompressed = false;
-    std::span<const detail::MatrixBlock> matrices = {};  // low-rank codecs: the tensors' shapes
+    std::span<const MatrixShape> shapes = {};  // the tensors' shapes, where given
   };
   Choice auto_choice(const AutoQuery& q, bool with_pending = false) const;
 
@@ -115,8 +115,7 @@ struct Communicator::Impl {
   // local work), agree, decide, run, record.
   void call(std::span<const float> in, std::span<float> out, const Codec* codec, ErrorFeedback* ef,
             const AllreduceOptions& opt, const Error* abandoned, std::uint64_t extra_signature,
-            const detail::DeviceCall* device = nullptr,
-            std::span<const detail::MatrixBlock> matrices = {});
+            const detail::DeviceCall* device = nullptr, std::span<const MatrixShape> shapes = {});
 
   // ---- allreduce_buckets' two kinds of call (bucketing.cpp) ----
   // One bucket: its tensors (their residuals, and what the algorithms keep beside them) fused

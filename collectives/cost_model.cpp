@@ -347,7 +347,8 @@ NetworkModel network_for_rate(double bits_per_second, double latency_seconds) {
 
 bool auto_candidate(Algorithm a, const ModelInput& in) {
   if (a == Algorithm::automatic) return false;
-  return detail::algorithm_row(a).candidate(in);
+  const detail::AlgorithmRow& row = detail::algorithm_row(a);
+  return detail::row_suits(row, in) && row.candidate(in);
 }
 
 namespace {

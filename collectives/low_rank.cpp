@@ -1,6 +1,6 @@
 // low_rank: PowerSGD (Vogels et al., NeurIPS 2019) on the matrices of one bucket, and its
 // alternating form (ACP-SGD), the only algorithm of the low-rank codecs (powersgd). Each tensor
-// of the bucket is a matrix M (its shape, MatrixBlock); the arithmetic is compressors/low_rank.hpp.
+// of the bucket is a matrix M (its shape, MatrixShape); the arithmetic is compressors/low_rank.hpp.
 //
 // Schedule, per bucket (M = x + e with error feedback; the tensors the codec does not compress,
 // 1-D or below min_compression_rate or still in their first `start` steps, go dense in the first
@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "algorithm_table.hpp"
@@ -78,7 +79,7 @@ bool shares(const std::vector<float>& slot, std::size_t tensors,
 
 // Tensor t's state, if its share is one for this shape and rank (else nothing kept, 0 steps).
 State read_state(const std::vector<float>& slot, std::pair<std::size_t, std::size_t> share,
-                 const MatrixBlock& m, std::size_t r) {
+                 const MatrixShape& m, std::size_t r) {
   State s;
   const auto [at, len] = share;
   if (len < 2 || r == 0) return s;
@@ -99,6 +100,7 @@ enum class Step { dense, both, with_q, with_p };  // with_q: alternating, P sent
 struct Matrix {
   Step step = Step::dense;
   std::size_t r = 0;
+  std::size_t begin = 0;    // its first element in the call's tensor
   std::uint32_t steps = 0;  // after this call
   std::size_t sent = 0;     // where its values (dense) or factor start in `first`
   std::size_t second = 0;   // both: where its Q starts in `second`
@@ -152,14 +154,16 @@ void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
 
 // The plan: what each tensor does this step, and where its values go.
 void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
-  const std::span<const MatrixBlock> mats = job.call.matrices;
+  const std::span<const MatrixShape> mats = job.call.shapes;
   const std::vector<float>* slot = job.buf.ef ? &FeedbackSlot::of(*job.buf.ef) : nullptr;
   const bool have = slot && !job.fresh_state && shares(*slot, mats.size(), b.share);
   b.plan.assign(mats.size(), Matrix{});
-  std::size_t dense = 0, factors = 0, second = 0, other = 0;
+  std::size_t dense = 0, factors = 0, second = 0, other = 0, begin = 0;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     Matrix& p = b.plan[t];
-    const MatrixBlock& m = mats[t];
+    const MatrixShape& m = mats[t];
+    p.begin = begin;
+    begin += m.rows * m.cols;
     p.r = low_rank_of(m.rows, m.cols, s);
     const State st = have ? read_state(*slot, b.share[t], m, p.r) : State{};
     p.st = st;
@@ -190,7 +194,7 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
   }
   for (std::size_t t = 0; t < mats.size(); ++t) {
     Matrix& p = b.plan[t];
-    const MatrixBlock& m = mats[t];
+    const MatrixShape& m = mats[t];
     if (p.step == Step::dense) continue;
     p.sent = dense;
     dense += (p.step == Step::with_p ? m.cols : m.rows) * p.r;
@@ -212,12 +216,12 @@ class Memory {
   virtual ~Memory() = default;
   virtual void form(const float* x, const float* e_old, float* m, std::size_t n) = 0;  // x + e
   virtual void read(const float* m, std::size_t len, float* to) = 0;                   // a copy
-  virtual void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+  virtual void multiply(const float* m, const MatrixShape& b, const float* q, std::size_t r,
                         float* p) = 0;  // p = m q
-  virtual void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+  virtual void multiply_t(const float* m, const MatrixShape& b, const float* p, std::size_t r,
                           float* q) = 0;  // q = m^T p
   // out = a b^T out_scale; e (the m it is formed from, or null) -= a b^T share_scale.
-  virtual void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+  virtual void reconstruct(const float* a, const float* b, const MatrixShape& blk, std::size_t r,
                            double out_scale, float* out, double share_scale, float* e) = 0;
   // out = float(got out_scale); e (or null) = 0.
   virtual void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) = 0;
@@ -230,16 +234,16 @@ class HostMemory final : public Memory {
     for (std::size_t i = 0; i < n; ++i) m[i] = x[i] + e_old[i];
   }
   void read(const float* m, std::size_t len, float* to) override { std::copy(m, m + len, to); }
-  void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+  void multiply(const float* m, const MatrixShape& b, const float* q, std::size_t r,
                 float* p) override {
     lr_multiply(m, b.rows, b.cols, q, r, p);
   }
-  void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+  void multiply_t(const float* m, const MatrixShape& b, const float* p, std::size_t r,
                   float* q) override {
     work_.resize(b.cols * r);
     lr_multiply_t(m, b.rows, b.cols, p, r, q, work_.data());
   }
-  void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+  void reconstruct(const float* a, const float* b, const MatrixShape& blk, std::size_t r,
                    double out_scale, float* out, double share_scale, float* e) override {
     work_.resize(blk.cols * r);
     lr_reconstruct(a, b, blk.rows, blk.cols, r, out_scale, out, share_scale, e, e, work_.data());
@@ -269,19 +273,19 @@ class DeviceMemory final : public Memory {
   void read(const float* m, std::size_t len, float* to) override {
     dev_.copy(to, m, 4 * len, stream_);
   }
-  void multiply(const float* m, const MatrixBlock& b, const float* q, std::size_t r,
+  void multiply(const float* m, const MatrixShape& b, const float* q, std::size_t r,
                 float* p) override {
     dev_.copy(qd_, q, 4 * b.cols * r, stream_);
     dev_.lr_multiply(m, b.rows, b.cols, qd_, r, pd_, stream_);
     dev_.copy(p, pd_, 4 * b.rows * r, stream_);
   }
-  void multiply_t(const float* m, const MatrixBlock& b, const float* p, std::size_t r,
+  void multiply_t(const float* m, const MatrixShape& b, const float* p, std::size_t r,
                   float* q) override {
     dev_.copy(pd_, p, 4 * b.rows * r, stream_);
     dev_.lr_multiply_t(m, b.rows, b.cols, pd_, r, qd_, stream_);
     dev_.copy(q, qd_, 4 * b.cols * r, stream_);
   }
-  void reconstruct(const float* a, const float* b, const MatrixBlock& blk, std::size_t r,
+  void reconstruct(const float* a, const float* b, const MatrixShape& blk, std::size_t r,
                    double out_scale, float* out, double share_scale, float* e) override {
     dev_.copy(pd_, a, 4 * blk.rows * r, stream_);
     dev_.copy(qd_, b, 4 * blk.cols * r, stream_);
@@ -307,11 +311,11 @@ class DeviceMemory final : public Memory {
 // Step 1: the values each tensor sends first (its own, or its first factor).
 void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const float* mbase,
                     Memory& mem) {
-  const std::span<const MatrixBlock> mats = job.call.matrices;
+  const std::span<const MatrixShape> mats = job.call.shapes;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     const Matrix& p = b.plan[t];
-    const MatrixBlock& m = mats[t];
-    const float* M = mbase + m.begin;
+    const MatrixShape& m = mats[t];
+    const float* M = mbase + p.begin;
     float* to = b.first.data() + p.sent;
     if (p.step == Step::dense) {
       mem.read(M, m.rows * m.cols, to);
@@ -344,13 +348,13 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
 
 // The new state of the bucket, into its slot.
 void keep_state(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
-  const std::span<const MatrixBlock> mats = job.call.matrices;
+  const std::span<const MatrixShape> mats = job.call.shapes;
   std::vector<float>& out = b.slot;
   out.clear();
   out.push_back(word(mats.size()));
   for (std::size_t t = 0; t < mats.size(); ++t) {
     const Matrix& p = b.plan[t];
-    const MatrixBlock& m = mats[t];
+    const MatrixShape& m = mats[t];
     if (!p.in_state) {
       out.push_back(word(0));
       continue;
@@ -377,7 +381,7 @@ void keep_state(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
 // factors on the host.
 void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& mem, const float* x,
                    const float* e_old, float* e, float* out) {
-  const std::span<const MatrixBlock> mats = job.call.matrices;
+  const std::span<const MatrixShape> mats = job.call.shapes;
   const double world = job.call.size;
   const double out_scale = job.call.average ? 1.0 / world : 1.0;
   // M: x + e in the new residual's buffer (which becomes M - the share), or x itself.
@@ -395,26 +399,26 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
     const auto timed = job.meter.decoding();
     for (std::size_t t = 0; t < mats.size(); ++t) {
       const Matrix& p = b.plan[t];
-      const MatrixBlock& m = mats[t];
+      const MatrixShape& m = mats[t];
       const float* got = b.first.data() + p.sent;
       float* other = b.other.data() + p.other;
-      float* et = e ? e + m.begin : nullptr;
+      float* et = e ? e + p.begin : nullptr;
       switch (p.step) {
         case Step::dense:
-          mem.dense(got, m.rows * m.cols, out_scale, out + m.begin, et);
+          mem.dense(got, m.rows * m.cols, out_scale, out + p.begin, et);
           break;
         case Step::with_q:  // out = P Q^^T
-          mem.reconstruct(got, other, m, p.r, out_scale, out + m.begin, 1.0 / world, et);
+          mem.reconstruct(got, other, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
           break;
         case Step::with_p:  // out = P^ Q^T
-          mem.reconstruct(other, got, m, p.r, out_scale, out + m.begin, 1.0 / world, et);
+          mem.reconstruct(other, got, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
           break;
         case Step::both: {  // P^ = orthonormalize(P); Q = M^T P^ (into `other`: P^)
           float* phat = other;
           std::copy(got, got + m.rows * p.r, phat);
           b.work.resize(m.rows * p.r);
           lr_orthonormalize(phat, m.rows, p.r, b.work.data());
-          mem.multiply_t(M + m.begin, m, phat, p.r, b.second.data() + p.second);
+          mem.multiply_t(M + p.begin, m, phat, p.r, b.second.data() + p.second);
           break;
         }
       }
@@ -426,9 +430,9 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
     for (std::size_t t = 0; t < mats.size(); ++t) {
       const Matrix& p = b.plan[t];
       if (p.step != Step::both) continue;
-      const MatrixBlock& m = mats[t];
+      const MatrixShape& m = mats[t];
       mem.reconstruct(b.other.data() + p.other, b.second.data() + p.second, m, p.r, out_scale,
-                      out + m.begin, 1.0 / world, e ? e + m.begin : nullptr);
+                      out + p.begin, 1.0 / world, e ? e + p.begin : nullptr);
     }
   }
   if (job.buf.ef) keep_state(job, b, s);
@@ -452,8 +456,8 @@ void run_low_rank_device(Job& job) {
   make_plan(job, b, s);
   std::size_t max_p = 1, max_q = 1;
   for (std::size_t t = 0; t < b.plan.size(); ++t) {
-    max_p = std::max(max_p, job.call.matrices[t].rows * b.plan[t].r);
-    max_q = std::max(max_q, job.call.matrices[t].cols * b.plan[t].r);
+    max_p = std::max(max_p, job.call.shapes[t].rows * b.plan[t].r);
+    max_q = std::max(max_q, job.call.shapes[t].cols * b.plan[t].r);
   }
   DeviceMemory mem(job, max_p, max_q, b.staged);
   low_rank_step(job, b, s, mem, job.buf.d_in, job.buf.d_e_old, job.buf.d_e_new, job.buf.d_out);
@@ -505,27 +509,62 @@ double t_exchange(const ModelInput& in, double dense, double factors) {
   return t;
 }
 
+// What the call's matrices make of the model: the elements that go dense (1-D, small), and the
+// compressed ones' factors and products, from the codec and the shapes (without shapes: the
+// tensor as one square matrix).
+struct Factors {
+  double dense = 0;        // elements sent as they are
+  double p = 0;            // the P factors, rows x r summed
+  double q = 0;            // the Q factors, cols x r summed
+  double product = 0;      // rows x cols x r summed: one product's work
+  bool alternate = false;  // one factor a step (on average half of each)
+};
+
+Factors factors_of(const ModelInput& in) {
+  const LowRankSpec& s = low_rank_spec(*in.codec);
+  const auto n = static_cast<std::uint64_t>(in.n);
+  const auto side = static_cast<std::uint64_t>(std::sqrt(in.n));
+  const MatrixShape square{side, side ? n / side : 1};
+  Factors f;
+  f.alternate = s.alternate;
+  for (const MatrixShape& m :
+       in.shapes.empty() ? std::span<const MatrixShape>(&square, 1) : in.shapes) {
+    const std::size_t r = low_rank_of(m.rows, m.cols, s);
+    const double rows = static_cast<double>(m.rows), cols = static_cast<double>(m.cols);
+    if (r == 0) {
+      f.dense += rows * cols;
+      continue;
+    }
+    f.p += rows * static_cast<double>(r);
+    f.q += cols * static_cast<double>(r);
+    f.product += rows * cols * static_cast<double>(r);
+  }
+  return f;
+}
+
+bool for_low_rank_codecs(const ModelInput& in) {
+  return in.codec != nullptr && in.codec->properties().low_rank;
+}
+
 double predict_low_rank(const ModelInput& in) {
-  if (!in.low_rank) return kNotApplicable;
+  if (!for_low_rank_codecs(in)) return kNotApplicable;
+  const Factors f = factors_of(in);
   const auto& c = in.compute;
   const double form = in.error_feedback ? in.n * c.reduce : 0.0;
-  if (in.alternate) {
-    return form + in.product_elements * (c.encode + c.decode) +
-           t_exchange(in, in.dense_elements, (in.p_elements + in.q_elements) / 2);
+  if (f.alternate) {
+    return form + f.product * (c.encode + c.decode) + t_exchange(in, f.dense, (f.p + f.q) / 2);
   }
-  return form + in.product_elements * (2 * c.encode + c.decode) +
-         t_exchange(in, in.dense_elements, in.p_elements) + t_exchange(in, 0, in.q_elements);
+  return form + f.product * (2 * c.encode + c.decode) + t_exchange(in, f.dense, f.p) +
+         t_exchange(in, 0, f.q);
 }
 
 double bytes_low_rank(const ModelInput& in) {
-  if (!in.low_rank) return kNotApplicable;
-  const double f =
-      in.alternate ? (in.p_elements + in.q_elements) / 2 : in.p_elements + in.q_elements;
+  if (!for_low_rank_codecs(in)) return kNotApplicable;
+  const Factors f = factors_of(in);
+  const double sent = f.alternate ? (f.p + f.q) / 2 : f.p + f.q;
   const double vb = in.value_bytes >= 4 ? 4 : 2;
-  return 2 * (in.ranks - 1.0) / in.ranks * (4 * in.dense_elements + vb * f);
+  return 2 * (in.ranks - 1.0) / in.ranks * (4 * f.dense + vb * sent);
 }
-
-bool for_low_rank_codecs(const ModelInput& in) { return in.low_rank; }
 
 std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
   const std::vector<float>& slot = FeedbackSlot::of(ef);
@@ -539,25 +578,6 @@ std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
 }
 
 }  // namespace
-
-void low_rank_model(const Codec& codec, std::span<const MatrixBlock> matrices, ModelInput& in) {
-  const LowRankSpec& s = low_rank_spec(codec);
-  in.low_rank = true;
-  in.alternate = s.alternate;
-  in.value_bytes = s.fp16 ? 2 : 4;  // the factors' (values=fp16: binary16)
-  in.dense_elements = in.p_elements = in.q_elements = in.product_elements = 0;
-  for (const MatrixBlock& m : matrices) {
-    const std::size_t r = low_rank_of(m.rows, m.cols, s);
-    const double rows = static_cast<double>(m.rows), cols = static_cast<double>(m.cols);
-    if (r == 0) {
-      in.dense_elements += rows * cols;
-      continue;
-    }
-    in.p_elements += rows * static_cast<double>(r);
-    in.q_elements += cols * static_cast<double>(r);
-    in.product_elements += rows * cols * static_cast<double>(r);
-  }
-}
 
 extern const AlgorithmRow kLowRankRow = {
     .id = Algorithm::low_rank,

@@ -43,6 +43,7 @@ class PowerSgdCodec final : public CodecImpl {
     p.contraction = true;
     p.bits_per_element = 32;  // what goes dense; the factors' share depends on the shapes
     p.needs_shapes = true;    // each gradient factored as a matrix
+    p.value_bytes = s.fp16 ? 2 : 4;  // the factors' (values=fp16: binary16)
     p.start_steps = s.start;
     return p;
   }

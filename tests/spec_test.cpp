@@ -184,6 +184,8 @@ TEST(Spec, ValueBytesStartStepsAndShapesAreTheCodecs) {
   const CodecProperties lr = Codec("powersgd:rank=2,start=7").properties();
   EXPECT_EQ(lr.start_steps, 7u);
   EXPECT_TRUE(lr.needs_shapes);
+  EXPECT_EQ(lr.value_bytes, 4);
+  EXPECT_EQ(Codec("powersgd:values=fp16").properties().value_bytes, 2);
   EXPECT_EQ(Codec("powersgd").properties().start_steps, 0u);
 }
 

@@ -61,7 +61,9 @@ struct CodecProperties {
   // allreduce_buckets must be given the shapes.
   bool needs_shapes = false;
   double bits_per_element = 32;  // for dense codecs, on the wire (headers aside); 0 for sparse
-  int value_bytes = 0;           // for sparse codecs, per value sent: 4 (float32) or 2 (fp16)
+  // Per value sent as such (a sparse codec's values, a low-rank codec's factors): 4 (float32) or
+  // 2 (fp16); 0 for the codecs whose payload holds no plain values.
+  int value_bytes = 0;
 
   // What the layers above the collectives ask (gcomp.torch, gcomp-train):
   // Each value sent depends on its own element alone (none, fp16, bf16, threshold), so a bucket

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <limits>
+#include <span>
 
 #include "gcomp/communicator.hpp"
 
@@ -23,19 +24,17 @@ struct ModelInput {
   bool shared_support = false;   // every rank selects the same indices (random-k)
   double sent = 0;               // sparse: entries per rank (the largest rank's)
   double payload_bytes = 0;      // one rank's whole-tensor payload (the largest rank's)
-  double value_bytes = 4;        // sparse: bytes per value on the wire (4, or 2 for fp16)
+  double value_bytes = 4;        // per value sent as such (CodecProperties::value_bytes): 4 or 2
   bool average = false;
   bool error_feedback = false;   // for the uncompressed path: forming x + e costs a pass
   bool allow_uncompressed = true;
-  // A low-rank codec (powersgd, the low_rank algorithm): what its matrices make of the call.
-  // compute.encode is then seconds per element and rank of one product (M Q or M^T P),
-  // compute.decode of the reconstruction P Q^T.
-  bool low_rank = false;
-  double dense_elements = 0;    // of n, the elements that go dense (1-D, small, start steps)
-  double p_elements = 0;        // the compressed matrices' P factors, rows x r summed
-  double q_elements = 0;        // and their Q factors, cols x r
-  double product_elements = 0;  // rows x cols x r summed: one product's work
-  bool alternate = false;       // one factor a step (on average half of each)
+  // For the algorithms whose model reads more than the sizes above: the codec (null: the sizes
+  // only), and the call's tensors as matrices, in order (empty: the tensor as one square matrix).
+  // A codec that factors matrices (CodecProperties::needs_shapes) has its algorithm's model from
+  // these; compute.encode is then seconds per element and rank of one product, compute.decode of
+  // the reconstruction.
+  const Codec* codec = nullptr;
+  std::span<const MatrixShape> shapes;
 };
 
 inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();

@@ -221,14 +221,16 @@ namespace {
 // powersgd's values=fp16 sends its factors as binary16: the low-rank row's model counts 2 bytes
 // a factor value (4 with fp32), and so predicts fewer bytes.
 TEST(LowRankModel, Fp16FactorsCountTwoBytes) {
-  const detail::MatrixBlock m{0, 512, 256};
+  const MatrixShape m{512, 256};
   std::array<double, kAlgorithmCount> bytes[2];
   for (int half = 0; half < 2; ++half) {
+    const Codec codec(half ? "powersgd:rank=4,values=fp16" : "powersgd:rank=4");
     ModelInput in;
     in.n = 512.0 * 256;
     in.ranks = 4;
-    detail::low_rank_model(Codec(half ? "powersgd:rank=4,values=fp16" : "powersgd:rank=4"),
-                           std::span<const detail::MatrixBlock>(&m, 1), in);
+    in.value_bytes = codec.properties().value_bytes;
+    in.codec = &codec;
+    in.shapes = std::span<const MatrixShape>(&m, 1);
     EXPECT_EQ(in.value_bytes, half ? 2 : 4);
     bytes[half] = predict_bytes(in);
   }
