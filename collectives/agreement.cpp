@@ -22,12 +22,12 @@ void Agreement::fail(Status status, int rank) {
 
 bool Agreement::same_signature() const { return sig == (k63 & ~not_sig); }
 
-void Agreement::seal_memory(std::uint64_t signature) {
-  memory = signature & k63;
-  not_memory = k63 & ~memory;
+void Agreement::seal_state(std::uint64_t signature) {
+  state = signature & k63;
+  not_state = k63 & ~state;
 }
 
-bool Agreement::same_memory() const { return memory == (k63 & ~not_memory); }
+bool Agreement::same_state() const { return state == (k63 & ~not_state); }
 
 Status Agreement::failed_status() const { return static_cast<Status>((k63 & ~not_fail) >> 32); }
 

@@ -33,8 +33,8 @@ struct Agreement {
   std::uint64_t decode;           // decode seconds per element or entry (double bits)
   std::uint64_t learned_key;      // the previous call's (codec, size, algorithm) key
   std::uint64_t learned_seconds;  // and its seconds on this rank (double bits)
-  std::uint64_t memory;           // a hash of the algorithms' memories of the tensor
-  std::uint64_t not_memory;
+  std::uint64_t state;            // a hash of the algorithms' states of the tensor
+  std::uint64_t not_state;
   std::uint64_t magnitude;  // max |value| sent uncompressed (float bits); kNotMeasured
 
   // This rank's hash of what must agree.
@@ -42,9 +42,9 @@ struct Agreement {
   // This rank cannot take part: it failed with `status`.
   void fail(Status status, int rank);
   bool same_signature() const;
-  // The algorithms' memories of the tensor this rank holds (MemoryStore::Memories::signature).
-  void seal_memory(std::uint64_t signature);
-  bool same_memory() const;
+  // The algorithms' states of the tensor this rank holds (StateStore::States::signature).
+  void seal_state(std::uint64_t signature);
+  bool same_state() const;
   bool any_failed() const { return not_fail != 0; }
   // The first failure: the lowest status, then the lowest rank.
   Status failed_status() const;

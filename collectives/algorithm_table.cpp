@@ -55,11 +55,11 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
     if (!row->candidate || !row->predict || !row->bytes || !row->run) {
       fail(at + " (" + row->name + ") lacks a function");
     }
-    if (!row->join_memory != !row->split_memory) {
-      fail(at + " (" + row->name + ") has one of join_memory and split_memory");
+    if (!row->join_state != !row->split_state) {
+      fail(at + " (" + row->name + ") has one of join_state and split_state");
     }
-    if (row->state_signature && !row->join_memory) {
-      fail(at + " (" + row->name + ") has a state_signature but no memory in the ErrorFeedback");
+    if (row->state_signature && !row->join_state) {
+      fail(at + " (" + row->name + ") has a state_signature but no state in the ErrorFeedback");
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (std::string_view(rows[j]->name) == row->name) fail(at + " repeats " + row->name);
@@ -67,7 +67,7 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
   }
 }
 
-std::uint64_t MemoryStore::Memories::signature() const {
+std::uint64_t StateStore::States::signature() const {
   Fnv h;
   bool any = false;
   for (const auto& m : of) {
@@ -78,19 +78,19 @@ std::uint64_t MemoryStore::Memories::signature() const {
   return any ? h.h | 1 : 0;
 }
 
-void MemoryStore::Memories::forget() {
+void StateStore::States::forget() {
   for (const auto& m : of) {
     if (m) m->forget();
   }
 }
 
-MemoryStore::Memories& MemoryStore::of(std::uint64_t key, bool sparse_codec) {
+StateStore::States& StateStore::of(std::uint64_t key, bool sparse_codec) {
   if (const auto it = map_.find(key); it != map_.end()) return it->second;
   if (map_.size() >= kMaxTensors) map_.clear();  // bounded: forget them all
-  Memories& m = map_[key];
+  States& m = map_[key];
   for (const AlgorithmRow* row : algorithm_rows()) {
-    if (row->make_memory && (sparse_codec || !row->sparse_only)) {
-      m.of[static_cast<int>(row->id)] = row->make_memory();
+    if (row->make_state && (sparse_codec || !row->sparse_only)) {
+      m.of[static_cast<int>(row->id)] = row->make_state();
     }
   }
   return m;

@@ -20,16 +20,16 @@ namespace gcomp::detail {
 
 // What a stateful algorithm remembers of one tensor between calls, kept by the Communicator per
 // tensor (its spec, size, AllreduceOptions::tensor and bucket layout: the same tensor from step
-// to step, whatever its seed) and made by the row's make_memory on first use. Every rank derives
+// to step, whatever its seed) and made by the row's make_state on first use. Every rank derives
 // it from data all ranks hold, so all hold the same: the agreement compares signature() and every
 // rank calls forget() when they differ (a rank missed a call, or forgot).
-struct TensorMemory {
-  virtual ~TensorMemory() = default;
+struct TensorState {
+  virtual ~TensorState() = default;
   virtual std::uint64_t signature() const = 0;  // a hash of what it holds; 0 when it holds nothing
   virtual void forget() = 0;
 };
 
-// One bucket of allreduce_buckets as the memory hooks see it: this rank of size, a bucket of len
+// One bucket of allreduce_buckets as the state hooks see it: this rank of size, a bucket of len
 // elements whose tensor t is [begin[t], begin[t] + n[t]), with efs[t] its error feedback (or
 // null: it contributes zeros and keeps nothing).
 struct BucketParts {
@@ -66,38 +66,38 @@ struct AlgorithmRow {
   void (*run_device)(Job& job);
 
   // ---- State: null for an algorithm without ----
-  // Memory of a tensor kept by the Communicator (TensorMemory); run finds it in job.memory.
-  std::unique_ptr<TensorMemory> (*make_memory)() = nullptr;
-  // Memory kept in the caller's ErrorFeedback (its slot, compressors/feedback_slot.hpp), so
-  // that it moves with the residual: how allreduce_buckets joins a bucket's tensors' memories
+  // State of a tensor kept by the Communicator (TensorState); run finds it in job.state.
+  std::unique_ptr<TensorState> (*make_state)() = nullptr;
+  // State kept in the caller's ErrorFeedback (its slot, compressors/feedback_slot.hpp), so
+  // that it moves with the residual: how allreduce_buckets joins a bucket's tensors' states
   // into the bucket's before the call (or leaves it empty: it starts from zero) and splits it
   // back after a call that succeeded.
-  void (*join_memory)(const BucketParts& parts, ErrorFeedback& bucket) = nullptr;
-  void (*split_memory)(const BucketParts& parts, const ErrorFeedback& bucket) = nullptr;
-  // A hash of that memory (0 while it holds nothing), which the agreement compares so that
-  // ranks whose memories differ fail alike rather than sum different things.
+  void (*join_state)(const BucketParts& parts, ErrorFeedback& bucket) = nullptr;
+  void (*split_state)(const BucketParts& parts, const ErrorFeedback& bucket) = nullptr;
+  // A hash of that state (0 while it holds nothing), which the agreement compares so that
+  // ranks whose states differ fail alike rather than sum different things.
   std::uint64_t (*state_signature)(const ErrorFeedback& ef) = nullptr;
 };
 
-// The memories of the tensors a Communicator has reduced, one per stateful algorithm that suits
+// The states of the tensors a Communicator has reduced, one per stateful algorithm that suits
 // the tensor's codec, by tensor key. Bounded: past kMaxTensors tensors it forgets them all and
 // starts again (every rank alike, since every rank makes the same calls; a rank that differs is
 // caught by the agreement's signature).
-class MemoryStore {
+class StateStore {
  public:
   static constexpr std::size_t kMaxTensors = 4096;
-  struct Memories {
-    std::unique_ptr<TensorMemory> of[kAlgorithmCount];  // by algorithm value; null: none
-    // A hash of every memory's signature, 0 while none holds anything (the agreement's).
+  struct States {
+    std::unique_ptr<TensorState> of[kAlgorithmCount];  // by algorithm value; null: none
+    // A hash of every state's signature, 0 while none holds anything (the agreement's).
     std::uint64_t signature() const;
     void forget();
   };
-  // The tensor's memories, made on first use for every row with make_memory (sparse_only rows
+  // The tensor's states, made on first use for every row with make_state (sparse_only rows
   // only for a sparse codec).
-  Memories& of(std::uint64_t key, bool sparse_codec);
+  States& of(std::uint64_t key, bool sparse_codec);
 
  private:
-  std::unordered_map<std::uint64_t, Memories> map_;
+  std::unordered_map<std::uint64_t, States> map_;
 };
 
 // Every algorithm but automatic, in the order of gcomp::Algorithm. The first call checks the
@@ -107,7 +107,7 @@ std::span<const AlgorithmRow* const> algorithm_rows();
 const AlgorithmRow& algorithm_row(Algorithm a);
 // Throws Error(internal) unless rows holds kAlgorithmCount - 1 rows, none null, row i's id
 // i + 1, each with a distinct non-empty name, a description and the functions every row needs
-// (and join_memory and split_memory both or neither, state_signature only with them).
+// (and join_state and split_state both or neither, state_signature only with them).
 void check_algorithm_table(std::span<const AlgorithmRow* const> rows);
 
 // Whether a row runs a codec of these properties (sparse_only rows sparse codecs; low_rank rows

@@ -21,7 +21,7 @@
 namespace gcomp::detail {
 
 class DeviceBackend;
-struct TensorMemory;
+struct TensorState;
 
 // Device memory a Communicator keeps for device tensors (payload staging), grown as needed.
 struct DeviceStage {
@@ -123,9 +123,9 @@ struct Job {
   // made before the agreement).
   bool skip_codec = false;
   std::uint64_t agreed_sent = 0;
-  // The running algorithm's memory of this tensor (its row's make_memory; agreed equal on
+  // The running algorithm's state of this tensor (its row's make_state; agreed equal on
   // every rank), or null.
-  TensorMemory* memory = nullptr;
+  TensorState* state = nullptr;
   // Agreed: the ranks' states in their ErrorFeedback slots differ (low_rank: one was reset), so
   // every rank starts from none.
   bool fresh_state = false;
@@ -161,9 +161,9 @@ std::vector<std::uint64_t> even_bounds(std::uint64_t n, std::uint64_t p);
 // compressed_reduce_scatter's steps shared by the host and device forms: the per-owner chunks
 // this rank sends (its workspace buffers, filled by the caller: chunk c for rank c); then the
 // all-to-all, the owner step (sums the P payloads of this rank's chunk, averages if asked,
-// re-encodes with the owner's memory, an empty payload marking a failure) and the allgatherv of
+// re-encodes with the owner's residual, an empty payload marking a failure) and the allgatherv of
 // the owners' payloads (checked for failure markers), returned; and after the decode, the
-// owner's new memory committed into the ErrorFeedback's slot.
+// owner's new residual committed into the ErrorFeedback's slot.
 std::vector<std::vector<std::byte>>& crs_outgoing(Job& job);
 const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound);
 void crs_commit(Job& job);

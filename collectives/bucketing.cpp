@@ -3,7 +3,7 @@
 // one collective's latency. Tensors with fewer than dense_below elements (biases, norms) are
 // fused into one more bucket that is summed uncompressed. Error feedback stays per tensor: each
 // tensor's residual is copied into the bucket's before the call and back after it, and so is
-// what an algorithm keeps beside the residual (its row's join_memory and split_memory: the
+// what an algorithm keeps beside the residual (its row's join_state and split_state: the
 // bucket's memory made from the tensors' shares of it, and split back). All the state of error
 // feedback thus lives in the caller's ErrorFeedback objects: new objects start a new run from
 // zero, whatever this communicator did before.
@@ -191,12 +191,12 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
     }
   }
   const detail::BucketParts parts{impl.rank_, impl.size_, len, begin, count, parts_efs};
-  // The memories of the rows that run this codec (a low-rank codec's and the others' slots
+  // The states of the rows that run this codec (a low-rank codec's and the others' slots
   // hold different things).
   const CodecProperties props = codec.properties();
   if (bucket) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->join_memory && detail::row_suits(*row, props)) row->join_memory(parts, *bucket);
+      if (row->join_state && detail::row_suits(*row, props)) row->join_state(parts, *bucket);
     }
   }
   if (device) {
@@ -209,7 +209,7 @@ void Communicator::Impl::reduce_bucket(std::span<const std::span<float>> tensors
   }
   if (bucket) {
     for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
-      if (row->split_memory && detail::row_suits(*row, props)) row->split_memory(parts, *bucket);
+      if (row->split_state && detail::row_suits(*row, props)) row->split_state(parts, *bucket);
     }
   }
   for (std::size_t j = 0; j < members.size(); ++j) {

@@ -2,7 +2,7 @@
 //
 // Every allreduce is one Impl::call of named steps:
 //   1. local work that can fail: check_arguments; resolve_algorithm (the option, or
-//      GCOMP_ALGORITHM for auto); prepare (make_job: buffers, seeds, memories, the signature;
+//      GCOMP_ALGORITHM for auto); prepare (make_job: buffers, seeds, states, the signature;
 //      then the sparse codecs' encode, the dense codecs' check for NaN/Inf);
 //   2. agree (agreement.hpp): one small allreduce that carries a hash of (spec, n, options,
 //      requested algorithm), the first failing rank and its status, the largest payload and
@@ -227,7 +227,7 @@ struct Communicator::Impl::Call {
   double start = detail::now();
   double cpu_start = detail::thread_cpu_seconds();
   std::optional<detail::Job> job;                     // made by make_job
-  detail::MemoryStore::Memories* memories = nullptr;  // the algorithms' of this tensor, or null
+  detail::StateStore::States* states = nullptr;       // the algorithms' of this tensor, or null
   Agreement mine{};
   std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
   Algorithm requested = Algorithm::automatic;
@@ -362,7 +362,7 @@ Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const Allred
 }
 
 // 3a. The job the algorithm will run (what the call is, its buffers, the device staging), the
-// algorithms' memories of the tensor and the signature of what every rank must agree on.
+// algorithms' states of the tensor and the signature of what every rank must agree on.
 void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<float> out) {
   Impl& self = c.self;
   const Codec* codec = c.codec;
@@ -418,9 +418,9 @@ void Communicator::Impl::make_job(Call& c, std::span<const float> in, std::span<
       }
     }
   }
-  // The algorithms' memories of this tensor: the same from step to step (the seed left out),
+  // The algorithms' states of this tensor: the same from step to step (the seed left out),
   // compared in the agreement.
-  c.memories = &self.memories_.of(
+  c.states = &self.states_.of(
       Fnv{}.add(codec->spec()).add(in.size()).add(opt.tensor).add(c.extra_signature).h,
       codec->properties().sparse);
 }
@@ -526,7 +526,7 @@ Agreement Communicator::Impl::agree(Call& c) {
   c.mine.learned_seconds = dbits(self.pending_seconds_);
   self.pending_key_ = 0;
   c.mine.seal(c.sig);
-  c.mine.seal_memory((c.memories ? c.memories->signature() : 0) ^ c.state_signature);
+  c.mine.seal_state((c.states ? c.states->signature() : 0) ^ c.state_signature);
   const double start = detail::now();
   const std::function<std::string()> describe = [&] {
     std::string d =
@@ -561,9 +561,9 @@ Agreement Communicator::Impl::agree(Call& c) {
 Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
   Impl& self = c.self;
   if (all.learned_key != 0) self.learner_->record(all.learned_key, bitsd(all.learned_seconds));
-  // Ranks whose memories of the tensor differ (one missed a call) all start afresh.
-  if (!all.same_memory()) {
-    if (c.memories) c.memories->forget();
+  // Ranks whose states of the tensor differ (one missed a call) all start afresh.
+  if (!all.same_state()) {
+    if (c.states) c.states->forget();
     c.job->fresh_state = true;
   }
   c.job->agreed_sent = all.sent;
@@ -605,7 +605,7 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
 // The algorithm's run (its row's), the check of the sum, the residual committed.
 void Communicator::Impl::run(Call& c, Algorithm alg) {
   detail::Job& job = *c.job;
-  job.memory = c.memories ? c.memories->of[static_cast<int>(alg)].get() : nullptr;
+  job.state = c.states ? c.states->of[static_cast<int>(alg)].get() : nullptr;
   if (job.buf.dev) {
     detail::run_device(job, alg);
   } else {

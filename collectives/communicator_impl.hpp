@@ -1,6 +1,6 @@
 // What a gcomp::Communicator holds (its pimpl), and the call protocol's steps over it. The state
 // is grouped as PowerSGDState groups its: what the ranks agreed at creation, what auto learns,
-// the algorithms' memories, and the statistics. The protocol (communicator.cpp) runs each call
+// the algorithms' states, and the statistics. The protocol (communicator.cpp) runs each call
 // as check_arguments, resolve_algorithm, prepare, agree, decide, run, record; auto's side is
 // auto_choice.cpp.
 #pragma once
@@ -68,8 +68,8 @@ struct Communicator::Impl {
   // per spec.
   std::unordered_map<std::uint64_t, ComputeModel> calibrated_;
 
-  // ---- The algorithms' memories of tensors (bounded: MemoryStore::kMaxTensors) ----
-  detail::MemoryStore memories_;
+  // ---- The algorithms' states of tensors (bounded: StateStore::kMaxTensors) ----
+  detail::StateStore states_;
 
   // ---- The calls' scratch memory (workspace.hpp: no allocation once warm, and its bound) ----
   detail::Workspace ws_;

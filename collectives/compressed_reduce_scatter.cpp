@@ -53,10 +53,10 @@ static void crs_owner_step(Job& job, const std::vector<std::vector<std::byte>>& 
   mine.resize(codec.max_bytes(len));
   try {
     if (job.buf.ef) {
-      std::vector<float>& memory = FeedbackSlot::of(*job.buf.ef);
-      if (memory.size() != len) memory.assign(len, 0.0f);  // first use, or the layout changed
+      std::vector<float>& state = FeedbackSlot::of(*job.buf.ef);
+      if (state.size() != len) state.assign(len, 0.0f);  // first use, or the layout changed
       owner_next.resize(len);
-      mine.resize(codec.encode_ef(acc, memory, owner_next, job.call.owner_seed, mine));
+      mine.resize(codec.encode_ef(acc, state, owner_next, job.call.owner_seed, mine));
     } else {
       mine.resize(codec.encode(acc, job.call.owner_seed, mine));
     }
@@ -149,7 +149,7 @@ struct OwnerChunk {
 };
 
 // Gathered from the tensors' shares: all there and of the right sizes, or it starts from zero.
-static void join_owner_memory(const BucketParts& parts, ErrorFeedback& bucket) {
+static void join_owner_state(const BucketParts& parts, ErrorFeedback& bucket) {
   const OwnerChunk chunk(parts);
   std::vector<float>& owner = FeedbackSlot::of(bucket);
   owner.assign(chunk.hi - chunk.lo, 0.0f);
@@ -165,7 +165,7 @@ static void join_owner_memory(const BucketParts& parts, ErrorFeedback& bucket) {
   }
 }
 
-static void split_owner_memory(const BucketParts& parts, const ErrorFeedback& bucket) {
+static void split_owner_state(const BucketParts& parts, const ErrorFeedback& bucket) {
   const OwnerChunk chunk(parts);
   const std::vector<float>& owner = FeedbackSlot::of(bucket);
   if (owner.size() != chunk.hi - chunk.lo) return;  // the bucket's call did not run this
@@ -219,8 +219,8 @@ extern const AlgorithmRow kCompressedReduceScatterRow = {
     .bytes = bytes_compressed_reduce_scatter,
     .run = run_compressed_reduce_scatter,
     .run_device = run_crs_device,
-    .join_memory = join_owner_memory,
-    .split_memory = split_owner_memory,
+    .join_state = join_owner_state,
+    .split_state = split_owner_state,
 };
 
 }  // namespace gcomp::detail

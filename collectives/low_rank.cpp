@@ -3,29 +3,30 @@
 // of the bucket is a matrix M (its shape, MatrixShape); the arithmetic is compressors/low_rank.hpp.
 //
 // Schedule, per bucket (M = x + e with error feedback; the tensors the codec does not compress,
-// 1-D or below min_compression_rate or still in their first `start` steps, go dense in the first
-// collective; P ranks):
+// 1-D or below min_compression_rate or still in their first `start` steps, go uncompressed in the
+// first collective; P ranks):
 //   two allreduces (default):
 //     1. Q from the tensor's state (warm start) or drawn (uniform, the same on every rank); with
 //        values=fp16 its columns normalized; P = M Q
-//     2. allreduce [dense tensors, every P]
+//     2. allreduce [uncompressed tensors, every P]
 //     3. P^ = orthonormalize(P); Q = M^T P^
 //     4. allreduce [every Q]
 //     5. out = P^ Q^T (/ P when averaging); e = M - P^ Q^T / P; Q kept (warm start)
 //   alternating (alternate=true), the state holding the factor allreduced last:
-//     Q kept (or none): Q^ = orthonormalize(Q); P = M Q^; allreduce [dense, every P];
+//     Q kept (or none): Q^ = orthonormalize(Q); P = M Q^; allreduce [uncompressed, every P];
 //                       out = P Q^^T; e = M - P Q^^T / P; P kept
-//     P kept:           P^ = orthonormalize(P); Q = M^T P^; allreduce [dense, every Q];
+//     P kept:           P^ = orthonormalize(P); Q = M^T P^; allreduce [uncompressed, every Q];
 //                       out = P^ Q^T; e = M - P^ Q^T / P; Q kept
 // Each allreduce is MPI_Allreduce of float32 (the dense algorithm's), or with values=fp16 the
-// dense part so and the factors through compressed_reduce_scatter with fp16 (sent as binary16,
-// summed in float32 by their owners, the sums sent as binary16). Bytes per rank: 2 (P-1)/P
-// (4 dense + b sum (rows + cols) r), b = 4 or 2; alternating, one factor a step. Independent of P.
+// uncompressed part so and the factors through compressed_reduce_scatter with fp16 (sent as
+// binary16, summed in float32 by their owners, the sums sent as binary16). Bytes per rank: 2
+// (P-1)/P (4 uncompressed + b sum (rows + cols) r), b = 4 or 2; alternating, one factor a step.
+// Independent of P.
 //
 // Every rank computes the orthonormalization and the products from the same allreduced bits in
 // the same order, so every rank's out is the same. The state (per tensor: Q or P, and a count of
-// steps) lives in the tensor's ErrorFeedback slot; a bucket's is its tensors' joined (join_memory,
-// split_memory), and the ranks agree on a hash of it (low_rank_state_signature): when they
+// steps) lives in the tensor's ErrorFeedback slot; a bucket's is its tensors' joined (join_state,
+// split_state), and the ranks agree on a hash of it (low_rank_state_signature): when they
 // differ, every rank starts afresh.
 #include "low_rank.hpp"
 
@@ -95,14 +96,19 @@ State read_state(const std::vector<float>& slot, std::pair<std::size_t, std::siz
 }
 
 // ---- One bucket's plan ----
-enum class Step { dense, both, with_q, with_p };  // with_q: alternating, P sent; with_p: Q sent
+enum class Step {
+  uncompressed,
+  both,
+  with_q,
+  with_p
+};  // with_q: alternating, P sent; with_p: Q sent
 
 struct Matrix {
-  Step step = Step::dense;
+  Step step = Step::uncompressed;
   std::size_t r = 0;
   std::size_t begin = 0;    // its first element in the call's tensor
   std::uint32_t steps = 0;  // after this call
-  std::size_t sent = 0;     // where its values (dense) or factor start in `first`
+  std::size_t sent = 0;     // where its values (uncompressed) or factor start in `first`
   std::size_t second = 0;   // both: where its Q starts in `second`
   std::size_t other = 0;    // where its other factor (Q, Q^ or P^) starts in `other`
   bool in_state = false;    // has a state to keep (compressed, or counting start steps)
@@ -112,17 +118,18 @@ struct Matrix {
 struct LowRankBuffers {
   std::vector<std::pair<std::size_t, std::size_t>> share;
   std::vector<Matrix> plan;
-  std::size_t dense = 0;             // the dense tensors' elements, first in `first`
+  std::size_t uncompressed = 0;      // the uncompressed tensors' elements, first in `first`
   std::vector<float> first, second;  // the two collectives' values
   std::vector<float> other;          // each compressed matrix's other factor
   std::vector<double> work;          // the orthonormalization's
   std::vector<double> work_products;  // M^T P's accumulators, the reconstruction's
-  std::vector<float> staged;          // device tensors: a dense tensor's result on the host
+  std::vector<float> staged;          // device tensors: an uncompressed tensor's result on the host
   std::vector<float> slot;            // the bucket's new state
 };
 
-// The collective of values [0, dense) float32 and [dense, end) factors (binary16 with fp16).
-void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
+// The collective of values [0, uncompressed) float32 and [uncompressed, end) factors (binary16 with
+// fp16).
+void exchange(Job& job, std::span<float> values, std::size_t uncompressed, bool half) {
   static const Codec none("none");
   static const Codec fp16("fp16");
   const auto one = [&](std::span<float> v, const Codec& codec, bool as_is) {
@@ -148,8 +155,8 @@ void exchange(Job& job, std::span<float> values, std::size_t dense, bool half) {
     job.meter.decode_seconds += sub.meter.decode_seconds;
   };
   if (!half) return one(values, none, true);
-  one(values.first(dense), none, true);
-  one(values.subspan(dense), fp16, false);
+  one(values.first(uncompressed), none, true);
+  one(values.subspan(uncompressed), fp16, false);
 }
 
 // The plan: what each tensor does this step, and where its values go.
@@ -158,7 +165,7 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
   const std::vector<float>* slot = job.buf.ef ? &FeedbackSlot::of(*job.buf.ef) : nullptr;
   const bool have = slot && !job.fresh_state && shares(*slot, mats.size(), b.share);
   b.plan.assign(mats.size(), Matrix{});
-  std::size_t dense = 0, factors = 0, second = 0, other = 0, begin = 0;
+  std::size_t uncompressed = 0, factors = 0, second = 0, other = 0, begin = 0;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     Matrix& p = b.plan[t];
     const MatrixShape& m = mats[t];
@@ -170,8 +177,8 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
     p.in_state = p.r > 0 && job.buf.ef;
     p.steps = st.steps == UINT32_MAX ? st.steps : st.steps + 1;
     if (p.r == 0 || st.steps < s.start) {
-      p.step = Step::dense;
-      dense += m.rows * m.cols;
+      p.step = Step::uncompressed;
+      uncompressed += m.rows * m.cols;
       continue;
     }
     p.step = !s.alternate ? Step::both : st.kept == kP ? Step::with_p : Step::with_q;
@@ -179,25 +186,25 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
     if (p.step == Step::both) second += m.cols * p.r;
     other += std::max(m.rows, m.cols) * p.r;
   }
-  b.dense = dense;
-  b.first.resize(dense + factors);
+  b.uncompressed = uncompressed;
+  b.first.resize(uncompressed + factors);
   b.second.resize(second);
   b.other.resize(other);
-  dense = 0;
+  uncompressed = 0;
   second = 0;
   other = 0;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     Matrix& p = b.plan[t];
-    if (p.step != Step::dense) continue;
-    p.sent = dense;
-    dense += mats[t].rows * mats[t].cols;
+    if (p.step != Step::uncompressed) continue;
+    p.sent = uncompressed;
+    uncompressed += mats[t].rows * mats[t].cols;
   }
   for (std::size_t t = 0; t < mats.size(); ++t) {
     Matrix& p = b.plan[t];
     const MatrixShape& m = mats[t];
-    if (p.step == Step::dense) continue;
-    p.sent = dense;
-    dense += (p.step == Step::with_p ? m.cols : m.rows) * p.r;
+    if (p.step == Step::uncompressed) continue;
+    p.sent = uncompressed;
+    uncompressed += (p.step == Step::with_p ? m.cols : m.rows) * p.r;
     p.other = other;
     other += std::max(m.rows, m.cols) * p.r;
     if (p.step == Step::both) {
@@ -211,9 +218,9 @@ void make_plan(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
 // kernels) or a device's (its backend's: M never leaves the device, the factors cross to the
 // host, where they are allreduced and orthonormalized). Factors (q, p, a, b, got) are host
 // memory; m, out and e are in the bucket's memory.
-class Memory {
+class MatrixOps {
  public:
-  virtual ~Memory() = default;
+  virtual ~MatrixOps() = default;
   virtual void form(const float* x, const float* e_old, float* m, std::size_t n) = 0;  // x + e
   virtual void read(const float* m, std::size_t len, float* to) = 0;                   // a copy
   virtual void multiply(const float* m, const MatrixShape& b, const float* q, std::size_t r,
@@ -224,12 +231,13 @@ class Memory {
   virtual void reconstruct(const float* a, const float* b, const MatrixShape& blk, std::size_t r,
                            double out_scale, float* out, double share_scale, float* e) = 0;
   // out = float(got out_scale); e (or null) = 0.
-  virtual void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) = 0;
+  virtual void take_uncompressed(const float* got, std::size_t len, double out_scale, float* out,
+                                 float* e) = 0;
 };
 
-class HostMemory final : public Memory {
+class HostMatrixOps final : public MatrixOps {
  public:
-  explicit HostMemory(std::vector<double>& work) : work_(work) {}
+  explicit HostMatrixOps(std::vector<double>& work) : work_(work) {}
   void form(const float* x, const float* e_old, float* m, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) m[i] = x[i] + e_old[i];
   }
@@ -248,7 +256,8 @@ class HostMemory final : public Memory {
     work_.resize(blk.cols * r);
     lr_reconstruct(a, b, blk.rows, blk.cols, r, out_scale, out, share_scale, e, e, work_.data());
   }
-  void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) override {
+  void take_uncompressed(const float* got, std::size_t len, double out_scale, float* out,
+                         float* e) override {
     for (std::size_t i = 0; i < len; ++i) out[i] = static_cast<float>(got[i] * out_scale);
     if (e) std::fill(e, e + len, 0.0f);
   }
@@ -259,9 +268,9 @@ class HostMemory final : public Memory {
 
 // Device memory: each factor goes to the device (DeviceStage's kFactorA for P, kFactorB for Q,
 // sized once for the bucket's largest, so that no buffer is freed under queued work) and back.
-class DeviceMemory final : public Memory {
+class DeviceMatrixOps final : public MatrixOps {
  public:
-  DeviceMemory(const Job& job, std::size_t max_p, std::size_t max_q, std::vector<float>& host)
+  DeviceMatrixOps(const Job& job, std::size_t max_p, std::size_t max_q, std::vector<float>& host)
       : dev_(*job.buf.dev),
         stream_(job.buf.stream),
         pd_(static_cast<float*>(job.buf.stage->get(DeviceStage::kFactorA, 4 * max_p))),
@@ -293,7 +302,8 @@ class DeviceMemory final : public Memory {
                         stream_);
     dev_.sync(stream_);  // the factors' buffers are the next matrix's
   }
-  void dense(const float* got, std::size_t len, double out_scale, float* out, float* e) override {
+  void take_uncompressed(const float* got, std::size_t len, double out_scale, float* out,
+                         float* e) override {
     host_.resize(len);
     for (std::size_t i = 0; i < len; ++i) host_[i] = static_cast<float>(got[i] * out_scale);
     dev_.copy(out, host_.data(), 4 * len, stream_);
@@ -310,15 +320,15 @@ class DeviceMemory final : public Memory {
 
 // Step 1: the values each tensor sends first (its own, or its first factor).
 void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const float* mbase,
-                    Memory& mem) {
+                    MatrixOps& ops) {
   const std::span<const MatrixShape> mats = job.call.shapes;
   for (std::size_t t = 0; t < mats.size(); ++t) {
     const Matrix& p = b.plan[t];
     const MatrixShape& m = mats[t];
     const float* M = mbase + p.begin;
     float* to = b.first.data() + p.sent;
-    if (p.step == Step::dense) {
-      mem.read(M, m.rows * m.cols, to);
+    if (p.step == Step::uncompressed) {
+      ops.read(M, m.rows * m.cols, to);
       continue;
     }
     const State& st = p.st;
@@ -327,7 +337,7 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
     if (p.step == Step::with_p) {  // alternating, P kept: Q = M^T P^
       std::copy(st.factor, st.factor + m.rows * p.r, other);
       lr_orthonormalize(other, m.rows, p.r, b.work.data());
-      mem.multiply_t(M, m, other, p.r, to);
+      ops.multiply_t(M, m, other, p.r, to);
       continue;
     }
     // P = M Q, Q kept (warm start, or alternating) or drawn.
@@ -342,7 +352,7 @@ void first_products(Job& job, LowRankBuffers& b, const LowRankSpec& s, const flo
     } else if (s.fp16) {
       lr_normalize_columns(other, m.cols, p.r);
     }
-    mem.multiply(M, m, other, p.r, to);
+    ops.multiply(M, m, other, p.r, to);
   }
 }
 
@@ -379,8 +389,8 @@ void keep_state(Job& job, LowRankBuffers& b, const LowRankSpec& s) {
 
 // The schedule (at the top of this file) on the bucket's memory: M, out and e there, the
 // factors on the host.
-void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& mem, const float* x,
-                   const float* e_old, float* e, float* out) {
+void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, MatrixOps& ops,
+                   const float* x, const float* e_old, float* e, float* out) {
   const std::span<const MatrixShape> mats = job.call.shapes;
   const double world = job.call.size;
   const double out_scale = job.call.average ? 1.0 / world : 1.0;
@@ -389,12 +399,12 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
   {
     const auto timed = job.meter.encoding();
     if (e) {
-      mem.form(x, e_old, e, job.buf.in.size());
+      ops.form(x, e_old, e, job.buf.in.size());
       M = e;
     }
-    first_products(job, b, s, M, mem);
+    first_products(job, b, s, M, ops);
   }
-  exchange(job, b.first, b.dense, s.fp16);
+  exchange(job, b.first, b.uncompressed, s.fp16);
   {
     const auto timed = job.meter.decoding();
     for (std::size_t t = 0; t < mats.size(); ++t) {
@@ -404,21 +414,21 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
       float* other = b.other.data() + p.other;
       float* et = e ? e + p.begin : nullptr;
       switch (p.step) {
-        case Step::dense:
-          mem.dense(got, m.rows * m.cols, out_scale, out + p.begin, et);
+        case Step::uncompressed:
+          ops.take_uncompressed(got, m.rows * m.cols, out_scale, out + p.begin, et);
           break;
         case Step::with_q:  // out = P Q^^T
-          mem.reconstruct(got, other, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
+          ops.reconstruct(got, other, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
           break;
         case Step::with_p:  // out = P^ Q^T
-          mem.reconstruct(other, got, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
+          ops.reconstruct(other, got, m, p.r, out_scale, out + p.begin, 1.0 / world, et);
           break;
         case Step::both: {  // P^ = orthonormalize(P); Q = M^T P^ (into `other`: P^)
           float* phat = other;
           std::copy(got, got + m.rows * p.r, phat);
           b.work.resize(m.rows * p.r);
           lr_orthonormalize(phat, m.rows, p.r, b.work.data());
-          mem.multiply_t(M + p.begin, m, phat, p.r, b.second.data() + p.second);
+          ops.multiply_t(M + p.begin, m, phat, p.r, b.second.data() + p.second);
           break;
         }
       }
@@ -431,7 +441,7 @@ void low_rank_step(Job& job, LowRankBuffers& b, const LowRankSpec& s, Memory& me
       const Matrix& p = b.plan[t];
       if (p.step != Step::both) continue;
       const MatrixShape& m = mats[t];
-      mem.reconstruct(b.other.data() + p.other, b.second.data() + p.second, m, p.r, out_scale,
+      ops.reconstruct(b.other.data() + p.other, b.second.data() + p.second, m, p.r, out_scale,
                       out + p.begin, 1.0 / world, e ? e + p.begin : nullptr);
     }
   }
@@ -442,9 +452,9 @@ void run_low_rank(Job& job) {
   const LowRankSpec& s = low_rank_spec(*job.call.codec);
   LowRankBuffers& b = job.ws.get<LowRankBuffers>();
   make_plan(job, b, s);
-  HostMemory mem(b.work_products);
+  HostMatrixOps ops(b.work_products);
   float* e = job.buf.ef ? job.buf.ef_next.data() : nullptr;
-  low_rank_step(job, b, s, mem, job.buf.in.data(),
+  low_rank_step(job, b, s, ops, job.buf.in.data(),
                 job.buf.ef ? job.buf.ef->residual().data() : nullptr, e, job.buf.out.data());
 }
 
@@ -459,12 +469,12 @@ void run_low_rank_device(Job& job) {
     max_p = std::max(max_p, job.call.shapes[t].rows * b.plan[t].r);
     max_q = std::max(max_q, job.call.shapes[t].cols * b.plan[t].r);
   }
-  DeviceMemory mem(job, max_p, max_q, b.staged);
-  low_rank_step(job, b, s, mem, job.buf.d_in, job.buf.d_e_old, job.buf.d_e_new, job.buf.d_out);
+  DeviceMatrixOps ops(job, max_p, max_q, b.staged);
+  low_rank_step(job, b, s, ops, job.buf.d_in, job.buf.d_e_old, job.buf.d_e_new, job.buf.d_out);
   job.buf.dev->sync(job.buf.stream);
 }
 
-// ---- The bucket's memory, joined from its tensors' slots and split back ----
+// ---- The bucket's state, joined from its tensors' slots and split back ----
 void join_low_rank(const BucketParts& parts, ErrorFeedback& bucket) {
   std::vector<float>& out = FeedbackSlot::of(bucket);
   out.clear();
@@ -494,14 +504,16 @@ void split_low_rank(const BucketParts& parts, const ErrorFeedback& bucket) {
 
 // ---- The cost model ----
 // M formed (error feedback), the products (two, or one alternating) and the reconstruction over
-// the compressed matrices, and the collectives: [dense, P] then [Q]; alternating [dense, one
-// factor] (on average half of P and of Q).
-double t_exchange(const ModelInput& in, double dense, double factors) {
+// the compressed matrices, and the collectives: [uncompressed, P] then [Q]; alternating
+// [uncompressed, one factor] (on average half of P and of Q).
+double t_exchange(const ModelInput& in, double uncompressed, double factors) {
   if (in.value_bytes >= 4) {
-    return dense + factors > 0 ? t_allreduce(in, 4 * (dense + factors), dense + factors) : 0.0;
+    return uncompressed + factors > 0
+               ? t_allreduce(in, 4 * (uncompressed + factors), uncompressed + factors)
+               : 0.0;
   }
   const double p = in.ranks;
-  double t = dense > 0 ? t_allreduce(in, 4 * dense, dense) : 0.0;
+  double t = uncompressed > 0 ? t_allreduce(in, 4 * uncompressed, uncompressed) : 0.0;
   if (factors > 0) {
     const double b = 2 * factors;
     t += t_alltoallv(in, b) + t_allgatherv(in, b / p) + factors * 3 * in.compute.reduce;
@@ -509,11 +521,11 @@ double t_exchange(const ModelInput& in, double dense, double factors) {
   return t;
 }
 
-// What the call's matrices make of the model: the elements that go dense (1-D, small), and the
-// compressed ones' factors and products, from the codec and the shapes (without shapes: the
+// What the call's matrices make of the model: the elements that go uncompressed (1-D, small), and
+// the compressed ones' factors and products, from the codec and the shapes (without shapes: the
 // tensor as one square matrix).
 struct Factors {
-  double dense = 0;        // elements sent as they are
+  double uncompressed = 0;  // elements sent as they are
   double p = 0;            // the P factors, rows x r summed
   double q = 0;            // the Q factors, cols x r summed
   double product = 0;      // rows x cols x r summed: one product's work
@@ -532,7 +544,7 @@ Factors factors_of(const ModelInput& in) {
     const std::size_t r = low_rank_of(m.rows, m.cols, s);
     const double rows = static_cast<double>(m.rows), cols = static_cast<double>(m.cols);
     if (r == 0) {
-      f.dense += rows * cols;
+      f.uncompressed += rows * cols;
       continue;
     }
     f.p += rows * static_cast<double>(r);
@@ -552,9 +564,10 @@ double predict_low_rank(const ModelInput& in) {
   const auto& c = in.compute;
   const double form = in.error_feedback ? in.n * c.reduce : 0.0;
   if (f.alternate) {
-    return form + f.product * (c.encode + c.decode) + t_exchange(in, f.dense, (f.p + f.q) / 2);
+    return form + f.product * (c.encode + c.decode) +
+           t_exchange(in, f.uncompressed, (f.p + f.q) / 2);
   }
-  return form + f.product * (2 * c.encode + c.decode) + t_exchange(in, f.dense, f.p) +
+  return form + f.product * (2 * c.encode + c.decode) + t_exchange(in, f.uncompressed, f.p) +
          t_exchange(in, 0, f.q);
 }
 
@@ -563,7 +576,7 @@ double bytes_low_rank(const ModelInput& in) {
   const Factors f = factors_of(in);
   const double sent = f.alternate ? (f.p + f.q) / 2 : f.p + f.q;
   const double vb = in.value_bytes >= 4 ? 4 : 2;
-  return 2 * (in.ranks - 1.0) / in.ranks * (4 * f.dense + vb * sent);
+  return 2 * (in.ranks - 1.0) / in.ranks * (4 * f.uncompressed + vb * sent);
 }
 
 std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
@@ -584,7 +597,7 @@ extern const AlgorithmRow kLowRankRow = {
     .name = "low_rank",
     .description =
         "PowerSGD: each matrix's factors P = M Q and Q = M^T P allreduced (one "
-        "collective each for the bucket; alternating, one a step), 1-D tensors dense",
+        "collective each for the bucket; alternating, one a step), 1-D tensors uncompressed",
     .sparse_only = false,
     .low_rank = true,
     .candidate = for_low_rank_codecs,
@@ -592,8 +605,8 @@ extern const AlgorithmRow kLowRankRow = {
     .bytes = bytes_low_rank,
     .run = run_low_rank,
     .run_device = run_low_rank_device,
-    .join_memory = join_low_rank,
-    .split_memory = split_low_rank,
+    .join_state = join_low_rank,
+    .split_state = split_low_rank,
     .state_signature = low_rank_state_signature,
 };
 

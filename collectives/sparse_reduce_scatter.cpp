@@ -55,11 +55,11 @@
 
 namespace gcomp::detail {
 
-// What the algorithm remembers of a tensor between calls (a TensorMemory, algorithm_table.hpp):
+// What the algorithm remembers of a tensor between calls (a TensorState, algorithm_table.hpp):
 // the region boundaries balanced by where the ranks' selections fell last time, and the global
 // threshold estimate (with the level it came from). Every rank derives it from the same gathered
 // data, so every rank holds the same.
-struct SparseRegions final : TensorMemory {
+struct SparseRegions final : TensorState {
   std::vector<std::uint64_t> bound;  // P + 1 boundaries; empty: P equal regions
   double threshold = 0;              // keep |sum| >= threshold; 0: unknown (found this call)
   double level = 0;                  // the previous call's 1.1 k-th largest |sum|; 0: unknown
@@ -185,7 +185,7 @@ struct Buffers {
 struct Call {
   Job& job;
   Buffers& buf;
-  SparseRegions& memory;
+  SparseRegions& regions;
   std::uint64_t n = 0, p = 0, k = 0, aim = 0;
   std::size_t me = 0;
   std::vector<std::uint64_t> bound;  // the regions: owner j holds [bound[j], bound[j + 1])
@@ -197,7 +197,7 @@ struct Call {
   bool sent_all = false;             // every nonzero sum was gathered
   double next_theta = 0, level = 0;  // for the next call
 
-  Call(Job& j, Buffers& b, SparseRegions& m) : job(j), buf(b), memory(m) {}
+  Call(Job& j, Buffers& b, SparseRegions& m) : job(j), buf(b), regions(m) {}
   // An entry this owner sent in the first allgather: above theta and not past its cut.
   bool sent_first(std::uint64_t i, double m) const {
     return m >= theta && (!report.capped || !(cut < Ranked{static_cast<float>(m), i}));
@@ -209,7 +209,7 @@ void regions(Call& c) {
   c.n = c.job.buf.out.size();
   c.p = static_cast<std::uint64_t>(c.job.call.size);
   c.me = static_cast<std::size_t>(c.job.call.rank);
-  const std::vector<std::uint64_t>& old = c.memory.bound;
+  const std::vector<std::uint64_t>& old = c.regions.bound;
   c.bound = old.size() == c.p + 1 && old[c.p] == c.n ? old : even_bounds(c.n, c.p);
   c.k = std::min<std::uint64_t>(c.job.agreed_sent, c.n);
   c.aim = static_cast<std::uint64_t>(std::ceil(kAim * static_cast<double>(c.k)));
@@ -248,7 +248,7 @@ void reduce_scatter(Call& c) {
 // 3a. The threshold: the remembered one, or the edge of the summed histograms' bin where aim
 // is reached.
 void threshold(Call& c) {
-  c.theta = c.memory.threshold;
+  c.theta = c.regions.threshold;
   if (c.theta > 0) return;
   Buffers& b = c.buf;
   {
@@ -446,7 +446,7 @@ bool gather_second(Call& c) {
 }
 
 // 4c. The cut to the k largest, the next call's threshold, the residual's return and the
-// memory of the regions.
+// state of the regions.
 void cut_and_remember(Call& c, bool top_k_first) {
   const auto timed = c.job.meter.decoding();
   std::vector<Ranked>& ranked = c.buf.ranked;
@@ -466,7 +466,7 @@ void cut_and_remember(Call& c, bool top_k_first) {
     // converging model) would leave the next call short of k under this call's level, and a
     // short call costs a second allgather; so theta follows a shrinking level down by its last
     // ratio (at most halving it). Too low a theta costs at most the owners' caps.
-    const double ratio = c.memory.level > 0 ? c.level / c.memory.level : 1.0;
+    const double ratio = c.regions.level > 0 ? c.level / c.regions.level : 1.0;
     c.next_theta = c.level * std::clamp(ratio, 0.5, 1.0);
   } else if (c.sent_all) {
     c.next_theta = std::numeric_limits<float>::denorm_min();
@@ -487,14 +487,14 @@ void cut_and_remember(Call& c, bool top_k_first) {
     });
   }
   // The next call's regions and threshold, the same on every rank.
-  c.memory.bound = balanced_bounds(c.bound, c.reports, c.n);
-  c.memory.threshold = c.next_theta > 0 && std::isfinite(c.next_theta) ? c.next_theta : 0.0;
-  c.memory.level = c.level > 0 && std::isfinite(c.level) ? c.level : 0.0;
+  c.regions.bound = balanced_bounds(c.bound, c.reports, c.n);
+  c.regions.threshold = c.next_theta > 0 && std::isfinite(c.next_theta) ? c.next_theta : 0.0;
+  c.regions.level = c.level > 0 && std::isfinite(c.level) ? c.level : 0.0;
 }
 
 void run_sparse_reduce_scatter(Job& job) {
-  SparseRegions fresh;  // where the Communicator keeps no memory of the tensor
-  Call c(job, job.ws.get<Buffers>(), job.memory ? static_cast<SparseRegions&>(*job.memory) : fresh);
+  SparseRegions fresh;  // where the Communicator keeps no state of the tensor
+  Call c(job, job.ws.get<Buffers>(), job.state ? static_cast<SparseRegions&>(*job.state) : fresh);
   regions(c);
   reduce_scatter(c);
   threshold(c);
@@ -569,7 +569,7 @@ extern const AlgorithmRow kSparseReduceScatterRow = {
     .bytes = bytes_sparse_reduce_scatter,
     .run = run_sparse_reduce_scatter,
     .run_device = run_sparse_reduce_scatter_device,
-    .make_memory = [] { return std::unique_ptr<TensorMemory>(new SparseRegions()); },
+    .make_state = [] { return std::unique_ptr<TensorState>(new SparseRegions()); },
 };
 
 }  // namespace gcomp::detail

@@ -112,8 +112,8 @@ TEST(AlgorithmTable, TheCheckFindsEveryKindOfMistake) {
   }
   ASSERT_NE(stateful, nullptr);  // low_rank's
   detail::AlgorithmRow unjoined = *stateful;
-  unjoined.join_memory = nullptr;
-  unjoined.split_memory = nullptr;
+  unjoined.join_state = nullptr;
+  unjoined.split_state = nullptr;
   auto without_memory = t;
   without_memory[static_cast<std::size_t>(stateful->id) - 1] = &unjoined;
   fails(without_memory);
