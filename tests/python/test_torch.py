@@ -677,22 +677,22 @@ def test_the_step_check_keeps_the_faster_way_on_every_rank(case):
 
     check.clock = clock
     votes = []
-    real_vote = gt._vote
+    real_vote = gt._step_check._vote
 
     def vote(local):  # a vote is a collective: once after the first probe step, once at the end
         votes.append(local)
         return real_vote(local)
 
-    gt._vote = vote
+    gt._step_check._vote = vote
     try:
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
         train(m, opt, 30)
     finally:
-        gt._vote = real_vote
+        gt._step_check._vote = real_vote
     same_on_every_rank(list(m.parameters()))
     st = state.stats()
     assert st["step_checks"] == 1
-    assert gt._StepCheck.probe == 5
+    assert gt._step_check._StepCheck.probe == 5
     if case == "uncompressed":
         assert st["step_switches"] == 1 and st["uncompressed_steps"] == 30 - 10
         assert len(votes) == 2

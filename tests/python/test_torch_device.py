@@ -1,6 +1,6 @@
 """gcomp.torch's CUDA path, run on CPU tensors: on every rank of `mpiexec.mpich -n 2` with the
 stand-in build of gcomp (build/python_standin), a stand-in for gcomp.torch's CUDA layer
-(gt._cuda) treats every tensor as a CUDA tensor whose memory is the stand-in's, and logs the
+(gt._cuda.cuda) treats every tensor as a CUDA tensor whose memory is the stand-in's, and logs the
 streams, events and allocator hints it is asked for. So the hook's and the optimizer's device
 path (device residuals, momentum correction by torch ops, the side stream, the event, the
 CUDA-aware future) runs here, and must give the CPU path's parameters bit for bit. The real
@@ -43,7 +43,7 @@ class TensorAsCuda:
                                          "strides": None, "stream": None}
 
 
-class StandinCuda(gt._Cuda):
+class StandinCuda(gt._cuda._Cuda):
     def __init__(self):
         super().__init__()
         self.log = []
@@ -117,11 +117,11 @@ def group():
 
 @contextlib.contextmanager
 def device_path():
-    real, gt._cuda = gt._cuda, StandinCuda()
+    real, gt._cuda.cuda = gt._cuda.cuda, StandinCuda()
     try:
-        yield gt._cuda
+        yield gt._cuda.cuda
     finally:
-        gt._cuda = real
+        gt._cuda.cuda = real
 
 
 def model(seed=0):
@@ -157,9 +157,9 @@ def test_backend_none_picks_as_torch_would(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("MPI_LOCALNRANKS", "2")
-    assert gt._default_backend() == "gloo", "two ranks on one GPU: NCCL would refuse"
+    assert gt._engine._default_backend() == "gloo", "two ranks on one GPU: NCCL would refuse"
     monkeypatch.setenv("MPI_LOCALNRANKS", "1")
-    assert gt._default_backend() == "nccl"
+    assert gt._engine._default_backend() == "nccl"
 
 
 @pytest.mark.parametrize("codec, options", [

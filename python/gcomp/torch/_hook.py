@@ -1,0 +1,294 @@
+"""The DDP communication hook: CompressionState (the hook's state for one model),
+compression_hook, and register (the one line)."""
+
+import time
+
+import torch
+
+from . import _cuda, _options, _step_check
+from ._engine import _Stats, _check_world, _engine
+from ._feedback import _PerParameterFeedback
+from ._pipeline import _MASK, Bucket, Collective
+from ._step_check import _StepCheck, _start_steps
+
+
+class CompressionState(_PerParameterFeedback):
+    """CompressionState(codec, error_feedback=True, warmup_steps=0, algorithm="auto",
+    dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
+    momentum=0.0, weight_decay=0.0, stall_seconds=None, timeout_seconds=None, names=None)
+
+    The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
+    per_parameter: True compresses each parameter's gradient in the bucket on its own (one
+    collective each, parameters of fewer than dense_below elements fused into one
+    uncompressed), as layer-wise compression does: a codec's scale or top-k's selection then
+    follows each layer. False compresses the whole bucket as one tensor (fewer collectives; a
+    top-k over the bucket's layers together). None (the default): True for the codecs with one
+    scale per tensor (sign, TernGrad), False for the others. The element-wise codecs (none,
+    fp16, bf16, threshold) always send the bucket whole: their values are the same either way.
+    error_feedback: keep what the codec did not send, per parameter, and add it to the next
+    step's gradient (it follows the parameters when DDP rebuilds its buckets after the first
+    step). True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16,
+    bf16, random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow
+    without bound; "always" applies it to every codec, False to none.
+    warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (whole
+    buckets, where not per parameter) of fewer elements go uncompressed. algorithm,
+    allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
+    when that is faster, unless allow_uncompressed is False). synchronous: wait for each
+    bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
+    momentum: DGC's momentum correction (0 = off). The hook keeps a velocity per parameter,
+    u = momentum * u + g, and compresses u with error feedback instead of g: the residual
+    accumulates velocities, top-k selects on them, and where a value is sent its velocity is
+    zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
+    momentum=0): the momentum is here. Needs error feedback. register() sets it (and
+    weight_decay) from the optimizer. weight_decay: added to each gradient before momentum
+    correction and compression, g += weight_decay * p (SGD's weight decay, moved here).
+    stall_seconds, timeout_seconds: for this hook's calls, the Communicator's (None: its own,
+    from GCOMP_STALL_SECONDS, default 60, and GCOMP_TIMEOUT_SECONDS, default never; 0: never):
+    a rank that waits that long for another at a bucket's call names the call and the missing
+    ranks on stderr, or with the timeout raises gcomp.Error("timeout") from backward on every
+    rank (docs/python.md, "A rank that does not come"). names: (name, parameter) pairs
+    (register() passes model.named_parameters()), the keys of state_dict() and the names in a
+    stall report. state_dict() / load_state_dict(): checkpoints (docs/python.md).
+    A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
+    bucket.gradients() and sends the bucket's matrices as their factors in one collective, its
+    vectors and small matrices dense in the same one (per_parameter and dense_below do not
+    apply; the bucket is reduced where DDP holds it, without a copy); its state (residual and
+    warm-start Q) is per parameter, so it works with DDP's default buckets and their rebuild.
+    Without error feedback it keeps no Q: every step starts cold. Under auto with
+    allow_uncompressed, whole steps are compared too (_StepCheck, docs/python.md): where the
+    uncompressed steps measure faster, the hook sends whole steps uncompressed.
+    """
+
+    def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
+                 dense_below=1024, seed=0, synchronous=False, per_parameter=None,
+                 allow_uncompressed=True, momentum=0.0, weight_decay=0.0, stall_seconds=None,
+                 timeout_seconds=None, names=None):
+        _options.apply(self, codec, error_feedback=error_feedback, warmup_steps=warmup_steps,
+                       algorithm=algorithm, dense_below=dense_below, seed=seed,
+                       synchronous=synchronous, per_parameter=per_parameter,
+                       allow_uncompressed=allow_uncompressed, momentum=momentum,
+                       weight_decay=weight_decay, stall_seconds=stall_seconds,
+                       timeout_seconds=timeout_seconds)
+        self._init_feedback(names)
+        self.step = 0  # completed backward passes (a bucket with is_last() ends one)
+        self._layout = {}  # bucket index -> (layout key, ErrorFeedback)
+        self._stats = _Stats()
+        self._new_step = True  # the next hook call is a step's first
+        self._world_ok = False  # gcomp's world checked against torch's (the first call)
+        # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
+        self._check = (_StepCheck(self.warmup_steps + _start_steps(codec) + _StepCheck.window)
+                       if self._shaped and algorithm == "auto" and self.allow_uncompressed
+                       else None)
+
+    def stats(self):
+        """stats() -> dict: calls, dense_calls (warm-up; small whole buckets), compressed,
+        bytes_sent, bytes_received, encode/comm/decode_seconds, algorithm (calls per
+        algorithm) and steps, summed over this rank's hook calls so far; and where the time
+        goes: hook_seconds (in the hook, on the training thread), handoff_seconds (submitted
+        to started on the communication thread), job_seconds (the jobs there: encode, comm,
+        decode and python_seconds, the rest; agree_seconds is comm's agreement), tail_seconds
+        (from each step's last bucket handed over to its result: what the end of backward
+        waits for), cpu_seconds (the communication thread's CPU time in the jobs), jobs; for a
+        low-rank codec under auto (whole steps compared, docs/python.md), step_checks,
+        step_switches, step_aborts and uncompressed_steps."""
+        extra = self._check.stats() if self._check else {}
+        return self._stats.snapshot(steps=self.step, **extra)
+
+    def _whole_step(self, step, index, first_call, dense):
+        """(plain, bare) for a bucket of `step`: plain, the step goes uncompressed where the
+        step check found whole steps faster that way (x + e summed with codec none: the
+        residual sent and zeroed, as auto's own uncompressed choice does); bare, past the
+        bucket's first uncompressed step its residuals are zero: the plain allreduce."""
+        check = self._check
+        plain = not dense and check is not None and check.mode(step, first_call,
+                                                               _step_check._vote)
+        bare = plain and index in check.zeroed
+        if check is not None:
+            if plain:
+                check.zeroed.add(index)
+            elif not dense:
+                check.zeroed.clear()
+        return plain, bare
+
+    def _collective(self, bucket, tensor, step, index, dense, plain, bare):
+        """(the bucket's Collective, its gradients' views or None): dense (warm-up, a small
+        whole bucket) or bare, the bucket uncompressed; plain, its views with their residuals,
+        uncompressed; else with the codec: a low-rank codec's matrices in one collective, or
+        each parameter on its own (per_parameter), or the bucket whole, with error feedback
+        per parameter as the state keeps it."""
+        views = efs = ef = shapes = None
+        if not dense and (self._shaped or self._split):
+            views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+            if self._shaped:  # low-rank: the bucket's gradients as matrices
+                shapes = [tuple(g.shape) for g in bucket.gradients()]
+            if self.error_feedback:
+                efs = [self._feedback_of(p) for p in bucket.parameters()]
+        elif self.error_feedback and not dense:
+            ef = self._feedback_for(bucket)
+        if dense or bare:
+            return Collective("allreduce", tensor, "none",
+                              {"algorithm": "dense", "average": True}), views
+        whole_bytes = max(4 * tensor.numel(), 1)
+        if plain:
+            return Collective("allreduce_buckets", views, "none", {
+                "efs": efs, "bucket_bytes": whole_bytes, "dense_below": 0, "average": True,
+                "algorithm": "dense", "step": step, "index": index}), views
+        # The library mixes step and index into the seed: a seed per bucket and step. The step
+        # check weighs the uncompressed way (_StepCheck): its steps' calls do not.
+        coded = {"average": True, "seed": self.seed & _MASK, "algorithm": self.algorithm,
+                 "allow_uncompressed": self.allow_uncompressed and self._check is None,
+                 "step": step, "index": index}
+        if self._shaped:
+            # dense_below=0: the low-rank algorithm sends the small tensors dense in its first
+            # collective (one collective a bucket, not two), and the views, which lie in the
+            # bucket's buffer in order, are reduced there.
+            return Collective("allreduce_buckets", views, self.codec, {
+                "efs": efs, "shapes": shapes, "bucket_bytes": whole_bytes, "dense_below": 0,
+                **coded}), views
+        if self._split:
+            # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
+            return Collective("allreduce_buckets", views, self.codec, {
+                "efs": efs, "bucket_bytes": 1, "dense_below": self.dense_below, **coded}), views
+        return Collective("allreduce", tensor, self.codec, {"ef": ef, **coded}), views
+
+    def _feedback_for(self, bucket):
+        """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
+        anew (its rebuild after the first step), a new one filled with each parameter's residual
+        from where it was (or from a loaded checkpoint)."""
+        entries = _layout_of(bucket)
+        key = tuple(entries)
+        known = self._layout.get(bucket.index())
+        if known is not None and known[0] == key:
+            return known[1]
+        ef = _cuda._new_feedback(bucket.buffer().numel(), bucket.buffer())
+        residual = _cuda._residual_of(ef)
+        pending = self._loaded["residuals"]
+        for pid, off, numel in entries:
+            home = self._home.get(pid)
+            if home is not None:
+                old, old_off, old_numel = home
+                if old_numel == numel:
+                    residual[off:off + numel] = _cuda._residual_of(old)[old_off:old_off + numel]
+            else:
+                r = pending.pop(self._keys.get(pid), None)
+                if r is not None and r.numel() == numel:
+                    residual[off:off + numel] = r
+        # What the collectives kept beside the bucket's residual, where a checkpoint has it for
+        # this very layout.
+        kept = self._loaded["buckets"].pop(self._bucket_key(entries), None)
+        if kept is not None:
+            ef.kept = torch.as_tensor(kept, dtype=torch.float32).numpy()
+        for pid, off, numel in entries:
+            self._home[pid] = (ef, off, numel)
+        self._layout[bucket.index()] = (key, ef)
+        return ef
+
+    def _bucket_key(self, entries):
+        return tuple((self._keys.get(pid), off, numel) for pid, off, numel in entries)
+
+    _format = "gcomp.torch.CompressionState"
+
+    def state_dict(self):
+        """state_dict() -> dict: what a resumed job needs to go on exactly where this one is
+        (for torch.save): the step count, every parameter's error-feedback residual and
+        momentum-correction velocity, and what the collectives keep beside a residual (the
+        low-rank warm-start factors), each parameter by its name (register(), names=) or else
+        by its place in the order the hook first met it; float32 tensors, copies. Not in it:
+        what auto learned and the whole-step check, which a resumed job learns again
+        (docs/python.md, "Checkpoints"). Call it between steps (no bucket in flight)."""
+        fb = self._feedback_state()
+        for (layout, ef) in self._layout.values():
+            kept = ef.kept
+            if kept.size:
+                fb["buckets"][self._bucket_key(layout)] = torch.from_numpy(kept)
+        return self._checkpoint("step", self.step, fb)
+
+    def load_state_dict(self, state_dict):
+        """load_state_dict(state_dict): goes on from a state_dict() of a state with the same
+        codec and momentum (ValueError otherwise), before the hook's first call or between
+        steps: the step count as saved, and each parameter's residual and velocity when the hook
+        next meets it (by its key), whatever buckets DDP has laid it out in."""
+        self._check_format(state_dict)
+        self._load_feedback(state_dict)
+        self._layout.clear()
+        self.step = int(state_dict["step"])
+        self._new_step = True
+        if self._check is not None:  # the whole-step check measures afresh
+            self._check = _StepCheck(max(self.warmup_steps + _start_steps(self.codec),
+                                         self.step) + _StepCheck.window)
+
+
+def _layout_of(bucket):
+    """[(parameter id, offset in the bucket's buffer, numel)] in the bucket's order."""
+    buffer = bucket.buffer()
+    base, size = buffer.data_ptr(), buffer.element_size()
+    entries, offset = [], 0
+    for p, g in zip(bucket.parameters(), bucket.gradients()):
+        if g.data_ptr() >= base and g.data_ptr() < base + buffer.numel() * size:
+            offset = (g.data_ptr() - base) // size  # a view into the bucket
+        entries.append((id(p), offset, p.numel()))
+        offset += p.numel()
+    return entries
+
+
+def compression_hook(state, bucket):
+    """compression_hook(state, bucket) -> torch.futures.Future[torch.Tensor]
+
+    A DDP communication hook (torch's contract: register it with
+    ``model.register_comm_hook(state, compression_hook)``): averages the bucket over the ranks
+    through gcomp with state's codec, on the communication thread, and returns a future of the
+    averaged bucket, as DDP's default hook does.
+    """
+    entered = time.perf_counter()
+    tensor = bucket.buffer()
+    step, index, last = state.step, bucket.index(), bucket.is_last()
+    params = bucket.parameters()
+    state._meet(params)
+    dense = step < state.warmup_steps or (not state._split and not state._shaped and
+                                          tensor.numel() < state.dense_below)
+    first_call, state._new_step = state._new_step, last
+    plain, bare = state._whole_step(step, index, first_call, dense)
+    collective, views = state._collective(bucket, tensor, step, index, dense, plain, bare)
+    grads = None
+    if state.momentum or state.weight_decay:
+        grads = views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+    call = Bucket(state, "DDP bucket", step, index, params, grads, [tensor], dense, entered)
+    if last:
+        state.step += 1
+    fut = call.submit(collective, dense or plain, result=tensor, tail=last,
+                      world_check="gcomp.torch.compression_hook",
+                      errors=f"gcomp compression_hook, bucket {index}")
+    if state.synchronous:
+        try:
+            fut.wait()
+        except Exception:  # noqa: BLE001 - the future holds it; DDP raises it from backward
+            pass
+    return fut
+
+
+def register(model, optimizer, codec, **options):
+    """register(model, optimizer, codec, **options) -> CompressionState
+
+    The one line for a DistributedDataParallel script: makes a CompressionState(codec,
+    **options) (options as CompressionState's), registers compression_hook with it on model,
+    and returns it. For the codecs that send much of a gradient late through error feedback
+    (the sparsifiers top-k, random-k, threshold; sign), momentum SGD amplifies the delay and
+    loses accuracy; register moves optimizer's momentum (and weight decay) into the hook as
+    DGC's momentum correction: the state gets momentum= and weight_decay= of the optimizer's
+    param groups, and the groups get 0 (a bucket sent whole is then plain momentum SGD, bit for
+    bit the same update). What it cannot move (an optimizer other than SGD, Nesterov momentum,
+    dampening, maximize, groups with different momentum or weight decay) it leaves as it is,
+    with a warning saying so. momentum= among the options is taken as given (nothing moves;
+    a momentum in both places is a ValueError); optimizer None moves nothing. The state's
+    checkpoint keys are model's parameter names."""
+    if not hasattr(model, "register_comm_hook"):
+        raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
+                        f"model (it has register_comm_hook), not {type(model).__name__}")
+    options = dict(options)
+    moved = _options._take_momentum(optimizer, codec, options, "gcomp.torch.register")
+    options.setdefault("names", list(model.named_parameters()))
+    state = CompressionState(codec, **options)
+    _engine().run(lambda comm: _check_world(comm, "gcomp.torch.register"))
+    state.moved = moved
+    model.register_comm_hook(state, compression_hook)
+    return state

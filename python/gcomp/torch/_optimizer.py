@@ -1,0 +1,178 @@
+"""The optimizer wrapper (Horovod's way, without torch.distributed): DistributedOptimizer."""
+
+import time
+
+from . import _options
+from ._engine import _Stats, _check_world, _engine
+from ._feedback import _PerParameterFeedback
+from ._pipeline import _MASK, Bucket, Collective
+
+
+class DistributedOptimizer(_PerParameterFeedback):
+    """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
+    warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
+    synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=None,
+    weight_decay=None, stall_seconds=None, timeout_seconds=None)
+
+    Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
+    gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
+    hook on each parameter's gradient accumulator collects the ready gradients into buckets of
+    bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
+    waits for all, and steps the wrapped optimizer. per_parameter, as CompressionState's: True,
+    each gradient of a bucket compressed on its own (one collective each); False, the bucket's
+    gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
+    feedback is per parameter, as in CompressionState (True: for the codecs whose error
+    contracts). momentum: DGC's momentum correction, as CompressionState's; None (the
+    default) takes the wrapped SGD's momentum and weight decay for the codecs that send much of
+    a gradient late (top-k, random-k, threshold, sign), as register() does, and sets the SGD's
+    to 0; a number is taken as given. stall_seconds, timeout_seconds, state_dict(),
+    load_state_dict(): as CompressionState's. A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
+    CompressionState. Every other attribute (param_groups, state_dict, ...) is the wrapped
+    optimizer's.
+    """
+
+    def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
+                 warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
+                 seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
+                 momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None):
+        self.optimizer = optimizer
+        if named_parameters is None:
+            named = [(f"param{i}", p) for i, p in
+                     enumerate(p for g in optimizer.param_groups for p in g["params"])]
+        else:
+            named = list(named_parameters)
+        seen = set()
+        for name, p in named:
+            if id(p) in seen:
+                raise ValueError(f"parameter {name} is given twice in named_parameters")
+            seen.add(id(p))
+        # momentum and weight_decay None: the wrapped SGD's move here for the codecs that delay
+        # (register()'s rule); self.moved says what moved.
+        _options.apply(self, codec, error_feedback=error_feedback, warmup_steps=warmup_steps,
+                       algorithm=algorithm, dense_below=dense_below, bucket_bytes=bucket_bytes,
+                       seed=seed, synchronous=synchronous, per_parameter=per_parameter,
+                       allow_uncompressed=allow_uncompressed, momentum=momentum,
+                       weight_decay=weight_decay, stall_seconds=stall_seconds,
+                       timeout_seconds=timeout_seconds, optimizer=optimizer,
+                       who="gcomp.torch.DistributedOptimizer")
+        self.steps = 0
+        self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
+        self._meet(p for _, p in named)
+        self._ready, self._ready_bytes = [], 0
+        self._pending, self._buckets = [], 0
+        self._stats = _Stats()
+        self._accumulators = []  # kept alive: their hooks must stay registered
+        # The Communicator, made now on every rank alike, and its world checked against
+        # torch.distributed's where that is initialized.
+        _engine().run(lambda comm: _check_world(comm, "gcomp.torch.DistributedOptimizer"))
+        for _, p in named:
+            if p.requires_grad:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._ready_hook(p))
+                self._accumulators.append(acc)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["optimizer"], name)
+
+    def stats(self):
+        """stats() -> dict, as CompressionState.stats(), with steps (tail_seconds: what
+        step() waited for, from handing over the last bucket to every result)."""
+        return self._stats.snapshot(steps=self.steps)
+
+    def _ready_hook(self, p):
+        def hook(*_):
+            self._ready.append(p)
+            self._ready_bytes += 4 * p.numel()
+            if self._ready_bytes >= self.bucket_bytes:
+                self._submit()
+        return hook
+
+    def _submit(self):
+        entered = time.perf_counter()
+        params, self._ready, self._ready_bytes = self._ready, [], 0
+        if not params:
+            return
+        dense = self.steps < self.warmup_steps
+        grads = []
+        for p in params:
+            g = p.grad
+            if g is None or not g.is_contiguous():
+                raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
+                                 f"{'missing' if g is None else 'not contiguous'}")
+            grads.append(g.view(-1))
+        efs = None
+        if self.error_feedback and not dense:
+            efs = [self._feedback_of(p) for p in params]
+        step, index = self.steps, self._buckets
+        call = Bucket(self, "bucket", step, index, params, grads, grads, dense, entered)
+        self._buckets += 1
+        # Per parameter, bucket_bytes=1 makes each gradient a collective of its own; a low-rank
+        # codec gets the gradients' shapes. The library mixes seed, step and index.
+        shaped = self._shaped and not dense
+        collective = Collective("allreduce_buckets", grads, "none" if dense else self.codec, {
+            "efs": efs, "dense_below": self.dense_below, "average": True,
+            "bucket_bytes": 1 if self._split and not dense and not shaped else self.bucket_bytes,
+            "seed": self.seed & _MASK, "algorithm": "dense" if dense else self.algorithm,
+            "allow_uncompressed": self.allow_uncompressed, "step": step, "index": index,
+            "shapes": [tuple(p.shape) for p in params] if shaped else None})
+        self._pending.append(call.submit(collective, dense))
+        if self.synchronous:
+            self._wait()
+
+    def _wait(self):
+        pending, self._pending = self._pending, []
+        failure = None
+        for fut in pending:  # every one, so that nothing of this step is still in flight
+            try:
+                fut.wait()
+            except Exception as e:  # noqa: BLE001
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def synchronize(self):
+        """Sends the gradients still waiting and waits until every allreduce of this step is
+        done: the parameters' .grad then hold the averages."""
+        entered = time.perf_counter()
+        self._submit()
+        self._buckets = 0
+        try:
+            self._wait()
+        finally:
+            self._stats.add_tail(time.perf_counter() - entered)
+
+    def step(self, closure=None):
+        """Averages the gradients (synchronize()) and steps the wrapped optimizer."""
+        try:
+            self.synchronize()
+        finally:
+            self.steps += 1
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        return self.optimizer.zero_grad(*args, **kwargs)
+
+    _format = "gcomp.torch.DistributedOptimizer"
+
+    def state_dict(self):
+        """state_dict() -> dict: the wrapped optimizer's state_dict ("optimizer") and what
+        gcomp keeps ("gcomp": the step count, every parameter's residual, velocity and kept
+        state, by its name in named_parameters), for torch.save; a resumed job loads it with
+        load_state_dict and goes on exactly. Call it between steps."""
+        fb = self._feedback_state()
+        fb.pop("buckets")
+        return {"optimizer": self.optimizer.state_dict(),
+                "gcomp": self._checkpoint("steps", self.steps, fb)}
+
+    def load_state_dict(self, state_dict):
+        """load_state_dict(state_dict): the wrapped optimizer's part into it, gcomp's (same
+        codec and momentum, else ValueError) here. A plain torch optimizer state_dict (without
+        gcomp's part) goes to the wrapped optimizer alone."""
+        if isinstance(state_dict, dict) and "gcomp" not in state_dict:
+            self.optimizer.load_state_dict(state_dict)
+            return
+        ours = state_dict["gcomp"]
+        self._check_format(ours)
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._load_feedback(ours)
+        self.steps = int(ours["steps"])
