@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +33,13 @@ std::string type_name(py::handle obj);
 // no int, ValueError for one outside 0..2**64-1, each "<what> must be <wanted>, not ...". The one
 // conversion of the binding's seeds, counts, addresses and stream handles.
 std::uint64_t to_uint64(py::handle v, const std::string& what, const std::string& wanted);
+// Seeds and counts, so named in the messages.
+inline std::uint64_t to_seed(py::handle seed, const std::string& what = "seed") {
+  return to_uint64(seed, what, "an int in 0..2**64-1");
+}
+inline std::size_t to_count(py::handle v, const std::string& what) {
+  return static_cast<std::size_t>(to_uint64(v, what, "a non-negative int"));
+}
 // torch.Tensor, when torch has been imported by someone (this module never imports it).
 bool is_torch_tensor(py::handle obj);
 
