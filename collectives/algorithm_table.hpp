@@ -59,6 +59,11 @@ struct AlgorithmRow {
   // The model's bytes sent per rank (payloads and the collectives' own size exchanges, not the
   // agreement), for the scaling tables.
   double (*bytes)(const ModelInput& in);
+  // The codec's speeds as this row's model counts them, measured on about n elements where
+  // `like` lives (host memory, or its device and stream); null: the codec's encode and
+  // decode_add (measure_compute).
+  ComputeModel (*measure)(const Codec& codec, std::size_t n,
+                          TensorView<const float> like) = nullptr;
   // Host tensors: job.in / job.out.
   void (*run)(Job& job);
   // Device tensors (buf.dev set): null runs `run` on the host staging and copies the result

@@ -5,13 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "algorithm_table.hpp"
+#include "calibration.hpp"
 #include "device_backend.hpp"
 #include "index_pack.hpp"
-#include "low_rank.hpp"
 #include "model_terms.hpp"
 #include "sparse_vector.hpp"
 
@@ -167,8 +168,8 @@ ComputeModel measure_reduce_and_merge() {
   return c;
 }
 
-namespace {
-// n roughly normal values, cheaply: a sum of four uniforms from a splitmix64 stream.
+namespace detail {
+// A sum of four uniforms from a splitmix64 stream.
 std::vector<float> calibration_input(std::size_t n) {
   std::vector<float> x(n);
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -187,6 +188,27 @@ std::vector<float> calibration_input(std::size_t n) {
 std::size_t calibration_size(std::size_t n) {
   return std::clamp<std::size_t>(n, std::size_t{1} << 16, std::size_t{1} << 24);
 }
+
+ComputeModel time_per_unit(double units, const std::function<void()>& encode,
+                           const std::function<void()>& decode) {
+  const auto timed = [](const std::function<void()>& f) {
+    return [&f] {
+      const auto start = std::chrono::steady_clock::now();
+      f();
+      return seconds_since(start);
+    };
+  };
+  ComputeModel c;
+  c.encode = mean_seconds(timed(encode), 0.02, 2) / units;
+  c.decode = mean_seconds(timed(decode), 0.01, 2) / units;
+  return c;
+}
+}  // namespace detail
+
+namespace {
+using detail::calibration_input;
+using detail::calibration_size;
+using detail::DeviceMemory;
 
 // The speeds from one encode and one decode_add (each returning when its work is done) on kN
 // elements: per element, and decode per entry for sparse codecs.
@@ -216,57 +238,25 @@ ComputeModel time_codec(const Codec& codec, std::size_t kN, Encode encode, Decod
   return c;
 }
 
-// Device memory from `dev`, freed on every way out.
-struct DeviceMemory {
-  const detail::DeviceBackend* dev;
-  void* p;
-  DeviceMemory(const detail::DeviceBackend* d, std::size_t bytes) : dev(d), p(d->alloc(bytes)) {}
-  ~DeviceMemory() { dev->free(p); }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-};
 }  // namespace
 
 namespace {
-// Seconds per unit of `multiply` (encode) and `reconstruct` (decode), each timed until done.
-template <class Multiply, class Reconstruct>
-ComputeModel time_low_rank(double units, Multiply multiply, Reconstruct reconstruct) {
-  const auto timed = [](auto& f) {
-    return [&f] {
-      const auto start = std::chrono::steady_clock::now();
-      f();
-      return seconds_since(start);
-    };
-  };
-  ComputeModel c;
-  c.encode = mean_seconds(timed(multiply), 0.02, 2) / units;
-  c.decode = mean_seconds(timed(reconstruct), 0.01, 2) / units;
-  return c;
-}
-
-// A low-rank codec's speeds: the product M Q (encode) and the reconstruction P Q^T (decode) of a
-// square matrix of about kN elements at the codec's rank, per element and rank.
-ComputeModel measure_low_rank(const Codec& codec, const std::vector<float>& x) {
-  const std::size_t rows = static_cast<std::size_t>(std::sqrt(static_cast<double>(x.size())));
-  const std::size_t cols = x.size() / rows;
-  const std::size_t r = std::min({detail::low_rank_spec(codec).rank, rows, cols});
-  std::vector<float> q(cols * r), p(rows * r), out(rows * cols);
-  std::vector<double> work(cols * r);
-  detail::lr_random(q.data(), q.size(), 1);
-  return time_low_rank(
-      static_cast<double>(rows * cols * r),
-      [&] { detail::lr_multiply(x.data(), rows, cols, q.data(), r, p.data()); },
-      [&] {
-        detail::lr_reconstruct(p.data(), q.data(), rows, cols, r, 1.0, out.data(), 1.0, nullptr,
-                               nullptr, work.data());
-      });
+// The row that measures this codec's speeds itself (AlgorithmRow::measure), or null.
+const detail::AlgorithmRow* measuring_row(const Codec& codec) {
+  const CodecProperties p = codec.properties();
+  for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
+    if (row->measure && detail::row_suits(*row, p)) return row;
+  }
+  return nullptr;
 }
 }  // namespace
 
 ComputeModel measure_compute(const Codec& codec, std::size_t n) {
   const std::size_t kN = calibration_size(n);
+  if (const detail::AlgorithmRow* row = measuring_row(codec)) {
+    return row->measure(codec, n, TensorView<const float>());
+  }
   const std::vector<float> x = calibration_input(kN);
-  if (codec.properties().low_rank) return measure_low_rank(codec, x);
   std::vector<std::byte> out(codec.max_bytes(kN));
   std::vector<float> acc(kN, 0.0f);
   return time_codec(
@@ -276,47 +266,11 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n) {
       });
 }
 
-namespace {
-// The same on a device: its backend's product and reconstruction (collectives/low_rank.cpp runs
-// them there for device tensors).
-ComputeModel measure_low_rank_device(const Codec& codec, std::size_t kN,
-                                     const detail::DeviceBackend* dev, void* stream) {
-  const std::size_t rows = static_cast<std::size_t>(std::sqrt(static_cast<double>(kN)));
-  const std::size_t cols = kN / rows;
-  const std::size_t r = std::min({detail::low_rank_spec(codec).rank, rows, cols});
-  DeviceMemory x(dev, 4 * rows * cols), q(dev, 4 * cols * r), p(dev, 4 * rows * r),
-      out(dev, 4 * rows * cols);
-  {
-    const std::vector<float> host = calibration_input(rows * cols);
-    std::vector<float> qh(cols * r);
-    detail::lr_random(qh.data(), qh.size(), 1);
-    dev->copy(x.p, host.data(), 4 * host.size(), stream);
-    dev->copy(q.p, qh.data(), 4 * qh.size(), stream);
-  }
-  const auto* xd = static_cast<const float*>(x.p);
-  auto* qd = static_cast<float*>(q.p);
-  auto* pd = static_cast<float*>(p.p);
-  return time_low_rank(
-      static_cast<double>(rows * cols * r),
-      [&] {
-        dev->lr_multiply(xd, rows, cols, qd, r, pd, stream);
-        dev->sync(stream);
-      },
-      [&] {
-        dev->lr_reconstruct(pd, qd, rows, cols, r, 1.0, static_cast<float*>(out.p), 1.0, nullptr,
-                            nullptr, stream);
-        dev->sync(stream);
-      });
-}
-}  // namespace
-
 ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const float> like) {
   if (!like.on_device()) return measure_compute(codec, n);
   const detail::DeviceBackend* dev = like.backend();
   void* stream = like.stream();
-  if (codec.properties().low_rank) {
-    return measure_low_rank_device(codec, calibration_size(n), dev, stream);
-  }
+  if (const detail::AlgorithmRow* row = measuring_row(codec)) return row->measure(codec, n, like);
   const std::size_t kN = calibration_size(n);
   const std::size_t cap = codec.max_bytes(kN);
   DeviceMemory x(dev, 4 * kN), out(dev, cap), acc(dev, 4 * kN);

@@ -36,6 +36,7 @@
 #include <cstring>
 
 #include "algorithm_table.hpp"
+#include "calibration.hpp"
 #include "device_backend.hpp"
 #include "feedback_slot.hpp"
 #include "fnv.hpp"
@@ -579,6 +580,50 @@ double bytes_low_rank(const ModelInput& in) {
   return 2 * (in.ranks - 1.0) / in.ranks * (4 * f.uncompressed + vb * sent);
 }
 
+// low_rank's speeds: the product M Q (encode) and the reconstruction P Q^T (decode) of a
+// square matrix of about calibration_size(n) elements at the codec's rank, per element and rank,
+// with the CPU's kernels or on like's device with its backend's (as the calls run them).
+ComputeModel measure_low_rank(const Codec& codec, std::size_t n, TensorView<const float> like) {
+  const std::size_t kN = calibration_size(n);
+  const auto rows = static_cast<std::size_t>(std::sqrt(static_cast<double>(kN)));
+  const std::size_t cols = kN / rows;
+  const std::size_t r = std::min({low_rank_spec(codec).rank, rows, cols});
+  const double units = static_cast<double>(rows * cols * r);
+  const std::vector<float> x = calibration_input(rows * cols);
+  std::vector<float> q(cols * r);
+  lr_random(q.data(), q.size(), 1);
+  if (!like.on_device()) {
+    std::vector<float> p(rows * r), out(rows * cols);
+    std::vector<double> work(cols * r);
+    return time_per_unit(
+        units, [&] { lr_multiply(x.data(), rows, cols, q.data(), r, p.data()); },
+        [&] {
+          lr_reconstruct(p.data(), q.data(), rows, cols, r, 1.0, out.data(), 1.0, nullptr, nullptr,
+                         work.data());
+        });
+  }
+  const DeviceBackend* dev = like.backend();
+  void* stream = like.stream();
+  const DeviceMemory xd(dev, 4 * rows * cols), qd(dev, 4 * cols * r), pd(dev, 4 * rows * r),
+      out(dev, 4 * rows * cols);
+  dev->copy(xd.p, x.data(), 4 * x.size(), stream);
+  dev->copy(qd.p, q.data(), 4 * q.size(), stream);
+  const auto* m = static_cast<const float*>(xd.p);
+  auto* qf = static_cast<float*>(qd.p);
+  auto* pf = static_cast<float*>(pd.p);
+  return time_per_unit(
+      units,
+      [&] {
+        dev->lr_multiply(m, rows, cols, qf, r, pf, stream);
+        dev->sync(stream);
+      },
+      [&] {
+        dev->lr_reconstruct(pf, qf, rows, cols, r, 1.0, static_cast<float*>(out.p), 1.0, nullptr,
+                            nullptr, stream);
+        dev->sync(stream);
+      });
+}
+
 std::uint64_t low_rank_state_signature(const ErrorFeedback& ef) {
   const std::vector<float>& slot = FeedbackSlot::of(ef);
   if (slot.empty()) return 0;
@@ -603,6 +648,7 @@ extern const AlgorithmRow kLowRankRow = {
     .candidate = for_low_rank_codecs,
     .predict = predict_low_rank,
     .bytes = bytes_low_rank,
+    .measure = measure_low_rank,
     .run = run_low_rank,
     .run_device = run_low_rank_device,
     .join_state = join_low_rank,

@@ -12,6 +12,9 @@
 
 namespace gcomp::detail {
 
+// The payload of none, fp16 and bf16: no parameters, one section (the values).
+constexpr Layout kCastPayload{0, 1};
+
 namespace {
 
 constexpr std::size_t kChunk = std::size_t{1} << 16;
@@ -34,7 +37,7 @@ class CastCodec final : public CodecImpl {
   }
   std::size_t width() const { return kind_ == CodecKind::none ? 4 : 2; }
   std::size_t max_bytes(std::size_t n) const override {
-    return header_bytes(Layout{0, 1}) + n * width();
+    return header_bytes(kCastPayload) + n * width();
   }
 
   // One pass per chunk (kernels.hpp): v = x (+ e), checked, written as the codec's values, and
@@ -123,7 +126,7 @@ const CodecEntry& cast_none_entry() {
                             "none",
                             "float32 as is (32 bits per element)",
                             {},
-                            Layout{0, 1},
+                            kCastPayload,
                             make_cast<CodecKind::none>,
                             validate_dense,
                             decode_add_dense,
@@ -136,7 +139,7 @@ const CodecEntry& cast_fp16_entry() {
                             "fp16",
                             "IEEE half precision, round to nearest even, saturating at 65504",
                             {},
-                            Layout{0, 1},
+                            kCastPayload,
                             make_cast<CodecKind::fp16>,
                             validate_dense,
                             decode_add_dense,
@@ -149,7 +152,7 @@ const CodecEntry& cast_bf16_entry() {
                             "bf16",
                             "bfloat16 (float32's upper half), round to nearest even",
                             {},
-                            Layout{0, 1},
+                            kCastPayload,
                             make_cast<CodecKind::bf16>,
                             validate_dense,
                             decode_add_dense,

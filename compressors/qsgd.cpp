@@ -30,6 +30,9 @@
 
 namespace gcomp::detail {
 
+// QSGD's payload: bits and bucket, two sections (the norms, the levels).
+constexpr Layout kQsgdPayload{8, 2};
+
 namespace {
 
 constexpr std::size_t kWindow = 2048;  // elements of random draws generated at once (64-aligned)
@@ -383,7 +386,7 @@ class QsgdCodec final : public CodecImpl {
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
-    return header_bytes(Layout{8, 2}) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
+    return header_bytes(kQsgdPayload) + 4 * ceil_div(n, bucket) + ceil_div(n * bits, 8);
   }
   CodecParams params() const override {
     CodecParams p;
@@ -573,7 +576,7 @@ const CodecEntry& qsgd_entry() {
       "QSGD: per-bucket L2 norm + B-bit sign/level, stochastic rounding (unbiased)",
       {{"bits", "4", "bits per element including the sign, 2..8 (levels s = 2^(B-1) - 1)"},
        {"bucket", "512", "elements per norm, 1..2^24"}},
-      Layout{8, 2},
+      kQsgdPayload,
       make_qsgd,
       validate_qsgd,
       decode_add_qsgd,

@@ -20,6 +20,9 @@
 
 namespace gcomp::detail {
 
+// The payload of sign: no parameters, two sections (the scale, the signs).
+constexpr Layout kSignPayload{0, 2};
+
 struct SignBlockSums;  // a scratch vector (parallel.hpp): per-block sums of |v|
 
 namespace {
@@ -116,7 +119,7 @@ class SignCodec final : public CodecImpl {
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
-    return header_bytes(Layout{0, 2}) + 4 + ceil_div(n, 8);
+    return header_bytes(kSignPayload) + 4 + ceil_div(n, 8);
   }
 
   std::size_t encode(const float* x, const float* e_old, float* e_new, std::size_t n,
@@ -226,7 +229,7 @@ const CodecEntry& sign_entry() {
                             "sign",
                             "scaled sign: 1 bit per element + scale = mean |x| (EF-signSGD)",
                             {},
-                            Layout{0, 2},
+                            kSignPayload,
                             make_sign,
                             validate_sign,
                             decode_add_sign,

@@ -36,7 +36,9 @@ enum class Mode { topk, randomk, threshold };
 constexpr std::uint8_t kValuesF32 = 0;
 constexpr std::uint8_t kValuesF16 = 1;
 constexpr std::uint8_t kPackedIndices = 0;  // version 2's index format
-constexpr std::size_t kSparseHeader = header_bytes(Layout{16, 2});
+// The sparse codecs' payload: 16 parameter bytes, two sections (the indices, the values).
+constexpr Layout kSparsePayload{16, 2};
+constexpr std::size_t kSparseHeader = header_bytes(kSparsePayload);
 
 // The bytes to expect for `entries` indices below n when packed: gaps averaging
 // (n - entries) / entries take their bit width and two more (the largest of 128 such gaps),
@@ -492,7 +494,7 @@ const CodecEntry& topk_entry() {
                             "topk",
                             "the k largest |x| exactly; indices ascending, ties to the lower index",
                             kRatioKeys,
-                            Layout{16, 2},
+                            kSparsePayload,
                             make_topk,
                             validate_sparse,
                             decode_add_sparse,
@@ -509,7 +511,7 @@ const CodecEntry& randomk_entry() {
                              kRatioKeys[1],
                              {"scale", "false", "multiply values by n/k so the decode is unbiased"},
                              kRatioKeys[2]},
-                            Layout{16, 2},
+                            kSparsePayload,
                             make_randomk,
                             validate_sparse,
                             decode_add_sparse,
@@ -523,7 +525,7 @@ const CodecEntry& threshold_entry() {
                             "threshold",
                             "every element with |x| >= tau",
                             {{"tau", "", "the threshold, T >= 0 (required)"}, kRatioKeys[2]},
-                            Layout{16, 2},
+                            kSparsePayload,
                             make_threshold,
                             validate_sparse,
                             decode_add_sparse,

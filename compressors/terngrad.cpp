@@ -28,6 +28,9 @@
 
 namespace gcomp::detail {
 
+// TernGrad's payload: its clip, two sections (the scale, the ternary codes).
+constexpr Layout kTernGradPayload{4, 2};
+
 // The scratch vectors (parallel.hpp): per-block statistics and the two sums.
 struct TernGradBlocks;
 struct TernGradSums;
@@ -242,7 +245,7 @@ class TernGradCodec final : public CodecImpl {
     return p;
   }
   std::size_t max_bytes(std::size_t n) const override {
-    return header_bytes(Layout{4, 2}) + 4 + ceil_div(2 * static_cast<std::uint64_t>(n), 8);
+    return header_bytes(kTernGradPayload) + 4 + ceil_div(2 * static_cast<std::uint64_t>(n), 8);
   }
   CodecParams params() const override {
     CodecParams p;
@@ -419,7 +422,7 @@ const CodecEntry& terngrad_entry() {
       "terngrad",
       "TernGrad: s * {-1, 0, +1} per element (2 bits), s = max |g| after clipping to c sigma",
       {{"clip", "2.5", "clip to +-clip * standard deviation first; 0 disables clipping"}},
-      Layout{4, 2},
+      kTernGradPayload,
       make_terngrad,
       validate_terngrad,
       decode_add_terngrad,
