@@ -1,0 +1,66 @@
+// Adam and AdamW (Kingma & Ba, ICLR 2015; Loshchilov & Hutter, ICLR 2019) as torch.optim
+// computes them, and the two halves of 1-bit Adam's compressed stage (Tang et al., ICML 2021):
+// after a warm-up of exact Adam, the variance is frozen and only the momentum crosses the
+// network, compressed with error feedback. Element by element on host memory (library
+// gcomp_core); gcomp::CompressedAdam (compressed_adam.hpp) runs them around a Communicator, and
+// gcomp.torch calls the same functions (docs/python.md, "Adam and AdamW"):
+//
+//   adam_local_momentum(p, g, m, g, s);             // g = beta1 m + (1 - beta1) g  (this rank's)
+//   comm.allreduce(g, codec, &ef, {.average = true}) // the momentum averaged, error feedback
+//   adam_frozen_update(p, g, m, v, s, lr, t, tv);  // m = g; p moves with the frozen v
+//
+// Every product and sum is rounded on its own (the library is built without fused
+// multiply-adds), so a step's result does not depend on the compiler.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace gcomp {
+
+// The hyperparameters of one group of tensors, torch.optim.Adam's and AdamW's: betas in [0, 1),
+// eps > 0 and weight_decay >= 0, all finite. decoupled: AdamW's weight decay, p *= 1 - lr wd
+// before the update; otherwise Adam's L2 term, g += wd p, added to the gradient.
+struct AdamSettings {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = false;
+};
+
+// Throws Error(invalid_argument) naming the bad value; returns quietly otherwise.
+void check_adam_settings(const AdamSettings& s);
+
+// One step of exact Adam (AdamW when s.decoupled), torch.optim's formula, step = 1 for the
+// first:
+//   g' = g + wd p (Adam) | p *= 1 - lr wd (AdamW)
+//   m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2
+//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// The spans must have one size (Error(invalid_argument) otherwise, also for step 0, a bad
+// setting or lr < 0).
+void adam_step(std::span<float> param, std::span<const float> grad, std::span<float> exp_avg,
+               std::span<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step);
+
+// The compressed stage, before the collective: this rank's momentum
+//   out = beta1 m + (1 - beta1) g'   (g' = g + wd p for Adam, g for AdamW)
+// which is what is compressed and averaged; m itself is not changed. out may be grad (the same
+// memory, in place), not exp_avg or param. Errors as adam_step's.
+void adam_local_momentum(std::span<const float> param, std::span<const float> grad,
+                         std::span<const float> exp_avg, std::span<float> out,
+                         const AdamSettings& s);
+
+// The compressed stage, after the collective: m = momentum (the ranks' average, as received),
+// and the parameter moves with the variance as it was last updated:
+//   p *= 1 - lr wd (AdamW)
+//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^variance_steps) + eps)
+// step counts every step (the momentum's updates, warm-up included); variance_steps the updates
+// v has had (the warm-up's steps when it is frozen after them), so that v's bias correction
+// stays the one it had. momentum may be exp_avg (the same memory). Errors as adam_step's, also
+// for variance_steps 0 or above step.
+void adam_frozen_update(std::span<float> param, std::span<const float> momentum,
+                        std::span<float> exp_avg, std::span<const float> exp_avg_sq,
+                        const AdamSettings& s, double lr, std::uint64_t step,
+                        std::uint64_t variance_steps);
+
+}  // namespace gcomp

@@ -1,0 +1,160 @@
+// Adam, AdamW and 1-bit Adam's two halves (gcomp/adam.hpp): the first step's closed form, the
+// two weight decays, many steps against the formula in double, the compressed stage's halves
+// against the exact step they split, and the errors.
+#include "gcomp/adam.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "gcomp/error.hpp"
+#include "test_util.hpp"
+
+namespace gcomp {
+namespace {
+
+// The ulp of x's magnitude in float, the smallest a float result near x can be off by.
+double ulp(double x) { return std::ldexp(1.0, std::ilogb(std::max(std::fabs(x), 0x1p-126)) - 23); }
+
+TEST(Adam, FirstStepMovesEveryElementByLrAgainstItsGradient) {
+  // From zero moments, m / (1 - beta1) = g and v / (1 - beta2) = g^2: the step is
+  // lr * g / (|g| + eps), whatever the betas.
+  const std::size_t n = 1000;
+  auto p = test::normal(n, 1);
+  const auto p0 = p;
+  const auto g = test::normal(n, 2);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  const AdamSettings s{.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-8};
+  const double lr = 0.01;
+  adam_step(p, g, m, v, s, lr, 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double want = p0[i] - lr * g[i] / (std::fabs(g[i]) + 1e-8);
+    // About ten float roundings of the step (each 2^-24 of it) and the final sum's.
+    EXPECT_NEAR(p[i], want, 1e-5 * lr + ulp(want)) << i;
+  }
+}
+
+TEST(Adam, AdamWShrinksTheParameterByLrTimesDecay) {
+  // Zero gradient and moments: no update but AdamW's p *= 1 - lr wd (exactly that product).
+  const std::size_t n = 257;
+  auto p = test::normal(n, 3);
+  const auto p0 = p;
+  std::vector<float> g(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+  const AdamSettings s{.weight_decay = 0.1, .decoupled = true};
+  adam_step(p, g, m, v, s, 0.01, 1);
+  const auto shrink = static_cast<float>(1.0 - 0.01 * 0.1);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(p[i], p0[i] * shrink) << i;
+}
+
+TEST(Adam, AdamsWeightDecayIsAGradientTerm) {
+  // Adam's L2 decay is the step without decay on g + wd p, bit for bit.
+  const std::size_t n = 999;
+  const auto p0 = test::normal(n, 4);
+  const auto g = test::normal(n, 5);
+  auto p1 = p0, p2 = p0;
+  std::vector<float> m1(n, 0.5f), v1(n, 0.25f), m2 = m1, v2 = v1, g2(n);
+  const float wd = 0.05f;
+  for (std::size_t i = 0; i < n; ++i) g2[i] = g[i] + wd * p0[i];
+  adam_step(p1, g, m1, v1, {.weight_decay = 0.05}, 0.001, 7);
+  adam_step(p2, g2, m2, v2, {}, 0.001, 7);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+}
+
+TEST(Adam, ManyStepsFollowTheFormulaInDouble) {
+  const std::size_t n = 300;
+  const int steps = 50;
+  auto p = test::normal(n, 6);
+  std::vector<double> pd(p.begin(), p.end()), md(n, 0), vd(n, 0);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  const AdamSettings s{
+      .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01, .decoupled = true};
+  const double lr = 2e-3;
+  for (int t = 1; t <= steps; ++t) {
+    const auto g = test::normal(n, 100 + t);
+    adam_step(p, g, m, v, s, lr, t);
+    for (std::size_t i = 0; i < n; ++i) {
+      pd[i] *= 1 - lr * s.weight_decay;
+      md[i] = s.beta1 * md[i] + (1 - s.beta1) * g[i];
+      vd[i] = s.beta2 * vd[i] + (1 - s.beta2) * g[i] * g[i];
+      const double mh = md[i] / (1 - std::pow(s.beta1, t));
+      const double vh = vd[i] / (1 - std::pow(s.beta2, t));
+      pd[i] -= lr * mh / (std::sqrt(vh) + s.eps);
+    }
+  }
+  // Each step's move is lr |m^| / sqrt(v^) <= lr (1 - beta1) / sqrt(1 - beta2) (Kingma & Ba,
+  // section 2.1). In float it is off by the roundings of the moments' t terms and of the step's
+  // own ten operations, each 2^-24 relative: (t + 10) 2^-24 of that bound. Every step also rounds
+  // p once (an ulp of it).
+  const double bound = lr * (1 - s.beta1) / std::sqrt(1 - s.beta2);
+  double moves = 0;
+  for (int t = 1; t <= steps; ++t) moves += bound * (t + 10) * 0x1p-24;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(p[i], pd[i], moves + steps * ulp(pd[i])) << i;
+  }
+}
+
+TEST(Adam, TheCompressedStagesHalvesAreTheExactStepWithItsMomentum) {
+  // adam_local_momentum then adam_frozen_update with the variance the exact step would have
+  // made: the exact step, bit for bit (Adam's and AdamW's decay both).
+  for (const bool decoupled : {false, true}) {
+    const std::size_t n = 777;
+    const auto p0 = test::normal(n, 7);
+    const auto g = test::normal(n, 8);
+    const auto m0 = test::normal(n, 9, 0.1f);
+    auto v0 = test::normal(n, 10, 0.01f);
+    for (float& x : v0) x = x * x;
+    const AdamSettings s{.weight_decay = 0.02, .decoupled = decoupled};
+    const double lr = 0.003;
+    const std::uint64_t t = 12;
+    auto p1 = p0, m1 = m0, v1 = v0;
+    adam_step(p1, g, m1, v1, s, lr, t);
+    auto p2 = p0, m2 = m0, sent = g;
+    adam_local_momentum(p0, sent, m0, sent, s);  // in place on the gradient
+    EXPECT_EQ(sent, m1);
+    adam_frozen_update(p2, sent, m2, v1, s, lr, t, t);
+    EXPECT_EQ(p2, p1) << decoupled;
+    EXPECT_EQ(m2, m1);
+  }
+}
+
+TEST(Adam, TheFrozenVarianceKeepsItsBiasCorrection) {
+  // One element, m = v = 1 after the update: the move is lr / (1 - beta1^t) / (1 / sqrt(1 -
+  // beta2^tv) + eps), with tv the variance's updates, not t.
+  std::vector<float> p{0.0f}, m{1.0f}, v{1.0f};
+  const AdamSettings s{.eps = 1e-8};
+  const double lr = 0.1;
+  adam_frozen_update(p, m, m, v, s, lr, 20, 5);
+  const double want =
+      -lr / (1 - std::pow(0.9, 20)) / (1 / std::sqrt(1 - std::pow(0.999, 5)) + 1e-8);
+  EXPECT_NEAR(p[0], want, 1e-6 * std::fabs(want));
+}
+
+TEST(Adam, BadInputIsAnErrorNamingIt) {
+  std::vector<float> a(4, 1.0f), b(4, 1.0f), c(4, 1.0f), d(4, 1.0f), short3(3, 1.0f);
+  const auto invalid = [](auto f, const char* part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << part;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  invalid([&] { adam_step(a, short3, c, d, {}, 0.1, 1); }, "differ in size");
+  invalid([&] { adam_step(a, b, c, d, {}, 0.1, 0); }, "step counts from 1");
+  invalid([&] { adam_step(a, b, c, d, {}, -1.0, 1); }, "lr must be");
+  invalid([&] { adam_step(a, b, c, d, {.beta1 = 1.0}, 0.1, 1); }, "beta1");
+  invalid([&] { adam_step(a, b, c, d, {.beta2 = -0.1}, 0.1, 1); }, "beta2");
+  invalid([&] { adam_step(a, b, c, d, {.eps = 0}, 0.1, 1); }, "eps");
+  invalid([&] { adam_step(a, b, c, d, {.weight_decay = NAN}, 0.1, 1); }, "weight_decay");
+  invalid([&] { adam_local_momentum(a, b, c, short3, {}); }, "differ in size");
+  invalid([&] { adam_frozen_update(a, b, c, d, {}, 0.1, 5, 0); }, "variance_steps");
+  invalid([&] { adam_frozen_update(a, b, c, d, {}, 0.1, 5, 6); }, "variance_steps");
+  EXPECT_EQ(a, std::vector<float>(4, 1.0f));  // nothing moved
+}
+
+}  // namespace
+}  // namespace gcomp
