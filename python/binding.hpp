@@ -57,6 +57,10 @@ void bind_feedback(py::module_& m);
 
 void bind_codecs(py::module_& m);
 
+// ---- Adam and 1-bit Adam's halves (adam.cpp) ----
+
+void bind_adam(py::module_& m);
+
 // ---- MPI's lifetime (mpi_lifetime.cpp) ----
 
 // What must be closed before the module finalizes MPI at interpreter exit (a Communicator).

@@ -151,5 +151,6 @@ PYBIND11_MODULE(_gcomp, m) {
 
   gcomp::python::bind_codecs(m);
   gcomp::python::bind_feedback(m);
+  gcomp::python::bind_adam(m);
   gcomp::python::bind_communicator(m);
 }

@@ -28,6 +28,9 @@ gcomp.Error, whose ``status`` names the kind. Reference: docs/python.md.
 
 from ._gcomp import (
     __version__,
+    adam_frozen_update,
+    adam_local_momentum,
+    adam_step,
     Codec,
     Communicator,
     DeviceArray,
@@ -74,4 +77,7 @@ __all__ = [
     "simd_level",
     "step_seed",
     "wait_policy",
+    "adam_frozen_update",
+    "adam_local_momentum",
+    "adam_step",
 ]

@@ -647,3 +647,33 @@ def test_momentum_correction_is_dgcs_in_place():
         gcomp.momentum_correct(u, g, 1.0)
     with pytest.raises(TypeError, match="float32"):
         gcomp.mask_momentum(u, np.zeros(1001, np.float64))
+
+
+def test_adam_and_one_bit_adams_halves_in_place():
+    rng = np.random.default_rng(4)
+    n = 1001
+    p0, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    m0 = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    v0 = (0.01 * rng.standard_normal(n) ** 2).astype(np.float32)
+    for decoupled in (False, True):
+        kw = {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.03,
+              "decoupled": decoupled}
+        p1, m1, v1 = p0.copy(), m0.copy(), v0.copy()
+        gcomp.adam_step(p1, g, m1, v1, lr=0.01, step=9, **kw)
+        assert not np.array_equal(p1, p0)
+        # The compressed stage's halves with the variance the exact step made: that step.
+        sent = g.copy()
+        gcomp.adam_local_momentum(p0, sent, m0, sent, beta1=0.8, weight_decay=0.03,
+                                  decoupled=decoupled)
+        assert np.array_equal(sent, m1)
+        p2, m2 = p0.copy(), m0.copy()
+        gcomp.adam_frozen_update(p2, sent, m2, v1, lr=0.01, step=9, variance_steps=9, **kw)
+        assert np.array_equal(p2, p1) and np.array_equal(m2, m1)
+    with pytest.raises(gcomp.Error, match="variance_steps"):
+        gcomp.adam_frozen_update(p2, sent, m2, v1, lr=0.01, step=3, variance_steps=4)
+    with pytest.raises(gcomp.Error, match="beta1"):
+        gcomp.adam_step(p2, g, m2, v1, lr=0.01, step=1, beta1=1.0)
+    with pytest.raises(gcomp.Error, match="differ in size"):
+        gcomp.adam_step(p2, g[:5], m2, v1, lr=0.01, step=1)
+    with pytest.raises(TypeError, match="float32"):
+        gcomp.adam_step(p2.astype(np.float64), g, m2, v1, lr=0.01, step=1)

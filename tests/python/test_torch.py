@@ -509,7 +509,7 @@ def test_register_leaves_a_codec_that_does_not_delay_and_its_optimizer_alone():
 
 
 @pytest.mark.parametrize("make, why", [
-    (lambda ps: torch.optim.Adam(ps, lr=1e-3), "Adam is left as it is"),
+    (lambda ps: torch.optim.RMSprop(ps, lr=1e-3), "RMSprop is left as it is"),
     (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True), "Nesterov"),
     (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.1), "dampening"),
 ])
@@ -786,3 +786,193 @@ def test_uneven_inputs_with_error_feedback_end_identical_and_drain_the_joined_re
         assert sum(ended) < sum(joined)  # the shadowed steps sent some of it
     assert state.step == uneven_steps(size() - 1)
     same_on_every_rank(list(m.parameters()))
+
+
+# ---- Adam and AdamW: 1-bit Adam's stages (warm-up, then the momentum with the variance frozen) ----
+
+
+def int_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 4)
+
+
+def int_backward(m, step):
+    """Gradients of small positive integers (W: sum of y_i x_j over 6 samples, b: sum of y),
+    exact in float32 and their sum over ranks too, and far from zero: Adam's normalized update
+    then depends smoothly on them, and a few roundings in an average move it by as little."""
+    g = torch.Generator().manual_seed(500 * step + rank())
+    x = torch.randint(1, 4, (6, 8), generator=g).float()
+    y = torch.randint(1, 4, (6, 4), generator=g).float()
+    (m(x) * y).sum().backward()
+
+
+def adam_reference(decoupled, warmup, steps, lr, wd):
+    """1-bit Adam on every rank alone, in double from float32 state: the gradients' mean for
+    the warm-up's exact steps, then the mean of the ranks' momenta with the variance frozen."""
+    ref = int_model()
+    b1, b2, eps = 0.9, 0.99, 1e-8
+    params = [p.detach().double().clone() for p in ref.parameters()]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for t in range(1, steps + 1):
+        for q in ref.parameters():
+            q.grad = None
+        with torch.no_grad():
+            for q, p in zip(ref.parameters(), params):
+                q.copy_(p.float())
+        int_backward(ref, t - 1)
+        for i, q in enumerate(ref.parameters()):
+            g = q.grad.double()
+            p = params[i]
+            if decoupled:
+                p *= 1 - lr * wd
+            else:
+                g = g + wd * p
+            mine = b1 * m[i] + (1 - b1) * g  # this rank's momentum
+            m[i] = sum(x.double() for x in gathered(mine.float())) / size()
+            if t <= warmup:
+                v[i] = b2 * v[i] + (1 - b2) * sum(x.double() for x in gathered(g.float())) ** 2 \
+                    / size() ** 2
+            mh = m[i] / (1 - b1 ** t)
+            vh = v[i] / (1 - b2 ** min(t, warmup))
+            p -= lr * mh / (vh.sqrt() + eps)
+    return params
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+@pytest.mark.parametrize("adam", [torch.optim.Adam, torch.optim.AdamW])
+def test_adam_is_its_own_steps_then_the_averaged_momentum_with_the_frozen_variance(way, adam):
+    lr, wd, warmup, steps = 0.01, 0.05, 2, 6
+    if way == "hook":
+        m = DDP(int_model())
+        opt = adam(m.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=wd)
+        state = gt.register(m, opt, "none", warmup_steps=warmup, dense_below=0,
+                            algorithm="allgather")
+    else:
+        m = int_model()
+        opt = gt.DistributedOptimizer(adam(m.parameters(), lr=lr, betas=(0.9, 0.99),
+                                           weight_decay=wd),
+                                      named_parameters=m.named_parameters(), codec="none",
+                                      warmup_steps=warmup, dense_below=0, algorithm="allgather")
+    inner = opt.optimizer if way == "optimizer" else opt
+    frozen = None
+    for s in range(steps):
+        opt.zero_grad()
+        int_backward(m, s)
+        opt.step()
+        if s == warmup - 1:
+            frozen = [inner.state[p]["exp_avg_sq"].clone() for p in m.parameters()]
+        if s >= warmup:  # the averaged momentum came back as the gradient, and is exp_avg
+            for p in m.parameters():
+                assert torch.equal(inner.state[p]["exp_avg"], p.grad)
+    for p, v in zip(m.parameters(), frozen):
+        assert torch.equal(inner.state[p]["exp_avg_sq"], v)  # frozen since the warm-up
+        assert int(inner.state[p]["step"]) == steps
+    want = adam_reference(adam is torch.optim.AdamW, warmup, steps, lr, wd)
+    # The same state in float32, its means summed in another order: some 20 roundings of 2^-24
+    # relative in each step's move (at most lr (1 - beta1) / sqrt(1 - beta2)), 1e-5 of it with a
+    # margin of 8, and each step's rounding of p.
+    bound = lr * 0.1 / math.sqrt(0.01)
+    for p, w in zip(m.parameters(), want):
+        ulp = torch.finfo(torch.float32).eps * w.abs()
+        assert torch.all((p.detach().double() - w).abs() <= steps * (1e-5 * bound + ulp))
+    same_on_every_rank(list(m.parameters()))
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_one_bit_adam_keeps_every_rank_identical_with_both_residuals(way):
+    if way == "hook":
+        m = DDP(model())
+        opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
+        state = gt.register(m, opt, "sign", warmup_steps=2, algorithm="compressed_reduce_scatter",
+                            allow_uncompressed=False)
+    else:
+        m = model()
+        opt = state = gt.DistributedOptimizer(
+            torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01),
+            named_parameters=m.named_parameters(), codec="sign", warmup_steps=2,
+            algorithm="compressed_reduce_scatter", allow_uncompressed=False)
+    train(m, opt, 6)
+    same_on_every_rank(list(m.parameters()))
+    st = state.stats()
+    assert st["compressed"] > 0 and st["algorithm"].get("compressed_reduce_scatter", 0) > 0
+    big = [p for p in m.parameters() if p.numel() >= 1024]
+    assert big and all(np.any(state.residual(p) != 0) for p in big)  # each rank's residual
+
+
+def test_adam_refuses_what_it_cannot_take():
+    m = DDP(model())
+    with pytest.raises(ValueError, match="amsgrad"):
+        gt.register(m, torch.optim.Adam(m.parameters(), amsgrad=True), "sign", warmup_steps=5)
+    with pytest.raises(ValueError, match="warmup_steps must be at least 1"):
+        gt.register(m, torch.optim.AdamW(m.parameters()), "sign")
+    with pytest.raises(ValueError, match="momentum=0.9 is SGD's"):
+        gt.register(m, torch.optim.Adam(m.parameters()), "sign", warmup_steps=5, momentum=0.9)
+    with pytest.raises(ValueError, match="variance must be"):
+        gt.register(m, torch.optim.Adam(m.parameters()), "sign", warmup_steps=5, variance="x")
+    with pytest.raises(ValueError, match="warmup_steps must be at least 1"):
+        gt.DistributedOptimizer(torch.optim.Adam(m.parameters()), codec="sign")
+    # variance=None: the optimizer left as it is, its gradients compressed, said so.
+    m = DDP(model())
+    opt = torch.optim.Adam(m.parameters())
+    with pytest.warns(UserWarning, match="Adam is left as it is"):
+        state = gt.register(m, opt, "topk:ratio=0.01", variance=None)
+    assert state._adam is None and "step" not in vars(opt)
+
+
+@pytest.mark.parametrize("scheduler_first", [True, False])
+def test_a_learning_rate_scheduler_keeps_counting_through_one_bit_adam(scheduler_first):
+    m = DDP(model())
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    make = lambda: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)  # noqa: E731
+    sched = make() if scheduler_first else None
+    gt.register(m, opt, "sign", warmup_steps=2)
+    sched = sched or make()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "optimizer.step() overridden" or order warning
+        for s in range(6):
+            opt.zero_grad()
+            backward(m, s)
+            opt.step()
+            sched.step()
+    assert opt._step_count == 6 and opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, tmp_path):
+    # N + M steps against N, torch.save of every rank's state, new objects, torch.load, M.
+    def make():
+        if way == "hook":
+            m = DDP(model())
+            opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
+            state = gt.register(m, opt, "sign", warmup_steps=2,
+                                algorithm="compressed_reduce_scatter", allow_uncompressed=False)
+            return m, opt, state
+        m = model()
+        opt = gt.DistributedOptimizer(torch.optim.AdamW(m.parameters(), lr=2e-3,
+                                                        weight_decay=0.01),
+                                      named_parameters=m.named_parameters(), codec="sign",
+                                      warmup_steps=2, algorithm="compressed_reduce_scatter",
+                                      allow_uncompressed=False)
+        return m, opt, opt
+
+    n, k = 4, 3
+    m, opt, _ = make()
+    train(m, opt, n + k)
+    straight = [p.detach().clone() for p in m.parameters()]
+
+    m, opt, state = make()
+    train(m, opt, n)
+    path = tmp_path / f"ckpt.{rank()}.pt"
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
+                "gcomp": state.state_dict()}, path)
+    m, opt, state = make()
+    saved = torch.load(path)
+    m.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    if way == "hook":
+        state.load_state_dict(saved["gcomp"])
+    train(m, opt, k, first=n)
+    for p, q in zip(m.parameters(), straight):
+        assert torch.equal(p, q)

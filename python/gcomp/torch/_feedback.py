@@ -19,6 +19,7 @@ class _PerParameterFeedback:
     parameter is met again."""
 
     _format = None  # the checkpoint's "format" (set by each subclass)
+    _adam = None  # 1-bit Adam's stages (_adam._Adam), where the optimizer is Adam or AdamW
 
     def _init_feedback(self, names=None):
         self._velocity = {}  # parameter id -> its velocity (momentum correction)
@@ -149,8 +150,11 @@ class _PerParameterFeedback:
     def _checkpoint(self, steps_key, steps, fb):
         """The checkpoint's gcomp part: format, version, codec, the step count (under
         steps_key), momentum and the per-parameter state fb."""
-        return {"format": self._format, "version": 1, "codec": _spec_of(self.codec),
-                steps_key: steps, "momentum": self.momentum, **fb}
+        out = {"format": self._format, "version": 1, "codec": _spec_of(self.codec),
+               steps_key: steps, "momentum": self.momentum, **fb}
+        if self._adam is not None:  # 1-bit Adam: its moments are in the optimizer's state_dict
+            out["adam"] = self._adam.checkpoint()
+        return out
 
     def _check_format(self, sd):
         if not isinstance(sd, dict) or sd.get("format") != self._format:
@@ -163,6 +167,10 @@ class _PerParameterFeedback:
         if sd.get("codec") != spec:
             raise ValueError(f"load_state_dict: the checkpoint is of codec {sd.get('codec')!r}, "
                              f"this state's is {spec!r}")
+        mine = self._adam.checkpoint() if self._adam is not None else None
+        if sd.get("adam") != mine:
+            raise ValueError(f"load_state_dict: the checkpoint's 1-bit Adam {sd.get('adam')} is "
+                             f"not this one's {mine}")
         if float(sd.get("momentum", 0.0)) != self.momentum:
             raise ValueError(f"load_state_dict: the checkpoint's momentum {sd.get('momentum')} "
                              f"is not this state's {self.momentum}")

@@ -5,7 +5,9 @@ import time
 
 import torch
 
+
 from . import _cuda, _options, _step_check
+from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
 from ._pipeline import _MASK, Bucket, Collective
@@ -75,6 +77,7 @@ class CompressionState(_PerParameterFeedback):
         self._stats = _Stats()
         self._new_step = True  # the next hook call is a step's first
         self._world_ok = False  # gcomp's world checked against torch's (the first call)
+        self._adam = None  # register() with Adam or AdamW: 1-bit Adam's stages (_adam._Adam)
         # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
         self._check = (_StepCheck(self.warmup_steps + _start_steps(codec) + _StepCheck.window)
                        if self._shaped and algorithm == "auto" and self.allow_uncompressed
@@ -244,14 +247,16 @@ def compression_hook(state, bucket):
     step, index, last = state.step, bucket.index(), bucket.is_last()
     params = bucket.parameters()
     state._meet(params)
-    dense = step < state.warmup_steps or (not state._split and not state._shaped and
-                                          tensor.numel() < state.dense_below)
+    warm = step < state.warmup_steps
+    dense = warm or (not state._split and not state._shaped and tensor.numel() < state.dense_below)
     first_call, state._new_step = state._new_step, last
     plain, bare = state._whole_step(step, index, first_call, dense)
     collective, views = state._collective(bucket, tensor, step, index, dense, plain, bare)
     grads = None
-    if state.momentum or state.weight_decay:
+    if state.momentum or state.weight_decay or (state._adam is not None and not warm):
         grads = views or [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+    if state._adam is not None and not warm:  # 1-bit Adam: this rank's momentum is sent
+        state._adam.local_momentum(params, grads)
     call = Bucket(state, "DDP bucket", step, index, params, grads, [tensor], dense, entered)
     if last:
         state.step += 1
@@ -280,15 +285,31 @@ def register(model, optimizer, codec, **options):
     dampening, maximize, groups with different momentum or weight decay) it leaves as it is,
     with a warning saying so. momentum= among the options is taken as given (nothing moves;
     a momentum in both places is a ValueError); optimizer None moves nothing. The state's
-    checkpoint keys are model's parameter names."""
+    checkpoint keys are model's parameter names.
+
+    With torch.optim.Adam or AdamW it runs 1-bit Adam (variance="frozen", the default;
+    docs/python.md, "Adam and AdamW"): warmup_steps (at least 1) exact steps of the optimizer on
+    gradients averaged uncompressed, then the variance frozen and each rank's momentum sent
+    through the codec with error feedback, the optimizer's step() applying the averaged
+    momentum with the frozen variance (register takes over optimizer.step for that). What it
+    cannot take (amsgrad, maximize, capturable, differentiable, fused; momentum= or
+    weight_decay= among the options, which are SGD's) is a ValueError. variance=None leaves
+    the optimizer as it is and compresses its gradients, with a warning."""
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
                         f"model (it has register_comm_hook), not {type(model).__name__}")
     options = dict(options)
-    moved = _options._take_momentum(optimizer, codec, options, "gcomp.torch.register")
+    who = "gcomp.torch.register"
+    adam = _options._adam_of(optimizer, options.pop("variance", "frozen"), options, who)
+    moved = {} if adam else _options._take_momentum(optimizer, codec, options, who)
     options.setdefault("names", list(model.named_parameters()))
     state = CompressionState(codec, **options)
-    _engine().run(lambda comm: _check_world(comm, "gcomp.torch.register"))
+    _engine().run(lambda comm: _check_world(comm, who))
     state.moved = moved
+    if adam:
+        state._adam = _Adam(optimizer, state.warmup_steps, who)
+        # The optimizer's step() after a backward of the compressed stage (the hook has counted
+        # that backward in state.step) is 1-bit Adam's; in the warm-up, the optimizer's own.
+        state._adam.take_step(lambda: state.step > state.warmup_steps)
     model.register_comm_hook(state, compression_hook)
     return state

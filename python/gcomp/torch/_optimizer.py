@@ -2,7 +2,10 @@
 
 import time
 
+import torch
+
 from . import _options
+from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
 from ._pipeline import _MASK, Bucket, Collective
@@ -12,7 +15,7 @@ class DistributedOptimizer(_PerParameterFeedback):
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
     synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=None,
-    weight_decay=None, stall_seconds=None, timeout_seconds=None)
+    weight_decay=None, stall_seconds=None, timeout_seconds=None, variance="frozen")
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
@@ -28,13 +31,17 @@ class DistributedOptimizer(_PerParameterFeedback):
     to 0; a number is taken as given. stall_seconds, timeout_seconds, state_dict(),
     load_state_dict(): as CompressionState's. A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
     CompressionState. Every other attribute (param_groups, state_dict, ...) is the wrapped
-    optimizer's.
+    optimizer's. A torch.optim.Adam or AdamW runs as 1-bit Adam, as register() runs it
+    (variance="frozen"; warmup_steps at least 1): its warm-up's steps are its own on the
+    averaged gradients, then each rank's momentum is what is sent and step() applies the
+    averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW").
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
-                 momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None):
+                 momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
+                 variance="frozen"):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -46,6 +53,11 @@ class DistributedOptimizer(_PerParameterFeedback):
             if id(p) in seen:
                 raise ValueError(f"parameter {name} is given twice in named_parameters")
             seen.add(id(p))
+        who = "gcomp.torch.DistributedOptimizer"
+        adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
+                                                       "weight_decay": weight_decay}, who)
+        if adam:  # nothing of SGD's to move
+            momentum, weight_decay = 0.0, 0.0
         # momentum and weight_decay None: the wrapped SGD's move here for the codecs that delay
         # (register()'s rule); self.moved says what moved.
         _options.apply(self, codec, error_feedback=error_feedback, warmup_steps=warmup_steps,
@@ -53,8 +65,9 @@ class DistributedOptimizer(_PerParameterFeedback):
                        seed=seed, synchronous=synchronous, per_parameter=per_parameter,
                        allow_uncompressed=allow_uncompressed, momentum=momentum,
                        weight_decay=weight_decay, stall_seconds=stall_seconds,
-                       timeout_seconds=timeout_seconds, optimizer=optimizer,
-                       who="gcomp.torch.DistributedOptimizer")
+                       timeout_seconds=timeout_seconds, optimizer=optimizer, who=who)
+        # 1-bit Adam's stages (_adam._Adam) for an Adam or AdamW, else None.
+        self._adam = _Adam(optimizer, self.warmup_steps, who) if adam else None
         self.steps = 0
         self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
         self._meet(p for _, p in named)
@@ -100,6 +113,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
                                  f"{'missing' if g is None else 'not contiguous'}")
             grads.append(g.view(-1))
+        if self._adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
+            self._adam.local_momentum(params, grads)
         efs = None
         if self.error_feedback and not dense:
             efs = [self._feedback_of(p) for p in params]
@@ -142,12 +157,21 @@ class DistributedOptimizer(_PerParameterFeedback):
             self._stats.add_tail(time.perf_counter() - entered)
 
     def step(self, closure=None):
-        """Averages the gradients (synchronize()) and steps the wrapped optimizer."""
+        """Averages the gradients (synchronize()) and steps the wrapped optimizer (1-bit Adam's
+        compressed stage: applies the averaged momentum with the frozen variance)."""
+        compressed = self._adam is not None and self.steps >= self.warmup_steps
         try:
             self.synchronize()
         finally:
             self.steps += 1
-        return self.optimizer.step(closure)
+        if not compressed:
+            return self.optimizer.step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._adam.step()
+        return loss
 
     def zero_grad(self, *args, **kwargs):
         return self.optimizer.zero_grad(*args, **kwargs)

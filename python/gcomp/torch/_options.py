@@ -173,6 +173,25 @@ def _take_momentum(optimizer, codec, options, who, stacklevel=3):
     return moved
 
 
+def _adam_of(optimizer, variance, options, who):
+    """Whether optimizer runs as 1-bit Adam (an Adam or AdamW, variance "frozen"); checks what
+    goes with that: options (register's or DistributedOptimizer's) without SGD's momentum and
+    weight decay, which Adam has of its own. variance None: the optimizer left as it is (its
+    gradients compressed), said by a warning."""
+    if variance not in ("frozen", None):
+        raise ValueError(f"{who}: variance must be \"frozen\" (1-bit Adam) or None (the "
+                         f"optimizer left as it is), not {variance!r}")
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return False
+    if variance is None:
+        return False
+    for key in ("momentum", "weight_decay"):
+        if options.get(key):
+            raise ValueError(f"{who}: {key}={options[key]} is SGD's (moved into the hook); "
+                             f"{type(optimizer).__name__} keeps its own {key.replace('_', ' ')}")
+    return True
+
+
 def apply(target, codec, *, error_feedback, warmup_steps, algorithm, dense_below, seed,
           synchronous, per_parameter, allow_uncompressed, momentum, weight_decay, stall_seconds,
           timeout_seconds, bucket_bytes=None, optimizer=None, who=None):
