@@ -50,9 +50,10 @@ Factors factors_of(const AdamSettings& s, double lr) {
           s.decoupled ? static_cast<float>(1.0 - lr * s.weight_decay) : 1.0f};
 }
 
-// p -= step_size * m / (sqrt(v) / root2 + eps), torch's addcdiv_ with denom.
+// p -= step_size * m / (sqrt(v) / root2 + eps), torch's addcdiv_ with denom. limit > 0 (the
+// frozen stage): m / denom is clamped to +-limit, and an element whose v is 0 does not move.
 void move(float* p, const float* m, const float* v, std::size_t n, float shrink, double lr,
-          double bias1, double bias2, double eps) {
+          double bias1, double bias2, double eps, float limit = 0.0f) {
   const auto step_size = static_cast<float>(lr / bias1);
   const auto root2 = static_cast<float>(std::sqrt(bias2));
   const auto e = static_cast<float>(eps);
@@ -60,7 +61,9 @@ void move(float* p, const float* m, const float* v, std::size_t n, float shrink,
     float x = p[i];
     if (shrink != 1.0f) x *= shrink;
     const float denom = std::sqrt(v[i]) / root2 + e;
-    p[i] = x + -step_size * (m[i] / denom);
+    float q = m[i] / denom;
+    if (limit > 0.0f) q = v[i] == 0.0f ? 0.0f : std::clamp(q, -limit, limit);
+    p[i] = x + -step_size * q;
   }
 }
 
@@ -135,9 +138,14 @@ void adam_frozen_update(std::span<float> param, std::span<const float> momentum,
     std::copy(momentum.begin(), momentum.end(), exp_avg.begin());
   }
   const Factors f = factors_of(s, lr);
-  move(param.data(), exp_avg.data(), exp_avg_sq.data(), param.size(), f.shrink, lr,
-       1.0 - std::pow(s.beta1, static_cast<double>(step)),
-       1.0 - std::pow(s.beta2, static_cast<double>(variance_steps)), s.eps);
+  const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(step));
+  // Exact Adam's step is at most lr * max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba,
+  // section 2.1): its m and v come from the same gradients. The frozen v does not bound the
+  // compressed m (a 1-bit codec sends +-scale where m is 0), so the same bound is kept here.
+  const double bound = std::max(1.0, (1.0 - s.beta1) / std::sqrt(1.0 - s.beta2));
+  move(param.data(), exp_avg.data(), exp_avg_sq.data(), param.size(), f.shrink, lr, bias1,
+       1.0 - std::pow(s.beta2, static_cast<double>(variance_steps)), s.eps,
+       static_cast<float>(bound * bias1));
 }
 
 }  // namespace gcomp

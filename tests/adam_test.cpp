@@ -101,14 +101,15 @@ TEST(Adam, TheCompressedStagesHalvesAreTheExactStepWithItsMomentum) {
   // made: the exact step, bit for bit (Adam's and AdamW's decay both).
   for (const bool decoupled : {false, true}) {
     const std::size_t n = 777;
-    const auto p0 = test::normal(n, 7);
     const auto g = test::normal(n, 8);
-    const auto m0 = test::normal(n, 9, 0.1f);
-    auto v0 = test::normal(n, 10, 0.01f);
-    for (float& x : v0) x = x * x;
     const AdamSettings s{.weight_decay = 0.02, .decoupled = decoupled};
     const double lr = 0.003;
     const std::uint64_t t = 12;
+    // The moments of 11 exact steps (an exact step's m and v belong together: its move stays
+    // within the bound the frozen update keeps).
+    auto p0 = test::normal(n, 7);
+    std::vector<float> m0(n, 0.0f), v0(n, 0.0f);
+    for (std::uint64_t k = 1; k < t; ++k) adam_step(p0, test::normal(n, 20 + k), m0, v0, s, lr, k);
     auto p1 = p0, m1 = m0, v1 = v0;
     adam_step(p1, g, m1, v1, s, lr, t);
     auto p2 = p0, m2 = m0, sent = g;
@@ -130,6 +131,25 @@ TEST(Adam, TheFrozenVarianceKeepsItsBiasCorrection) {
   const double want =
       -lr / (1 - std::pow(0.9, 20)) / (1 / std::sqrt(1 - std::pow(0.999, 5)) + 1e-8);
   EXPECT_NEAR(p[0], want, 1e-6 * std::fabs(want));
+}
+
+TEST(Adam, TheFrozenStepKeepsExactAdamsBoundAndLeavesUnseenElements) {
+  // v = 0 (no gradient in the warm-up): no move but AdamW's decay, whatever the momentum. A tiny
+  // v: the move is lr * max(1, (1 - beta1) / sqrt(1 - beta2)), not m / sqrt(v).
+  const AdamSettings s{.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1,
+                       .decoupled = true};
+  const double lr = 0.01, bound = 0.1 / std::sqrt(0.001);
+  std::vector<float> p{1.0f, 1.0f, 1.0f, 1.0f}, m{0.5f, -0.5f, 0.5f, 1e-9f};
+  const std::vector<float> v{0.0f, 1e-20f, 1.0f, 1.0f};
+  adam_frozen_update(p, m, m, v, s, lr, 100, 50);
+  const auto shrink = static_cast<float>(1.0 - lr * 0.1);
+  EXPECT_EQ(p[0], shrink);
+  EXPECT_NEAR(p[1], shrink + lr * bound, 1e-6);
+  // Within the bound: the formula (m^ = 0.5 / (1 - 0.9^100), v^ = 1 / (1 - 0.999^50)).
+  const double within = lr * 0.5 / (1 - std::pow(0.9, 100)) /
+                        (1 / std::sqrt(1 - std::pow(0.999, 50)) + 1e-8);
+  EXPECT_NEAR(p[2], shrink - within, 1e-6);
+  EXPECT_LT(std::fabs(p[3] - shrink), 1e-7);
 }
 
 TEST(Adam, BadInputIsAnErrorNamingIt) {

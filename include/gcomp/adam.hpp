@@ -53,11 +53,16 @@ void adam_local_momentum(std::span<const float> param, std::span<const float> gr
 // The compressed stage, after the collective: m = momentum (the ranks' average, as received),
 // and the parameter moves with the variance as it was last updated:
 //   p *= 1 - lr wd (AdamW)
-//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^variance_steps) + eps)
+//   p -= lr * clamp(m^ / (sqrt(v^) + eps), +-max(1, (1 - beta1) / sqrt(1 - beta2)))
+//   with m^ = m / (1 - beta1^step), v^ = v / (1 - beta2^variance_steps)
 // step counts every step (the momentum's updates, warm-up included); variance_steps the updates
 // v has had (the warm-up's steps when it is frozen after them), so that v's bias correction
-// stays the one it had. momentum may be exp_avg (the same memory). Errors as adam_step's, also
-// for variance_steps 0 or above step.
+// stays the one it had. The clamp is the bound exact Adam's step never exceeds (Kingma & Ba,
+// section 2.1), which the frozen v no longer enforces: a 1-bit codec sends +-scale where the
+// momentum is 0, and where v is small that would be a step without bound. Where v is 0 (the
+// warm-up saw no gradient there) the element does not move but for AdamW's decay: 1-bit Adam's
+// momentum mask, without the mask to give. momentum may be exp_avg (the same memory). Errors as
+// adam_step's, also for variance_steps 0 or above step.
 void adam_frozen_update(std::span<float> param, std::span<const float> momentum,
                         std::span<float> exp_avg, std::span<const float> exp_avg_sq,
                         const AdamSettings& s, double lr, std::uint64_t step,

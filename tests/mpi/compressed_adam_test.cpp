@@ -60,7 +60,8 @@ void run(CompressedAdam& adam, std::vector<std::vector<float>>& params, int from
 
 // The reference on every rank alone: the gradients' average in double, Adam in double, the
 // variance frozen after warmup steps and the momentum then fed the averaged gradient (the
-// average of the ranks' momenta, the momentum being linear in the gradient).
+// average of the ranks' momenta, the momentum being linear in the gradient), each frozen step
+// within exact Adam's bound.
 std::vector<std::vector<double>> reference(const AdamSettings& s, int warmup, int steps,
                                            double lr) {
   std::vector<std::vector<double>> p, m, v;
@@ -86,7 +87,12 @@ std::vector<std::vector<double>> reference(const AdamSettings& s, int warmup, in
         if (t <= warmup) v[i][k] = s.beta2 * v[i][k] + (1 - s.beta2) * g[k] * g[k];
         const double mh = m[i][k] / (1 - std::pow(s.beta1, t));
         const double vh = v[i][k] / (1 - std::pow(s.beta2, tv));
-        p[i][k] -= lr * mh / (std::sqrt(vh) + s.eps);
+        double q = mh / (std::sqrt(vh) + s.eps);
+        if (t > warmup) {  // the frozen stage keeps exact Adam's bound (gcomp/adam.hpp)
+          const double bound = std::max(1.0, (1 - s.beta1) / std::sqrt(1 - s.beta2));
+          q = vh == 0 ? 0 : std::clamp(q, -bound, bound);
+        }
+        p[i][k] -= lr * q;
       }
     }
   }

@@ -652,12 +652,16 @@ def test_momentum_correction_is_dgcs_in_place():
 def test_adam_and_one_bit_adams_halves_in_place():
     rng = np.random.default_rng(4)
     n = 1001
-    p0, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    m0 = (0.1 * rng.standard_normal(n)).astype(np.float32)
-    v0 = (0.01 * rng.standard_normal(n) ** 2).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float32)
     for decoupled in (False, True):
         kw = {"beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.03,
               "decoupled": decoupled}
+        # The moments of 8 exact steps (which belong together: the frozen step's bound holds).
+        p0 = rng.standard_normal(n).astype(np.float32)
+        m0, v0 = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        for t in range(1, 9):
+            gcomp.adam_step(p0, rng.standard_normal(n).astype(np.float32), m0, v0, lr=0.01,
+                            step=t, **kw)
         p1, m1, v1 = p0.copy(), m0.copy(), v0.copy()
         gcomp.adam_step(p1, g, m1, v1, lr=0.01, step=9, **kw)
         assert not np.array_equal(p1, p0)
