@@ -808,7 +808,8 @@ def int_backward(m, step):
 
 def adam_reference(decoupled, warmup, steps, lr, wd):
     """1-bit Adam on every rank alone, in double from float32 state: the gradients' mean for
-    the warm-up's exact steps, then the mean of the ranks' momenta with the variance frozen."""
+    the warm-up's exact steps, then the mean of the ranks' momenta with the variance frozen
+    (each step within exact Adam's bound)."""
     ref = int_model()
     b1, b2, eps = 0.9, 0.99, 1e-8
     params = [p.detach().double().clone() for p in ref.parameters()]
@@ -835,7 +836,11 @@ def adam_reference(decoupled, warmup, steps, lr, wd):
                     / size() ** 2
             mh = m[i] / (1 - b1 ** t)
             vh = v[i] / (1 - b2 ** min(t, warmup))
-            p -= lr * mh / (vh.sqrt() + eps)
+            q = mh / (vh.sqrt() + eps)
+            if t > warmup:  # within exact Adam's bound, max(1, (1 - b1) / sqrt(1 - b2))
+                bound = max(1.0, (1 - b1) / math.sqrt(1 - b2))
+                q = q.clamp(-bound, bound).masked_fill(vh == 0, 0.0)
+            p -= lr * q
     return params
 
 

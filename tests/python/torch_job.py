@@ -54,17 +54,26 @@ def batch(step, rank):
 def build(a, rank):
     """The model, optimizer and (hook form) state, made as a job makes them before training."""
     net = model()
-    sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    pinned = "low_rank" if a.codec.startswith("powersgd") else "sparse_allgather"
+    adam = {}  # AdamW: 1-bit Adam, a warm-up of a.warmup exact steps
+    if a.optimizer == "adamw":
+        sgd = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.01)
+        adam = {"warmup_steps": a.warmup}
+    else:
+        sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    pinned = "sparse_allgather"
+    if a.codec.startswith("powersgd"):
+        pinned = "low_rank"
+    elif a.codec == "sign":  # 1-bit Adam's: error feedback on both sides
+        pinned = "compressed_reduce_scatter"
     if a.form == "hook":
         net = ddp(net) if a.buckets == "several" else DDP(net)
         state = gt.register(net, sgd, a.codec, algorithm=pinned, allow_uncompressed=False,
                             seed=7, stall_seconds=a.stall,
-                            per_parameter=True if a.per_parameter else None)
+                            per_parameter=True if a.per_parameter else None, **adam)
         return net, sgd, state
     opt = gt.DistributedOptimizer(sgd, named_parameters=net.named_parameters(), codec=a.codec,
                                   algorithm=pinned, allow_uncompressed=False, seed=7,
-                                  bucket_bytes=20000)
+                                  bucket_bytes=20000, **adam)
     return net, opt, opt
 
 
@@ -177,6 +186,9 @@ def main():
                     help="DDP's buckets: one for the model, or several (laid out anew after "
                          "the first step)")
     ap.add_argument("--per-parameter", action="store_true")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                    help="train: SGD with momentum, or AdamW (gcomp.torch runs it as 1-bit Adam)")
+    ap.add_argument("--warmup", type=int, default=2, help="AdamW: its exact steps")
     ap.add_argument("--load")
     ap.add_argument("--save")
     ap.add_argument("--out")

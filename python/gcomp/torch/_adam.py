@@ -164,5 +164,8 @@ def _frozen_update_torch(p, momentum, m, v, lr, t, tv, s):
     m.copy_(momentum)
     if s["decoupled"] and s["weight_decay"]:
         p.mul_(1 - lr * s["weight_decay"])
-    denom = (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-    p.addcdiv_(m, denom, value=-lr / (1 - s["beta1"] ** t))
+    bias1 = 1 - s["beta1"] ** t
+    limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"])) * bias1
+    q = m / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
+    q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
+    p.add_(q, alpha=-lr / bias1)

@@ -120,7 +120,12 @@ class CompressionState(_PerParameterFeedback):
         each parameter on its own (per_parameter), or the bucket whole, with error feedback
         per parameter as the state keeps it."""
         views = efs = ef = shapes = None
-        if not dense and (self._shaped or self._split):
+        # 1-bit Adam sends a bucket's momentum whole, in the order the state first met its
+        # parameters, each parameter with its own residual (and owner's share): that order is
+        # the same in a resumed job, whose first steps DDP lays out otherwise, so the owners'
+        # residuals resume exactly.
+        canonical = self._adam is not None and not (self._shaped or self._split)
+        if not dense and (self._shaped or self._split or canonical):
             views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
             if self._shaped:  # low-rank: the bucket's gradients as matrices
                 shapes = [tuple(g.shape) for g in bucket.gradients()]
@@ -148,6 +153,13 @@ class CompressionState(_PerParameterFeedback):
             return Collective("allreduce_buckets", views, self.codec, {
                 "efs": efs, "shapes": shapes, "bucket_bytes": whole_bytes, "dense_below": 0,
                 **coded}), views
+        if canonical:
+            first = {pid: i for i, pid in enumerate(self._keys)}
+            params = bucket.parameters()
+            order = sorted(range(len(views)), key=lambda i: first[id(params[i])])
+            return Collective("allreduce_buckets", [views[i] for i in order], self.codec, {
+                "efs": [efs[i] for i in order] if efs else None, "bucket_bytes": whole_bytes,
+                "dense_below": 0, **coded}), views
         if self._split:
             # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
             return Collective("allreduce_buckets", views, self.codec, {
@@ -302,6 +314,8 @@ def register(model, optimizer, codec, **options):
     who = "gcomp.torch.register"
     adam = _options._adam_of(optimizer, options.pop("variance", "frozen"), options, who)
     moved = {} if adam else _options._take_momentum(optimizer, codec, options, who)
+    if adam and options.get("per_parameter") is None:
+        options["per_parameter"] = False  # 1-bit Adam: the momentum of a bucket whole
     options.setdefault("names", list(model.named_parameters()))
     state = CompressionState(codec, **options)
     _engine().run(lambda comm: _check_world(comm, who))

@@ -56,8 +56,9 @@ class DistributedOptimizer(_PerParameterFeedback):
         who = "gcomp.torch.DistributedOptimizer"
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
-        if adam:  # nothing of SGD's to move
+        if adam:  # nothing of SGD's to move; the momentum of a bucket whole (per_parameter)
             momentum, weight_decay = 0.0, 0.0
+            per_parameter = False if per_parameter is None else per_parameter
         # momentum and weight_decay None: the wrapped SGD's move here for the codecs that delay
         # (register()'s rule); self.moved says what moved.
         _options.apply(self, codec, error_feedback=error_feedback, warmup_steps=warmup_steps,
