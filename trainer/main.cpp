@@ -65,15 +65,22 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"schedule", c.schedule},
           {"momentum", c.momentum},
           {"weight_decay", c.weight_decay},
+          {"optimizer", c.optimizer},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"eps", c.eps},
+          {"warmup_steps", c.warmup_steps},
           {"warmup_epochs", c.warmup_epochs},
-          {"ef_on", !c.ef_on_velocity ? "gradient" : c.ef_scaled_by_lr ? "update" : "velocity"},
+          {"ef_on", !c.ef_on_velocity   ? "gradient"
+                    : c.ef_scaled_by_lr ? "update"
+                                        : "velocity"},
           {"dense_below", c.dense_below},
           {"bucket_bytes", c.bucket_bytes},
           {"subset", c.subset},
           {"test_subset", c.test_subset},
           {"seed", c.seed},
-          {"algorithm", gcomp::algorithm_name(
-                            c.algorithm.value_or(gcomp::train::fewest_bytes_algorithm(c.codec, ranks)))},
+          {"algorithm", gcomp::algorithm_name(c.algorithm.value_or(
+                            gcomp::train::fewest_bytes_algorithm(c.codec, ranks)))},
           {"data", data}};
 }
 
@@ -127,8 +134,21 @@ int run(int argc, char** argv) {
   app.add_option("--schedule", c.schedule,
                  "learning-rate schedule: cosine (decays to 0 over the run) or constant")
       ->capture_default_str();
-  app.add_option("--momentum", c.momentum, "momentum")->capture_default_str();
-  app.add_option("--weight-decay", c.weight_decay, "L2 weight decay")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "momentum (SGD)")->capture_default_str();
+  app.add_option("--weight-decay", c.weight_decay,
+                 "weight decay: L2 (SGD, Adam) or decoupled (AdamW)")
+      ->capture_default_str();
+  app.add_option("--optimizer", c.optimizer,
+                 "sgd (with --momentum), adam or adamw: 1-bit Adam, --warmup-steps exact steps "
+                 "then the variance frozen and each rank's momentum sent through the codec")
+      ->capture_default_str();
+  app.add_option("--beta1", c.beta1, "Adam's beta1")->capture_default_str();
+  app.add_option("--beta2", c.beta2, "Adam's beta2")->capture_default_str();
+  app.add_option("--eps", c.eps, "Adam's eps")->capture_default_str();
+  app.add_option("--warmup-steps", c.warmup_steps,
+                 "adam, adamw: exact steps on gradients averaged uncompressed before the "
+                 "variance is frozen (at least 1)")
+      ->capture_default_str();
   app.add_option("--warmup-epochs", c.warmup_epochs, "epochs without compression first")
       ->capture_default_str();
   app.add_option("--dense-below", c.dense_below,

@@ -90,7 +90,9 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
   bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
   bo.allreduce.seed = derive_seed(c_.seed, 0, step_index, 0);
   const auto lr = static_cast<float>(lr_now);
-  if (!compress || (!dgc_.on && !velocity_ef_)) {
+  if (c_.optimizer != "sgd") {
+    adam_step(comm, lr_now, bo, total);
+  } else if (!compress || (!dgc_.on && !velocity_ef_)) {
     // The gradient averaged, then one momentum. Warm-up: float32, whatever algorithm the codec
     // would use.
     if (compress) {
@@ -129,6 +131,28 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
   } else {
     dgc_step(comm, lr_now, dgc_density, bo.allreduce, total);
   }
+}
+
+void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bucket,
+                          EpochRecord& total) {
+  if (!adam_) {
+    CompressedAdamOptions o;
+    o.adam = {c_.beta1, c_.beta2, c_.eps, c_.weight_decay, c_.optimizer == "adamw"};
+    o.warmup_steps = c_.warmup_steps;
+    o.error_feedback = c_.error_feedback;
+    o.bucket = bucket;
+    o.bucket.allreduce.seed = c_.seed;  // CompressedAdam mixes in the step
+    adam_.emplace(codec_, shapes_, o);
+  }
+  std::vector<std::span<float>> values;
+  for (Param* q : params_) values.emplace_back(q->value);
+  const double t0 = now();
+  adam_->step(comm, values, grads_, lr);
+  const CallStats& st = comm.last_stats();
+  add_stats(total, st);
+  // The element-wise halves around the collective.
+  total.compute_seconds +=
+      std::max(0.0, now() - t0 - st.encode_seconds - st.comm_seconds - st.decode_seconds);
 }
 
 void Optimizer::dgc_step(Communicator& comm, double lr_now, double density,

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gcomp/communicator.hpp"
+#include "gcomp/compressed_adam.hpp"
 #include "layers.hpp"
 #include "train.hpp"
 
@@ -40,6 +42,7 @@ class Optimizer {
  private:
   void dgc_step(Communicator& comm, double lr, double density, const AllreduceOptions& opt,
                 EpochRecord& stats);
+  void adam_step(Communicator& comm, double lr, const BucketOptions& bucket, EpochRecord& stats);
   void momentum_update(std::size_t i, float lr);
 
   Config c_;
@@ -57,6 +60,8 @@ class Optimizer {
   Codec codec_;
   bool velocity_ef_;
   BucketOptions bucket_;
+  // adam, adamw: 1-bit Adam, made at the first step (its algorithm depends on the ranks).
+  std::optional<CompressedAdam> adam_;
 };
 
 }  // namespace gcomp::train

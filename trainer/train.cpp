@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "gcomp/adam.hpp"
 #include "gcomp/codec.hpp"
 #include "optimizer.hpp"
 
@@ -118,6 +119,23 @@ void validate(const Config& c) {
   if (c.warmup_epochs < 0) bad("warm-up epochs must be >= 0");
   if (c.ef_scaled_by_lr && !c.ef_on_velocity) {
     bad("error feedback on the update is on the velocity");
+  }
+  if (c.optimizer != "sgd" && c.optimizer != "adam" && c.optimizer != "adamw") {
+    bad("unknown optimizer '" + c.optimizer + "' (sgd, adam or adamw)");
+  }
+  if (c.optimizer != "sgd") {
+    if (parse_dgc(c.codec).on) bad("dgc is SGD's momentum correction, not " + c.optimizer + "'s");
+    if (c.warmup_epochs != 0) {
+      bad(c.optimizer + "'s warm-up is --warmup-steps (its exact steps), not --warmup-epochs");
+    }
+    if (c.warmup_steps < 1) {
+      bad(c.optimizer +
+          " needs --warmup-steps of at least 1: the variance frozen after them is "
+          "the one they estimate");
+    }
+    check_adam_settings({c.beta1, c.beta2, c.eps, c.weight_decay, c.optimizer == "adamw"});
+  } else if (c.warmup_steps != 0) {
+    bad("--warmup-steps is Adam's; SGD's warm-up is --warmup-epochs");
   }
 }
 

@@ -32,7 +32,15 @@ struct Config {
   double lr = 0.05;
   std::string schedule = "cosine";  // lr * (1 + cos(pi t / T)) / 2 over the T steps; or constant
   double momentum = 0.9;
-  double weight_decay = 0;
+  double weight_decay = 0;  // SGD's and Adam's L2 term, AdamW's decoupled decay
+  // sgd (momentum SGD, the default), adam or adamw: 1-bit Adam through gcomp::CompressedAdam,
+  // warmup_steps exact steps (the gradients averaged uncompressed), then the variance frozen and
+  // each rank's momentum sent through the codec with error feedback.
+  std::string optimizer = "sgd";
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  std::uint64_t warmup_steps = 0;  // adam, adamw: at least 1
   int warmup_epochs = 0;          // epochs without compression first
   std::size_t dense_below = 1024; // smaller tensors (biases) are summed uncompressed
   std::size_t bucket_bytes = 25u << 20;

@@ -285,6 +285,57 @@ TEST(Trainer, LearnsFashionMnistInOneShortEpoch) {
   }
 }
 
+TEST(Trainer, OneBitAdamLearnsWithTheSameParametersOnEveryRank) {
+  // AdamW as 1-bit Adam (CompressedAdam): 8 exact steps, then sign on compressed_reduce_scatter.
+  // The synthetic classes are separable: the run learns them (chance is 0.1), the ranks end
+  // with the same bits, and the compressed steps send fewer bytes than the exact ones.
+  const Dataset train = synthetic(256 * static_cast<std::size_t>(size()), 21);
+  const Dataset test = synthetic(200, 22);
+  Config c;
+  c.optimizer = "adamw";
+  c.lr = 2e-3;
+  c.weight_decay = 0.01;
+  c.codec = "sign";
+  c.warmup_steps = 8;
+  c.epochs = 2;
+  c.batch = 16;
+  c.algorithm = Algorithm::compressed_reduce_scatter;
+  Model model(c.model, 28, 28, 3);
+  const History h = run(c, train, test, test::world(), model);
+  EXPECT_GT(h.epochs.back().test_accuracy, 0.8);
+  const std::vector<float> mine = flat(model);
+  std::vector<float> root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(root, mine);
+  if (size() > 1) {
+    // 16 steps an epoch: epoch 1 holds the 8 exact steps, epoch 2 only compressed ones.
+    const double first = h.epochs[0].bytes_sent_per_rank;
+    const double second = h.epochs[1].bytes_sent_per_rank - first;
+    EXPECT_LT(second, first / 4);
+  }
+}
+
+TEST(Trainer, AdamsOptionsAreChecked) {
+  Config c;
+  c.optimizer = "adamw";
+  EXPECT_THROW(validate(c), Error);  // warmup_steps 0
+  c.warmup_steps = 10;
+  validate(c);
+  c.warmup_epochs = 1;
+  EXPECT_THROW(validate(c), Error);  // SGD's warm-up
+  c.warmup_epochs = 0;
+  c.codec = "dgc:ratio=0.01";
+  EXPECT_THROW(validate(c), Error);
+  c.codec = "sign";
+  c.beta2 = 1.0;
+  EXPECT_THROW(validate(c), Error);
+  c.beta2 = 0.999;
+  c.optimizer = "lamb";
+  EXPECT_THROW(validate(c), Error);
+  c.optimizer = "sgd";
+  EXPECT_THROW(validate(c), Error);  // warmup_steps is Adam's
+}
+
 TEST(Trainer, DgcWarmsUpItsSparsity) {
   EXPECT_DOUBLE_EQ(dgc_ratio(0, 0.001), 0.25);
   EXPECT_DOUBLE_EQ(dgc_ratio(1, 0.001), 0.0625);
