@@ -40,6 +40,17 @@ without any data, since every step then waits for the slowest rank's compute.
 one torchrun agent per host, scripts/cluster run --launcher torchrun); gcomp's rows then run on
 Gloo through torch's store instead of MPI. Its results are kept apart (_torchrun in their names).
 
+--model vit trains the small vision transformer of fashion_mnist.py instead of an MLP.
+--optimizer adamw trains every row with AdamW (--lr, --weight-decay); gcomp's rows then run
+1-bit Adam through the one line, gt.register(model, optimizer, codec, warmup_steps=W) with W
+from --warmup-steps (docs/python.md, "Adam and AdamW"), except gcomp_sign_gradients, which
+compresses the gradients and leaves AdamW as it is (variance=None). Rows for it:
+gcomp_sign_crs, gcomp_sign_layers_crs, gcomp_sign_bucket_crs (sign on
+compressed_reduce_scatter: whole buckets, per parameter, whole with dense_below=0),
+gcomp_topk1_pinned (sparse_allgather) and gcomp_qsgd8_crs. The table's "mean over the second
+half" averages the evaluations after half the steps, and "fewer than a ring" divides what a
+float32 ring allreduce sends over the run by the row's bytes.
+
 Each run trains --epochs epochs (32 examples per rank per step, SGD lr 0.05 momentum 0.9) and
 evaluates the test accuracy every --eval-every steps (on rank 0, not counted in the wall time). Written to
 --out: compare_<model>_<network>.csv, .md (test accuracy at the end, bytes sent per rank, median
@@ -89,6 +100,24 @@ GCOMP_ROWS = {
                                 **ONE_LINE),
     "gcomp_qsgd4_layers": dict(codec="qsgd:bits=4", per_parameter=True, **APPLIED),
     "gcomp_sign_bucket": dict(codec="sign", per_parameter=False, **APPLIED),
+    # Sign on compressed_reduce_scatter (error feedback on both sides, as 1-bit Adam's): as
+    # per_parameter's default has it (per parameter under SGD, whole buckets under 1-bit Adam),
+    # per parameter, and whole buckets with the small tensors compressed too (dense_below=0).
+    # Pinned algorithms: top-k 1% on sparse_allgather (auto, on a fast loopback, may choose the
+    # dense algorithm, which sends the decoded float32 tensor); QSGD 8-bit on
+    # compressed_reduce_scatter.
+    "gcomp_topk1_pinned": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather", **APPLIED,
+                               **ONE_LINE),
+    "gcomp_qsgd8_crs": dict(codec="qsgd:bits=8", algorithm="compressed_reduce_scatter",
+                            **APPLIED),
+    "gcomp_sign_crs": dict(codec="sign", algorithm="compressed_reduce_scatter", **APPLIED),
+    "gcomp_sign_layers_crs": dict(codec="sign", per_parameter=True,
+                                  algorithm="compressed_reduce_scatter", **APPLIED),
+    # With AdamW: its gradients compressed and the optimizer left as it is (variance=None), what
+    # the one line did before 1-bit Adam.
+    "gcomp_sign_gradients": dict(codec="sign", variance=None, **APPLIED),
+    "gcomp_sign_bucket_crs": dict(codec="sign", per_parameter=False, dense_below=0,
+                                  algorithm="compressed_reduce_scatter", **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01", **ONE_LINE),
     # The hook registered by hand, SGD keeping its momentum: what the one line replaces.
     "gcomp_topk1_by_hand": dict(codec="topk:ratio=0.01", **APPLIED),
@@ -114,7 +143,7 @@ KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
 class Row:
     """One row's model, optimizer, hook state and measurements, in one worker process."""
 
-    def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, mlp):
+    def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, make_model):
         self.name = name
         if name.startswith("powersgd"):
             # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
@@ -125,10 +154,10 @@ class Row:
             # no race.
             first = dist._DEFAULT_FIRST_BUCKET_BYTES
             dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
-            self.model = DDP(mlp(a.model == "wide", seed=a.seed), bucket_cap_mb=1024)
+            self.model = DDP(make_model(a), bucket_cap_mb=1024)
             dist._DEFAULT_FIRST_BUCKET_BYTES = first
         else:
-            self.model = DDP(mlp(a.model == "wide", seed=a.seed))
+            self.model = DDP(make_model(a))
         self.state, self.form = None, None
         if name in ("nocomm", "nocomm_sync"):
             def no_communication(_, bucket):
@@ -148,11 +177,23 @@ class Row:
         # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows (by
         # hand: momentum= given to the state; or moved there by register).
         in_hook = name in GCOMP_ROWS and GCOMP_ROWS[name].get("momentum", 0) > 0
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr,
-                                   momentum=0.0 if in_hook else 0.9)
+        if a.optimizer == "adamw":
+            if in_hook:
+                raise SystemExit(f"row {name} is SGD's momentum correction: not with AdamW")
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=a.lr,
+                                         weight_decay=a.weight_decay)
+        else:
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr,
+                                       momentum=0.0 if in_hook else 0.9)
         if name in GCOMP_ROWS:
             kw = dict(GCOMP_ROWS[name])
             self.form = kw.pop("form", "hook")
+            if a.optimizer == "adamw":
+                # 1-bit Adam: the one line with the optimizer, its warm-up exact.
+                self.form = "register"
+                kw["warmup_steps"] = a.warmup_steps
+            elif "variance" in kw:
+                raise SystemExit(f"row {name} is AdamW's (--optimizer adamw)")
             if kw["codec"].startswith("powersgd"):
                 kw["codec"] += f",start={a.powersgd_start}"
             if self.form == "register":
@@ -174,14 +215,17 @@ def worker(a):
 
     sys.path.insert(0, HERE)
     import gcomp.torch as gt
-    from fashion_mnist import accuracy, load, mlp, shard
+    from fashion_mnist import accuracy, load, mlp, shard, vit
 
     rank, size = gt.init_process_group()
     torch.set_num_threads(1)
     train_x, train_y, test_x, test_y = load()
     # One row, or (--interleave) several, each step of each row in turn: the machine's drift
     # then falls on every row alike.
-    rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, mlp)
+    def model_of(a):
+        return vit(seed=a.seed) if a.model == "vit" else mlp(a.model == "wide", seed=a.seed)
+
+    rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, model_of)
             for name in a.worker.split(",")]
     results = a.result.split(",")
 
@@ -285,9 +329,11 @@ def record(a, r, result, rank, size):
 
 def config(a):
     """The settings that make two rows' results comparable."""
-    return {k: getattr(a, k) for k in ("model", "network", "epochs", "eval_every", "max_steps",
-                                       "batch", "lr", "seed", "ranks", "powersgd_start",
-                                       "cluster", "interleave", "launcher")}
+    keys = ["model", "network", "epochs", "eval_every", "max_steps", "batch", "lr", "seed", "ranks",
+            "powersgd_start", "cluster", "interleave", "launcher", "optimizer"]
+    if a.optimizer == "adamw":
+        keys += ["weight_decay", "warmup_steps"]
+    return {k: getattr(a, k) for k in keys}
 
 
 def shaped(rate):
@@ -328,7 +374,9 @@ def run_row(a, row, result):
            "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
            "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
-           "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher] + (
+           "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher,
+           "--optimizer", a.optimizer, "--weight-decay", str(a.weight_decay),
+           "--warmup-steps", str(a.warmup_steps)] + (
            ["--cluster"] if a.cluster else []) + (
            ["--interleave"] if a.interleave else [])
     paths = result.split(",")
@@ -360,7 +408,12 @@ def run_row(a, row, result):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=["wide", "mlp"], default="wide")
+    ap.add_argument("--model", choices=["wide", "mlp", "vit"], default="wide")
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                    help="sgd (momentum 0.9) or adamw (gcomp's rows: 1-bit Adam, the one line)")
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="gcomp's rows with AdamW: exact steps before the variance is frozen")
     ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
     ap.add_argument("--cluster", action="store_true",
                     help="run on scripts/cluster's testbed: --ranks hosts, each link --network")
@@ -394,6 +447,8 @@ def main():
     where = f"cluster{a.ranks}_{a.network}" if a.cluster else a.network
     if a.launcher == "torchrun":
         where += "_torchrun"
+    if a.optimizer != "sgd":
+        where += f"_{a.optimizer}"
     base = os.path.join(a.out, f"compare_{a.model}_{where}")
     results = []
     if a.cluster and not a.report:
@@ -475,35 +530,59 @@ def calls_table(results):
     return out
 
 
+def second_half(r):
+    """The mean test accuracy of the evaluations in the run's second half of steps."""
+    late = [acc for s, _, acc in r["evals"] if s > r["steps"] / 2] or [r["final_accuracy"]]
+    return sum(late) / len(late)
+
+
+def ring_bytes(r):
+    """What a float32 ring allreduce of every step's gradients sends per rank over the run."""
+    p = r["ranks"]
+    return 2 * (p - 1) / p * 4 * r["parameters"] * r["steps"]
+
+
 def write(a, base, results):
     import csv
     where = (f"testbed: {a.ranks} hosts, each link {a.network}" if a.cluster
              else f"network {a.network}")
-    lines = [f"{a.ranks} ranks, {a.model} MLP, {where}, {a.epochs} epochs, "
-             f"global batch {a.ranks * a.batch}", "",
-             f"| row | test accuracy | bytes sent per rank | step time (median) | "
-             f"time to {a.target:.0%} |", "|---|---:|---:|---:|---:|"]
+    what = "ViT" if a.model == "vit" else f"{a.model} MLP"
+    how = (f"AdamW lr {a.lr} weight decay {a.weight_decay} (gcomp's rows: 1-bit Adam, warm-up "
+           f"{a.warmup_steps} steps)" if a.optimizer == "adamw" else f"SGD lr {a.lr} momentum 0.9")
+    steps = f"{a.max_steps} steps" if a.max_steps else f"{a.epochs} epochs"
+    lines = [f"{a.ranks} ranks, {what}, {how}, {where}, {steps}, global batch "
+             f"{a.ranks * a.batch}", "",
+             f"| row | test accuracy | mean over the second half | bytes sent per rank | fewer "
+             f"than a ring | step time (median) | time to {a.target:.0%} |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     with open(base + ".csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["row", "accuracy", "bytes_sent", "bytes_how", "step_median_s",
-                    "seconds_to_target", "failed"])
+        w.writerow(["row", "accuracy", "second_half_accuracy", "bytes_sent", "bytes_how",
+                    "ring_ratio", "step_median_s", "seconds_to_target", "failed"])
         for r in results:
             if "failed" in r:
                 best = max((acc for _, _, acc in r.get("evals", [])), default=None)
                 seen = "" if best is None else f" (best accuracy before: {best:.4f})"
-                lines.append(f"| {r['row']} | failed: {r['failed']}{seen} | | | |")
-                w.writerow([r["row"], "", "", "", "", "", r["failed"]])
+                lines.append(f"| {r['row']} | failed: {r['failed']}{seen} | | | | | |")
+                w.writerow([r["row"], "", "", "", "", "", "", "", r["failed"]])
                 continue
             reach = next((t for s, t, acc in r["evals"] if acc >= a.target), None)
-            lines.append(f"| {r['row']} | {r['final_accuracy']:.4f} | "
+            lines.append(f"| {r['row']} | {r['final_accuracy']:.4f} | {second_half(r):.4f} | "
                          f"{r['bytes_sent'] / 1e6:.1f} MB{' (model)' if r['bytes_how'] == 'model' else ''} | "
+                         f"{ring_bytes(r) / max(1, r['bytes_sent']):.1f}x | "
                          f"{r['step_median'] * 1e3:.1f} ms | "
                          f"{'not reached' if reach is None else f'{reach:.1f} s'} |")
-            w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"], r["bytes_how"],
-                        r["step_median"], reach if reach is not None else "", ""])
+            w.writerow([r["row"], r["final_accuracy"], second_half(r), r["bytes_sent"],
+                        r["bytes_how"], ring_bytes(r) / max(1, r["bytes_sent"]), r["step_median"],
+                        reach if reach is not None else "", ""])
     one_line = [r["row"] for r in results if r.get("form") == "register"]
     by_hand = [r["row"] for r in results if r.get("form") == "hook"]
-    if one_line:
+    if one_line and a.optimizer == "adamw":
+        lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, "
+                      f"warmup_steps={a.warmup_steps}, ...)`: 1-bit Adam, the variance frozen "
+                      "after the warm-up and each rank's momentum sent through the codec: " +
+                      ", ".join(one_line) + "."]
+    elif one_line:
         lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, ...)` "
                       "(SGD's momentum 0.9 moved into the hook as momentum correction, the "
                       "optimizer's set to 0): " + ", ".join(one_line) + "."]
@@ -532,7 +611,8 @@ def write(a, base, results):
     ax.axhline(a.target, color="grey", lw=0.5)
     ax.set_xlabel("wall time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{a.model} MLP, {a.ranks} ranks, network {a.network}")
+    ax.set_title(f"{'ViT' if a.model == 'vit' else a.model + ' MLP'}, {a.ranks} ranks, "
+                 f"{a.optimizer}, network {a.network}")
     ax.legend(fontsize=8)
     fig.savefig(base + ".png", dpi=120, bbox_inches="tight")
 

@@ -1,7 +1,8 @@
 """Fashion-MNIST for the examples: Debian's dataset-fashion-mnist (IDX files, gzip), as float32
-tensors scaled to [0, 1], and the two MLPs the examples train.
+tensors scaled to [0, 1], and the models the examples train: two MLPs and a small vision
+transformer.
 
-    from fashion_mnist import load, mlp, shard
+    from fashion_mnist import load, mlp, shard, vit
 """
 
 import gzip
@@ -39,6 +40,35 @@ def mlp(wide=False, seed=0):
     h1, h2 = (2048, 2048) if wide else (512, 256)
     return torch.nn.Sequential(torch.nn.Linear(784, h1), torch.nn.ReLU(),
                                torch.nn.Linear(h1, h2), torch.nn.ReLU(), torch.nn.Linear(h2, 10))
+
+
+class ViT(torch.nn.Module):
+    """A small vision transformer: the 28 x 28 image cut into 16 patches of 7 x 7, each embedded
+    in `width`, a class token and learned positions, `depth` pre-norm encoder layers (4 heads,
+    an MLP of 2 x width), and a linear head on the class token."""
+
+    def __init__(self, width=64, depth=2, heads=4):
+        super().__init__()
+        self.embed = torch.nn.Linear(49, width)
+        self.cls = torch.nn.Parameter(torch.zeros(1, 1, width))
+        self.pos = torch.nn.Parameter(0.02 * torch.randn(1, 17, width))
+        layer = torch.nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width,
+                                                 dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        patches = x.view(-1, 4, 7, 4, 7).permute(0, 1, 3, 2, 4).reshape(-1, 16, 49)
+        t = self.embed(patches)
+        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1) + self.pos
+        return self.head(self.norm(self.encoder(t)[:, 0]))
+
+
+def vit(seed=0):
+    """The ViT above (width 64, 2 layers: 72,074 parameters, 2,314 of them in tensors under 1,024), seeded."""
+    torch.manual_seed(seed)
+    return ViT()
 
 
 def shard(n, epoch, rank, size, batch, seed=0):
