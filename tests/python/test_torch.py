@@ -944,14 +944,17 @@ def test_a_learning_rate_scheduler_keeps_counting_through_one_bit_adam(scheduler
     assert opt._step_count == 6 and opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
 
 
-@pytest.mark.parametrize("way", ["hook", "optimizer"])
+@pytest.mark.parametrize("way", ["hook", "hook_layers", "optimizer"])
 def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, tmp_path):
-    # N + M steps against N, torch.save of every rank's state, new objects, torch.load, M.
+    # N + M steps against N, torch.save of every rank's state, new objects, torch.load, M. The
+    # new DDP model starts from DDP's first layout of its buckets: the hook's bucket sent whole
+    # (one bucket), and per parameter on several buckets, which DDP regroups.
     def make():
-        if way == "hook":
-            m = DDP(model())
+        if way.startswith("hook"):
+            layers = way == "hook_layers"
+            m = DDP(model(), bucket_cap_mb=0.005) if layers else DDP(model())
             opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
-            state = gt.register(m, opt, "sign", warmup_steps=2,
+            state = gt.register(m, opt, "sign", warmup_steps=2, per_parameter=layers or None,
                                 algorithm="compressed_reduce_scatter", allow_uncompressed=False)
             return m, opt, state
         m = model()
@@ -976,7 +979,7 @@ def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, tmp_path):
     saved = torch.load(path)
     m.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])
-    if way == "hook":
+    if way.startswith("hook"):
         state.load_state_dict(saved["gcomp"])
     train(m, opt, k, first=n)
     for p, q in zip(m.parameters(), straight):

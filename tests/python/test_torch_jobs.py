@@ -52,9 +52,9 @@ def params(path, ranks):
 # the first step of each job (the resumed job's first step has DDP's first layout, the one run's
 # step N the rebuilt one: the residuals follow the parameters by name).
 # 1-bit Adam (AdamW, sign on compressed_reduce_scatter: each rank's residual and each owner's)
-# saved in its compressed stage, through the hook (one DDP bucket, its momentum whole; and per
-# parameter on several buckets) and the optimizer, and saved in its warm-up (6 exact steps) to
-# resume across the freeze. (A whole bucket whose parameters DDP groups otherwise in the resumed
+# saved in its compressed stage through the hook (one DDP bucket, its momentum whole), and saved
+# in its warm-up (6 exact steps) to resume across the freeze. (DistributedOptimizer's 1-bit Adam
+# and the hook's per parameter on several buckets resume in test_torch.py, in one process.) (A whole bucket whose parameters DDP groups otherwise in the resumed
 # job's first steps restarts its owners' residuals: docs/python.md, "Checkpoints".)
 # Under torch's launcher (Gloo) the hook's one-bucket row again (a checkpoint holds the same
 # state whatever the transport; the optimizer's own runs under torchrun are in test_torch.py).
@@ -65,8 +65,6 @@ def params(path, ranks):
     ("optimizer", "topk:ratio=0.05", [], "mpiexec"),
     ("optimizer", "powersgd:rank=2", [], "mpiexec"),
     ("hook", "sign", ["--optimizer", "adamw", "--buckets", "one"], "mpiexec"),
-    ("hook", "sign", ["--optimizer", "adamw", "--per-parameter"], "mpiexec"),
-    ("optimizer", "sign", ["--optimizer", "adamw"], "mpiexec"),
     ("hook", "sign", ["--optimizer", "adamw", "--warmup", "6", "--buckets", "one"], "mpiexec"),
     ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun")])
 def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more, launcher):
