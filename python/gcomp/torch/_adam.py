@@ -107,10 +107,15 @@ class _Adam:
                                               weight_decay=s["weight_decay"],
                                               decoupled=self.decoupled)
 
-    def step(self):
+    def step(self, closure=None):
         """The compressed stage's step, after the collective: every parameter with a gradient
         (the averaged momentum) takes it as its exp_avg and moves with the frozen variance; the
-        optimizer's step count goes on."""
+        optimizer's step count goes on. Returns closure()'s loss (None without one), as
+        torch's step does."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         with torch.no_grad():
             for group in self.optimizer.param_groups:
                 s = self._settings(group)
@@ -128,7 +133,7 @@ class _Adam:
                         gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
                                                  v.view(-1), lr=lr, step=t,
                                                  variance_steps=self.warmup_steps, **s)
-
+        return loss
 
     def checkpoint(self):
         """What a checkpoint says of the stages (a resumed job must have the same)."""
@@ -146,11 +151,7 @@ class _Adam:
         def step(self, closure=None):
             if not compressed():
                 return own(closure)
-            loss = None
-            if closure is not None:
-                with torch.enable_grad():
-                    loss = closure()
-            adam.step()
+            loss = adam.step(closure)
             if counted:
                 optimizer._step_count += 1
             return loss

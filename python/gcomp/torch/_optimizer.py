@@ -2,8 +2,6 @@
 
 import time
 
-import torch
-
 from . import _options
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
@@ -167,12 +165,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             self.steps += 1
         if not compressed:
             return self.optimizer.step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._adam.step()
-        return loss
+        return self._adam.step(closure)
 
     def zero_grad(self, *args, **kwargs):
         return self.optimizer.zero_grad(*args, **kwargs)

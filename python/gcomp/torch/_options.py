@@ -9,6 +9,8 @@ import torch
 
 import gcomp
 
+from ._adam import _is_adam
+
 
 def _codec_or_none(codec):
     """The gcomp.Codec of a spec (or the Codec given), None for a bad spec."""
@@ -181,9 +183,7 @@ def _adam_of(optimizer, variance, options, who):
     if variance not in ("frozen", None):
         raise ValueError(f"{who}: variance must be \"frozen\" (1-bit Adam) or None (the "
                          f"optimizer left as it is), not {variance!r}")
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        return False
-    if variance is None:
+    if variance is None or not _is_adam(optimizer):
         return False
     for key in ("momentum", "weight_decay"):
         if options.get(key):
