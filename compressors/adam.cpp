@@ -67,6 +67,13 @@ void move(float* p, const float* m, const float* v, std::size_t n, float shrink,
   }
 }
 
+// Exact Adam's step is at most lr * max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba, section
+// 2.1): its m and v come from the same gradients. A frozen (or seldom refreshed) v does not bound
+// a compressed m (a 1-bit codec sends +-scale where m is 0), so the same bound is kept there.
+double bound_of(const AdamSettings& s) {
+  return std::max(1.0, (1.0 - s.beta1) / std::sqrt(1.0 - s.beta2));
+}
+
 }  // namespace
 
 void check_adam_settings(const AdamSettings& s) {
@@ -83,11 +90,17 @@ void check_adam_settings(const AdamSettings& s) {
 }
 
 void adam_step(std::span<float> param, std::span<const float> grad, std::span<float> exp_avg,
-               std::span<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step) {
+               std::span<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step,
+               std::uint64_t variance_steps) {
   check_adam_settings(s);
   check_lr("adam_step", lr);
   check_sizes("adam_step", param.size(), {grad.size(), exp_avg.size(), exp_avg_sq.size()});
   if (step == 0) bad("adam_step: step counts from 1, not 0");
+  if (variance_steps > step) {
+    bad("adam_step: variance_steps must be at most step = " + std::to_string(step) + ", not " +
+        std::to_string(variance_steps));
+  }
+  const std::uint64_t tv = variance_steps == 0 ? step : variance_steps;
   const Factors f = factors_of(s, lr);
   float* p = param.data();
   const float* g = grad.data();
@@ -99,9 +112,10 @@ void adam_step(std::span<float> param, std::span<const float> grad, std::span<fl
     m[i] = m[i] * f.beta1 + f.keep1 * gi;
     v[i] = v[i] * f.beta2 + f.keep2 * (gi * gi);
   }
-  const auto t = static_cast<double>(step);
-  move(p, m, v, param.size(), f.shrink, lr, 1.0 - std::pow(s.beta1, t), 1.0 - std::pow(s.beta2, t),
-       s.eps);
+  const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(s.beta2, static_cast<double>(tv));
+  move(p, m, v, param.size(), f.shrink, lr, bias1, bias2, s.eps,
+       tv == step ? 0.0f : static_cast<float>(bound_of(s) * bias1));
 }
 
 void adam_local_momentum(std::span<const float> param, std::span<const float> grad,
@@ -139,13 +153,79 @@ void adam_frozen_update(std::span<float> param, std::span<const float> momentum,
   }
   const Factors f = factors_of(s, lr);
   const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(step));
-  // Exact Adam's step is at most lr * max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba,
-  // section 2.1): its m and v come from the same gradients. The frozen v does not bound the
-  // compressed m (a 1-bit codec sends +-scale where m is 0), so the same bound is kept here.
-  const double bound = std::max(1.0, (1.0 - s.beta1) / std::sqrt(1.0 - s.beta2));
   move(param.data(), exp_avg.data(), exp_avg_sq.data(), param.size(), f.shrink, lr, bias1,
        1.0 - std::pow(s.beta2, static_cast<double>(variance_steps)), s.eps,
-       static_cast<float>(bound * bias1));
+       static_cast<float>(bound_of(s) * bias1));
+}
+
+namespace {
+
+void check_sync(const char* who, const AdamSettings& s, double lr_sum, double decay,
+                std::uint64_t variance_steps) {
+  check_adam_settings(s);
+  if (!std::isfinite(lr_sum) || !(lr_sum > 0)) {
+    bad(std::string(who) + ": lr_sum must be finite and > 0, not " + std::to_string(lr_sum));
+  }
+  if (!(decay > 0 && decay <= 1)) {
+    bad(std::string(who) + ": decay must be in (0, 1], not " + std::to_string(decay));
+  }
+  if (variance_steps == 0) bad(std::string(who) + ": variance_steps must be at least 1");
+}
+
+}  // namespace
+
+void adam_sync_momentum(std::span<const float> param, std::span<const float> anchor,
+                        std::span<const float> exp_avg_sq, std::span<float> out,
+                        const AdamSettings& s, double lr_sum, double decay,
+                        std::uint64_t variance_steps) {
+  check_sync("adam_sync_momentum", s, lr_sum, decay, variance_steps);
+  check_sizes("adam_sync_momentum", param.size(), {anchor.size(), exp_avg_sq.size(), out.size()});
+  const auto root2 =
+      static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, static_cast<double>(variance_steps))));
+  const auto e = static_cast<float>(s.eps);
+  const auto d = static_cast<float>(decay);
+  const auto inv = static_cast<float>(1.0 / lr_sum);
+  const float* p = param.data();
+  const float* a = anchor.data();
+  const float* v = exp_avg_sq.data();
+  float* o = out.data();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const float denom = std::sqrt(v[i]) / root2 + e;
+    o[i] = (d * a[i] - p[i]) * denom * inv;
+  }
+}
+
+void adam_sync_update(std::span<float> param, std::span<float> anchor,
+                      std::span<const float> momentum, std::span<float> exp_avg,
+                      std::span<const float> exp_avg_sq, const AdamSettings& s, double lr_sum,
+                      double decay, std::uint64_t step, std::uint64_t variance_steps) {
+  check_sync("adam_sync_update", s, lr_sum, decay, variance_steps);
+  check_sizes("adam_sync_update", param.size(),
+              {anchor.size(), momentum.size(), exp_avg.size(), exp_avg_sq.size()});
+  if (variance_steps > step) {
+    bad("adam_sync_update: variance_steps must be at most step = " + std::to_string(step) +
+        ", not " + std::to_string(variance_steps));
+  }
+  const auto root2 =
+      static_cast<float>(std::sqrt(1.0 - std::pow(s.beta2, static_cast<double>(variance_steps))));
+  const auto e = static_cast<float>(s.eps);
+  const auto d = static_cast<float>(decay);
+  const auto size = static_cast<float>(lr_sum);
+  const auto limit = static_cast<float>(bound_of(s));
+  const auto bias1 = static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(step)));
+  float* p = param.data();
+  float* a = anchor.data();
+  const float* u = momentum.data();
+  float* m = exp_avg.data();
+  const float* v = exp_avg_sq.data();
+  for (std::size_t i = 0; i < param.size(); ++i) {
+    const float denom = std::sqrt(v[i]) / root2 + e;
+    const float q = v[i] == 0.0f ? 0.0f : std::clamp(u[i] / denom, -limit, limit);
+    const float x = d * a[i] + -size * q;
+    m[i] = u[i] * bias1;
+    p[i] = x;
+    a[i] = x;
+  }
 }
 
 }  // namespace gcomp

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -174,6 +175,71 @@ TEST(Adam, BadInputIsAnErrorNamingIt) {
   invalid([&] { adam_frozen_update(a, b, c, d, {}, 0.1, 5, 0); }, "variance_steps");
   invalid([&] { adam_frozen_update(a, b, c, d, {}, 0.1, 5, 6); }, "variance_steps");
   EXPECT_EQ(a, std::vector<float>(4, 1.0f));  // nothing moved
+}
+
+TEST(Adam, ARefreshAfterCompressedStepsCorrectsEachMomentByItsOwnUpdates) {
+  // step 9 with the variance's 4th update: m^ = m / (1 - beta1^9), v^ = v / (1 - beta2^4), and
+  // m^ / (sqrt(v^) + eps) within exact Adam's bound max(1, (1 - beta1) / sqrt(1 - beta2)).
+  const AdamSettings s{.beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8};
+  const std::vector<float> m0{0.5f, -0.02f, 0.0f, 3.0f}, v0{0.01f, 0.0004f, 0.0f, 1e-6f};
+  const std::vector<float> g{0.1f, -0.1f, 0.0f, 0.0f};
+  std::vector<float> p(4, 1.0f), m = m0, v = v0;
+  const double lr = 0.01, bound = std::max(1.0, 0.1 / std::sqrt(0.01));
+  adam_step(p, g, m, v, s, lr, 9, 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const double mi = 0.9 * m0[i] + 0.1 * g[i], vi = 0.99 * v0[i] + 0.01 * g[i] * g[i];
+    EXPECT_NEAR(m[i], mi, 4 * ulp(mi)) << i;
+    EXPECT_NEAR(v[i], vi, 4 * ulp(vi)) << i;
+    const double q = mi / (1 - std::pow(0.9, 9)) / (std::sqrt(vi / (1 - std::pow(0.99, 4))) + 1e-8);
+    const double want = 1.0 - lr * (vi == 0 ? 0.0 : std::clamp(q, -bound, bound));
+    EXPECT_NEAR(p[i], want, 1e-5 * lr + ulp(want)) << i;
+  }
+  EXPECT_EQ(p[2], 1.0f);                      // v 0: not moved
+  EXPECT_LT(p[3], 1.0f - 0.99 * lr * bound);  // the bound is what held it
+  EXPECT_THROW(adam_step(p, g, m, v, s, lr, 3, 4), Error);
+}
+
+TEST(Adam, ASynchronizationOfOneRankGivesBackItsWayAndItsMomentum) {
+  // One rank's way from the anchor, as a momentum and back: p again (within the roundings of a
+  // product and a quotient), the anchor moved there, m the momentum times 1 - beta1^step; v 0
+  // only decays.
+  const std::size_t n = 500;
+  const AdamSettings s{
+      .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .decoupled = true};
+  auto anchor = test::normal(n, 3);
+  auto v = test::normal(n, 4);
+  for (float& x : v) x = x * x * 1e-4f;
+  v[7] = 0.0f;
+  const double lr_sum = 4e-3, decay = (1 - 1e-3 * 0.1) * (1 - 3e-3 * 0.1);
+  const double root2 = std::sqrt(1 - std::pow(0.999, 30));
+  std::vector<float> p(n);
+  const auto way = test::normal(n, 5);
+  for (std::size_t i = 0; i < n; ++i) {
+    // a way the steps could have taken: |m^ / (sqrt(v^) + eps)| <= 1 a step
+    p[i] = static_cast<float>(decay * anchor[i] - lr_sum * std::tanh(way[i]));
+  }
+  p[7] = static_cast<float>(decay * anchor[7]);
+  std::vector<float> u(n), m(n);
+  adam_sync_momentum(p, anchor, v, u, s, lr_sum, decay, 30);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double denom = std::sqrt(v[i]) / root2 + 1e-8;
+    const double want = (decay * anchor[i] - p[i]) * denom / lr_sum;
+    // decay anchor is rounded to float before the difference (and decay itself): two ulps of
+    // the anchor in the way, the rest a few roundings of the result.
+    EXPECT_NEAR(u[i], want, 2 * ulp(anchor[i]) * denom / lr_sum + 1e-5 * std::fabs(want)) << i;
+  }
+  const auto p0 = p;
+  const float a7 = anchor[7];
+  adam_sync_update(p, anchor, u, m, v, s, lr_sum, decay, 40, 30);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(p[i], p0[i], 1e-5 * lr_sum + 4 * ulp(p0[i])) << i;
+    EXPECT_EQ(anchor[i], p[i]) << i;
+    EXPECT_NEAR(m[i], u[i] * (1 - std::pow(0.9, 40)), 2 * ulp(u[i])) << i;
+  }
+  EXPECT_EQ(p[7], static_cast<float>(decay) * a7);  // v 0: only the decay
+  EXPECT_THROW(adam_sync_momentum(p, anchor, v, u, s, 0.0, decay, 30), Error);
+  EXPECT_THROW(adam_sync_momentum(p, anchor, v, u, s, lr_sum, 1.5, 30), Error);
+  EXPECT_THROW(adam_sync_update(p, anchor, u, m, v, s, lr_sum, decay, 20, 30), Error);
 }
 
 }  // namespace

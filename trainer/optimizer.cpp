@@ -138,7 +138,7 @@ void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bu
   if (!adam_) {
     CompressedAdamOptions o;
     o.adam = {c_.beta1, c_.beta2, c_.eps, c_.weight_decay, c_.optimizer == "adamw"};
-    o.warmup_steps = c_.warmup_steps;
+    o.schedule = AdamSchedule::one_bit(c_.warmup_steps);
     o.error_feedback = c_.error_feedback;
     o.bucket = bucket;
     o.bucket.allreduce.seed = c_.seed;  // CompressedAdam mixes in the step

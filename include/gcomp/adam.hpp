@@ -39,8 +39,15 @@ void check_adam_settings(const AdamSettings& s);
 //   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 // The spans must have one size (Error(invalid_argument) otherwise, also for step 0, a bad
 // setting or lr < 0).
+//
+// variance_steps (0: step) is the updates v has had, this one included, where it has had fewer
+// than m (0/1 Adam's refresh of the variance after compressed steps, which moved only m): v's
+// bias correction is then 1 - beta2^variance_steps, and m^ / (sqrt(v^) + eps) is bounded as in
+// adam_frozen_update (m did not come from the gradients v saw). Error(invalid_argument) where it
+// is above step.
 void adam_step(std::span<float> param, std::span<const float> grad, std::span<float> exp_avg,
-               std::span<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step);
+               std::span<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step,
+               std::uint64_t variance_steps = 0);
 
 // The compressed stage, before the collective: this rank's momentum
 //   out = beta1 m + (1 - beta1) g'   (g' = g + wd p for Adam, g for AdamW)
@@ -67,5 +74,31 @@ void adam_frozen_update(std::span<float> param, std::span<const float> momentum,
                         std::span<float> exp_avg, std::span<const float> exp_avg_sq,
                         const AdamSettings& s, double lr, std::uint64_t step,
                         std::uint64_t variance_steps);
+
+// Local steps (0/1 Adam, Lu et al., ICML 2022): between two synchronizations each rank steps
+// on its own momentum (adam_local_momentum, then adam_frozen_update with it); anchor is the
+// parameter as the last synchronization left it, the same on every rank. lr_sum is the sum of
+// the learning rates of the steps since (> 0), decay the product of their AdamW factors
+// 1 - lr wd (1 for Adam). Before the collective, this rank's way from the anchor as a momentum:
+//   out = (decay anchor - p) * (sqrt(v^) + eps) / lr_sum      (v^ = v / (1 - beta2^variance_steps))
+// the lr-weighted mean of the bias-corrected m^ its steps took (exactly so where no bound cut
+// them), which is what is compressed and averaged: with one local step it is adam_local_momentum's
+// m^, so the error feedback's residual keeps its units. Errors as adam_frozen_update's, also for
+// lr_sum <= 0 or decay outside (0, 1].
+void adam_sync_momentum(std::span<const float> param, std::span<const float> anchor,
+                        std::span<const float> exp_avg_sq, std::span<float> out,
+                        const AdamSettings& s, double lr_sum, double decay,
+                        std::uint64_t variance_steps);
+
+// After the collective, momentum is the ranks' average of adam_sync_momentum's out:
+//   p = decay anchor - lr_sum * clamp(momentum / (sqrt(v^) + eps), +-max(1, (1 - beta1) / sqrt(1 -
+//   beta2))) anchor = p;  m = momentum * (1 - beta1^step)
+// (an element whose v is 0 only decays), the same on every rank: the average of their ways, as
+// compressed. m is the average momentum the steps took, as 0/1 Adam sets it. momentum may be
+// exp_avg. Errors as adam_sync_momentum's, also for step below variance_steps.
+void adam_sync_update(std::span<float> param, std::span<float> anchor,
+                      std::span<const float> momentum, std::span<float> exp_avg,
+                      std::span<const float> exp_avg_sq, const AdamSettings& s, double lr_sum,
+                      double decay, std::uint64_t step, std::uint64_t variance_steps);
 
 }  // namespace gcomp
