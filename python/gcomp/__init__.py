@@ -31,6 +31,9 @@ from ._gcomp import (
     adam_frozen_update,
     adam_local_momentum,
     adam_step,
+    adam_sync_momentum,
+    adam_sync_update,
+    AdamSchedule,
     Codec,
     Communicator,
     DeviceArray,
@@ -53,7 +56,7 @@ from ._gcomp import (
 )
 
 Error.__module__ = "gcomp"
-for _cls in (Codec, Communicator, DeviceArray, ErrorFeedback, TotalStats):
+for _cls in (AdamSchedule, Codec, Communicator, DeviceArray, ErrorFeedback, TotalStats):
     _cls.__module__ = "gcomp"
 del _cls
 
@@ -80,4 +83,7 @@ __all__ = [
     "adam_frozen_update",
     "adam_local_momentum",
     "adam_step",
+    "adam_sync_momentum",
+    "adam_sync_update",
+    "AdamSchedule",
 ]

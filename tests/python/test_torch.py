@@ -884,6 +884,159 @@ def test_adam_is_its_own_steps_then_the_averaged_momentum_with_the_frozen_varian
     same_on_every_rank(list(m.parameters()))
 
 
+# 0/1 Adam's schedule for the tests: exact steps 1, 2, refreshes at 4 and 6 (3 and 5 compressed),
+# local steps from 7 synchronized at 7, 8, 10, 12.
+def zero_one():
+    return gcomp.AdamSchedule.zero_one(6, kappa=2, max_local_steps=2, local_double_every=2)
+
+
+def zero_one_reference(decoupled, steps, lr, wd):
+    """0/1 Adam in double from float32 state, this rank's own: refreshes are exact steps on the
+    mean gradient (v's bias correction by its refreshes, the step bounded after compressed ones),
+    compressed steps take the mean of the ranks' momenta, local steps this rank's own, and a
+    synchronization the mean of the ranks' ways from the anchor as momenta."""
+    sc = zero_one()
+    ref = int_model()
+    b1, b2, eps = 0.9, 0.99, 1e-8
+    bound = max(1.0, (1 - b1) / math.sqrt(1 - b2))
+    mean = lambda x: sum(y.double() for y in gathered(x.float())) / size()  # noqa: E731
+    params = [p.detach().double().clone() for p in ref.parameters()]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    anchor, lr_sum, decay = None, 0.0, 1.0
+    for t in range(1, steps + 1):
+        for q in ref.parameters():
+            q.grad = None
+        with torch.no_grad():
+            for q, p in zip(ref.parameters(), params):
+                q.copy_(p.float())
+        int_backward(ref, t - 1)
+        tv = sc.variance_steps(t)
+        local = sc.local(t)
+        if local and t - 1 == sc.frozen_after():
+            anchor, lr_sum, decay = [p.clone() for p in params], 0.0, 1.0
+        if local:
+            lr_sum += lr
+            decay *= 1 - lr * wd if decoupled else 1.0
+        for i, q in enumerate(ref.parameters()):
+            g = q.grad.double()
+            p = params[i]
+            if decoupled:
+                p *= 1 - lr * wd
+            else:
+                g = g + wd * p
+            mine = b1 * m[i] + (1 - b1) * g
+            m[i] = mine if local else mean(mine)
+            if sc.refreshes(t):
+                v[i] = b2 * v[i] + (1 - b2) * mean(g) ** 2
+            vh = v[i] / (1 - b2 ** tv)
+            q = m[i] / (1 - b1 ** t) / (vh.sqrt() + eps)
+            if tv != t:
+                q = q.clamp(-bound, bound).masked_fill(vh == 0, 0.0)
+            p -= lr * q
+        if local and sc.synchronizes(t):
+            for i, p in enumerate(params):
+                denom = (v[i] / (1 - b2 ** tv)).sqrt() + eps
+                x = mean((decay * anchor[i] - p) * denom / lr_sum)
+                q = (x / denom).clamp(-bound, bound).masked_fill(v[i] == 0, 0.0)
+                anchor[i] = decay * anchor[i] - lr_sum * q
+                p.copy_(anchor[i])
+                m[i] = x * (1 - b1 ** t)
+            lr_sum, decay = 0.0, 1.0
+    return params
+
+
+def zero_one_run(way, adam, codec, lr, wd, **options):
+    if way == "hook":
+        m = DDP(int_model())
+        opt = adam(m.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=wd)
+        state = gt.register(m, opt, codec, variance=zero_one(), **options)
+    else:
+        m = int_model()
+        opt = state = gt.DistributedOptimizer(
+            adam(m.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=wd),
+            named_parameters=m.named_parameters(), codec=codec, variance=zero_one(), **options)
+    return m, opt, state
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+@pytest.mark.parametrize("adam", [torch.optim.Adam, torch.optim.AdamW])
+def test_zero_one_adam_refreshes_the_variance_and_steps_locally_as_its_reference(way, adam):
+    lr, wd = 0.01, 0.05
+    for steps in (5, 11):  # after a refresh that followed a compressed step; between two syncs
+        m, opt, _ = zero_one_run(way, adam, "none", lr, wd, dense_below=0, algorithm="allgather")
+        inner = opt.optimizer if way == "optimizer" else opt
+        for s in range(steps):
+            opt.zero_grad()
+            int_backward(m, s)
+            opt.step()
+            synced = zero_one().synchronizes(s + 1)
+            if s + 1 == 9:  # a local step: each rank's own parameters
+                w = next(m.parameters()).detach()
+                assert synced is False
+                assert size() == 1 or not all(torch.equal(w, o) for o in gathered(w))
+        for p in m.parameters():
+            assert int(inner.state[p]["step"]) == steps
+        want = zero_one_reference(adam is torch.optim.AdamW, steps, lr, wd)
+        # As the 1-bit test's bound, twice: a synchronization's product and quotient by
+        # sqrt(v^) + eps round the way from the anchor once more.
+        bound = lr * 0.1 / math.sqrt(0.01)
+        for p, w in zip(m.parameters(), want):
+            ulp = torch.finfo(torch.float32).eps * w.abs()
+            err = (p.detach().double() - w).abs()
+            assert torch.all(err <= 2 * steps * (1e-5 * bound + ulp)), (steps, err.max())
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_zero_one_adam_is_identical_on_every_rank_after_each_synchronization(way):
+    m, opt, state = zero_one_run(way, torch.optim.AdamW, "sign", 2e-3, 0.01,
+                                 algorithm="compressed_reduce_scatter", allow_uncompressed=False)
+    for s in range(12):
+        opt.zero_grad()
+        int_backward(m, s)
+        opt.step()
+        if zero_one().synchronizes(s + 1):
+            same_on_every_rank(list(m.parameters()))
+    sd = state.state_dict()
+    sd = sd["gcomp"] if way == "optimizer" else sd
+    assert sd["adam"] == {"variance": "schedule", "schedule": zero_one().as_dict()}
+    assert set(sd["adam_local"]["anchors"]) == {n for n, _ in m.named_parameters()}
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_zero_one_adam_resumes_bit_for_bit_between_synchronizations(way, tmp_path):
+    # 9 + 3 steps against 9 (a local step in an interval that ends at 10), save, new objects,
+    # load, 3.
+    def make():
+        return zero_one_run(way, torch.optim.AdamW, "sign", 2e-3, 0.01,
+                            algorithm="compressed_reduce_scatter", allow_uncompressed=False)
+
+    def run(m, opt, steps, first=0):
+        for s in range(first, first + steps):
+            opt.zero_grad()
+            int_backward(m, s)
+            opt.step()
+
+    n, k = 9, 3
+    m, opt, _ = make()
+    run(m, opt, n + k)
+    straight = [p.detach().clone() for p in m.parameters()]
+    m, opt, state = make()
+    run(m, opt, n)
+    path = tmp_path / f"zero_one.{rank()}.pt"
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
+                "gcomp": state.state_dict()}, path)
+    m, opt, state = make()
+    saved = torch.load(path)
+    m.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    if way == "hook":
+        state.load_state_dict(saved["gcomp"])
+    run(m, opt, k, first=n)
+    for p, q in zip(m.parameters(), straight):
+        assert torch.equal(p, q)
+
+
 @pytest.mark.parametrize("way", ["hook", "optimizer"])
 def test_one_bit_adam_keeps_every_rank_identical_with_both_residuals(way):
     if way == "hook":
@@ -917,6 +1070,9 @@ def test_adam_refuses_what_it_cannot_take():
         gt.register(m, torch.optim.Adam(m.parameters()), "sign", warmup_steps=5, variance="x")
     with pytest.raises(ValueError, match="warmup_steps must be at least 1"):
         gt.DistributedOptimizer(torch.optim.Adam(m.parameters()), codec="sign")
+    with pytest.raises(ValueError, match="say two things"):
+        gt.register(m, torch.optim.Adam(m.parameters()), "sign", warmup_steps=5,
+                    variance=gcomp.AdamSchedule.zero_one(100))
     # variance=None: the optimizer left as it is, its gradients compressed, said so.
     m = DDP(model())
     opt = torch.optim.Adam(m.parameters())

@@ -1,18 +1,26 @@
-"""Adam and AdamW through gcomp.torch: 1-bit Adam's stages (Tang et al., ICML 2021) around the
-user's torch.optim.Adam or AdamW, for the hook (register) and DistributedOptimizer alike.
+"""Adam and AdamW through gcomp.torch: 1-bit Adam's stages (Tang et al., ICML 2021) and 0/1
+Adam's schedule (Lu et al., ICML 2022) around the user's torch.optim.Adam or AdamW, for the hook
+(register) and DistributedOptimizer alike.
 
 The first warmup_steps steps are the optimizer's own: the gradients averaged uncompressed, then
-torch's exact Adam step. From then on the variance is frozen: before the collective each rank's
-gradient is replaced by its momentum m_r = beta1 m + (1 - beta1) g_r (gcomp.adam_local_momentum),
-which goes through the codec with error feedback (each rank's residual, and each owner's under
-compressed_reduce_scatter); after it, the averaged momentum comes back as the gradient and the
-step is gcomp.adam_frozen_update: m = the average, the parameter moved with the variance as the
-warm-up left it. The moments stay in the optimizer's state (exp_avg, exp_avg_sq, step), so the
-optimizer's state_dict keeps them. CPU tensors go through the library's functions; CUDA tensors
+torch's exact Adam step. From then on the variance is frozen (variance="frozen") or refreshed on
+a gcomp.AdamSchedule (variance=gcomp.AdamSchedule.zero_one(...)): a refreshing step averages the
+gradients uncompressed and takes an exact step (gcomp.adam_step with the variance's own count).
+On the other steps, before the collective each rank's gradient is replaced by its momentum
+m_r = beta1 m + (1 - beta1) g_r (gcomp.adam_local_momentum), which goes through the codec with
+error feedback (each rank's residual, and each owner's under compressed_reduce_scatter); after
+it, the averaged momentum comes back as the gradient and the step is gcomp.adam_frozen_update:
+m = the average, the parameter moved with the variance as last refreshed. A schedule's local
+steps send nothing: each rank steps on its own momentum, and where an interval ends step()
+averages the ranks' ways since the last synchronization, compressed the same way
+(gcomp.adam_sync_momentum and adam_sync_update). The moments stay in the optimizer's state
+(exp_avg, exp_avg_sq, step), so the optimizer's state_dict keeps them; the anchors of local
+steps are in the gcomp state's. CPU tensors go through the library's functions; CUDA tensors
 through the same formulas in torch ops on the current stream (docs/python.md, "Adam and AdamW").
 """
 
 import math
+import time
 import types
 
 import torch
@@ -20,6 +28,7 @@ import torch
 import gcomp
 
 from . import _cuda
+from ._pipeline import _MASK, Bucket, Collective
 
 
 def _is_adam(optimizer):
@@ -43,12 +52,29 @@ def _refusals(optimizer):
     return sorted(set(why))
 
 
-class _Adam:
-    """The stages of 1-bit Adam around one torch Adam or AdamW (optimizer), after warmup_steps
-    exact steps (>= 1: the frozen variance is what they estimated). steps: the optimizer's steps
-    taken so far, as the caller counts them (its hook's or its own)."""
+def _schedule_of(variance, warmup_steps, who):
+    """The gcomp.AdamSchedule of register's or DistributedOptimizer's variance= and
+    warmup_steps= ("frozen": 1-bit Adam's after warmup_steps; a schedule: as it is, and
+    warmup_steps 0 or its own)."""
+    if isinstance(variance, gcomp.AdamSchedule):
+        if int(warmup_steps) not in (0, variance.warmup_steps):
+            raise ValueError(f"{who}: warmup_steps={warmup_steps} and variance={variance!r} "
+                             "say two things; the schedule's warmup_steps is the warm-up")
+        return variance
+    if int(warmup_steps) < 1:
+        raise ValueError(f"{who}: with Adam or AdamW warmup_steps must be at least 1: the "
+                         "variance is frozen after the warm-up's exact steps, which estimate it "
+                         "(1-bit Adam runs 15-25% of the steps so)")
+    return gcomp.AdamSchedule.one_bit(int(warmup_steps))
 
-    def __init__(self, optimizer, warmup_steps, who):
+
+class _Adam:
+    """The stages of 1-bit or 0/1 Adam around one torch Adam or AdamW (optimizer) on the
+    schedule of variance= and warmup_steps= (_schedule_of); owner: the CompressionState or DistributedOptimizer whose codec,
+    residuals and communication thread a synchronization of local steps uses. Steps are
+    counted from 1, as the owner counts them (t: the step being taken)."""
+
+    def __init__(self, optimizer, variance, warmup_steps, who, owner):
         if not _is_adam(optimizer):
             raise TypeError(f"{who}: {type(optimizer).__name__} is not torch.optim.Adam or AdamW")
         why = _refusals(optimizer)
@@ -56,14 +82,24 @@ class _Adam:
             raise ValueError(f"{who}: {type(optimizer).__name__} with {'; '.join(why)} cannot run "
                              "as 1-bit Adam; pass variance=None to compress its gradient and "
                              "leave it as it is (docs/python.md, \"Adam and AdamW\")")
-        if int(warmup_steps) < 1:
-            raise ValueError(f"{who}: with {type(optimizer).__name__} warmup_steps must be at "
-                             "least 1: the variance is frozen after the warm-up's exact steps, "
-                             "which estimate it (1-bit Adam runs 15-25% of the steps so)")
+        schedule = _schedule_of(variance, warmup_steps, who)
         self.optimizer = optimizer
         self.decoupled = isinstance(optimizer, torch.optim.AdamW)
-        self.warmup_steps = int(warmup_steps)
+        self.schedule = schedule
+        self.warmup_steps = schedule.warmup_steps
+        self._owner = owner
         self._groups = {}  # parameter id -> its param group
+        # Local steps: each parameter's anchor (as the last synchronization left it), and per
+        # param group the learning rates summed and the AdamW factors multiplied since.
+        self._anchors = {}
+        self._loaded_anchors = {}  # checkpoint key -> anchor, until the parameter is met
+        self._lr_sum, self._decay = {}, {}
+
+    def refreshes(self, t):
+        return self.schedule.refreshes(t)
+
+    def local(self, t):
+        return self.schedule.local(t)
 
     def _group_of(self, p):
         g = self._groups.get(id(p))
@@ -107,15 +143,57 @@ class _Adam:
                                               weight_decay=s["weight_decay"],
                                               decoupled=self.decoupled)
 
-    def step(self, closure=None):
-        """The compressed stage's step, after the collective: every parameter with a gradient
-        (the averaged momentum) takes it as its exp_avg and moves with the frozen variance; the
-        optimizer's step count goes on. Returns closure()'s loss (None without one), as
-        torch's step does."""
+    def step(self, closure, t):
+        """Step t of the compressed stage or a local step, after the collective (or none):
+        every parameter with a gradient (the averaged momentum, or this rank's own on a local
+        step) takes it as its exp_avg and moves with the variance as last refreshed; the
+        optimizer's step count goes on. A local step that ends an interval then synchronizes
+        the ranks. Returns closure()'s loss (None without one), as torch's step does."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        local = self.schedule.local(t)
+        if local and t - 1 == self.schedule.frozen_after():
+            self._anchors, self._loaded_anchors = {}, {}  # the local stage begins: anchors now
+            self._lr_sum, self._decay = {}, {}
+        tv = self.schedule.variance_steps(t)
+        with torch.no_grad():
+            for gi, group in enumerate(self.optimizer.param_groups):
+                s = self._settings(group)
+                lr = float(group["lr"])
+                if local:
+                    self._lr_sum[gi] = self._lr_sum.get(gi, 0.0) + lr
+                    if self.decoupled:
+                        self._decay[gi] = self._decay.get(gi, 1.0) * (1 - lr * s["weight_decay"])
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self._moments(p)
+                    if local:
+                        self._anchor_of(p)  # made before the parameter moves
+                    state["step"] += 1
+                    ts = int(state["step"])
+                    m, v = state["exp_avg"], state["exp_avg_sq"]
+                    if _cuda.cuda.on_device(p):
+                        _frozen_update_torch(p, p.grad, m, v, lr, ts, min(tv, ts), s)
+                    else:
+                        gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
+                                                 v.view(-1), lr=lr, step=ts,
+                                                 variance_steps=min(tv, ts), **s)
+        if local and self.schedule.synchronizes(t):
+            self._synchronize(t)
+        return loss
+
+    def refresh(self, closure, t):
+        """A refreshing step t after compressed ones (the gradients averaged uncompressed): the
+        exact step, v's bias correction by its own updates (gcomp.adam_step's
+        variance_steps)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        tv = self.schedule.variance_steps(t)
         with torch.no_grad():
             for group in self.optimizer.param_groups:
                 s = self._settings(group)
@@ -125,33 +203,130 @@ class _Adam:
                         continue
                     state = self._moments(p)
                     state["step"] += 1
-                    t = int(state["step"])
+                    ts = int(state["step"])
                     m, v = state["exp_avg"], state["exp_avg_sq"]
                     if _cuda.cuda.on_device(p):
-                        _frozen_update_torch(p, p.grad, m, v, lr, t, self.warmup_steps, s)
+                        _refresh_torch(p, p.grad, m, v, lr, ts, min(tv, ts), s)
                     else:
-                        gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
-                                                 v.view(-1), lr=lr, step=t,
-                                                 variance_steps=self.warmup_steps, **s)
+                        gcomp.adam_step(p.detach().view(-1), p.grad.view(-1), m.view(-1),
+                                        v.view(-1), lr=lr, step=ts, variance_steps=min(tv, ts),
+                                        **s)
         return loss
+
+    def _anchor_of(self, p):
+        a = self._anchors.get(id(p))
+        if a is None:
+            key = self._owner._keys.get(id(p))
+            loaded = self._loaded_anchors.pop(key, None)
+            if loaded is not None and loaded.numel() == p.numel():
+                a = loaded.to(p.device, copy=True).view(-1)
+            else:
+                a = p.detach().reshape(-1).clone()
+            self._anchors[id(p)] = a
+        return a
+
+    def _synchronize(self, t):
+        """The ranks' ways since the last synchronization averaged, as momenta through the
+        owner's codec with each parameter's residual (in the order the owner first met them,
+        the same on every rank), one collective on the communication thread; every rank then
+        has the same parameters and anchors. A group whose learning rates summed to 0 has not
+        moved and sends nothing."""
+        entered = time.perf_counter()
+        owner = self._owner
+        tv = self.schedule.variance_steps(t)
+        group_of = {id(q): gi for gi, g in enumerate(self.optimizer.param_groups)
+                    for q in g["params"]}
+        params = [owner._params[pid] for pid in owner._keys
+                  if pid in self._anchors and self._lr_sum.get(group_of.get(pid), 0.0) > 0]
+        if params:
+            xs = []
+            with torch.no_grad():
+                for p in params:
+                    gi = group_of[id(p)]
+                    s = self._settings(self.optimizer.param_groups[gi])
+                    v = self._moments(p)["exp_avg_sq"].view(-1)
+                    x = torch.empty_like(v)
+                    lr_sum, decay = self._lr_sum[gi], self._decay.get(gi, 1.0)
+                    if _cuda.cuda.on_device(p):
+                        denom = v.sqrt().div_(math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
+                        x.copy_((self._anchors[id(p)] * decay - p.detach().reshape(-1))
+                                * denom / lr_sum)
+                    else:
+                        gcomp.adam_sync_momentum(p.detach().view(-1), self._anchors[id(p)], v, x,
+                                                 lr_sum=lr_sum, decay=decay, variance_steps=tv,
+                                                 beta2=s["beta2"], eps=s["eps"])
+                    xs.append(x)
+            efs = [owner._feedback_of(p) for p in params] if owner.error_feedback else None
+            call = Bucket(owner, "0/1 Adam synchronization", t, 0, params, xs, xs, False, entered)
+            collective = Collective("allreduce_buckets", xs, owner.codec, {
+                "efs": efs, "bucket_bytes": max(4 * sum(x.numel() for x in xs), 1),
+                "dense_below": 0, "average": True, "seed": owner.seed & _MASK,
+                "algorithm": owner.algorithm, "allow_uncompressed": owner.allow_uncompressed,
+                "step": t, "index": 0})
+            call.submit(collective, False).wait()
+            with torch.no_grad():
+                for p, x in zip(params, xs):
+                    gi = group_of[id(p)]
+                    s = self._settings(self.optimizer.param_groups[gi])
+                    state = self._moments(p)
+                    ts = int(state["step"])
+                    m, v = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
+                    lr_sum, decay = self._lr_sum[gi], self._decay.get(gi, 1.0)
+                    a = self._anchors[id(p)]
+                    if _cuda.cuda.on_device(p):
+                        _sync_update_torch(p, a, x, m, v, lr_sum, decay, ts, min(tv, ts), s)
+                    else:
+                        gcomp.adam_sync_update(p.detach().view(-1), a, x, m, v, lr_sum=lr_sum,
+                                               decay=decay, step=ts, variance_steps=min(tv, ts),
+                                               beta1=s["beta1"], beta2=s["beta2"],
+                                               eps=s["eps"])
+        self._lr_sum, self._decay = {}, {}
 
     def checkpoint(self):
         """What a checkpoint says of the stages (a resumed job must have the same)."""
-        return {"variance": "frozen", "warmup_steps": self.warmup_steps}
+        sc = self.schedule
+        if sc == gcomp.AdamSchedule.one_bit(sc.warmup_steps):
+            return {"variance": "frozen", "warmup_steps": self.warmup_steps}
+        return {"variance": "schedule", "schedule": sc.as_dict()}
 
-    def take_step(self, compressed):
-        """Makes optimizer.step() 1-bit Adam's after the backward passes of the compressed stage
-        (compressed() says so) and the optimizer's own otherwise. A learning-rate scheduler keeps
-        its count whether it wrapped step() before this (its wrapper is then what runs in the
-        warm-up, and its count is kept here after it) or after."""
+    def local_state(self):
+        """The local stage's state for a checkpoint (None without local steps): each
+        parameter's anchor by its checkpoint key, and per param group the learning rates summed
+        and the AdamW factors multiplied since the last synchronization."""
+        if self.schedule.max_local_steps <= 1:
+            return None
+        keys = self._owner._keys
+        anchors = {keys[pid]: a.to("cpu", copy=True) for pid, a in self._anchors.items()
+                   if pid in keys}
+        for key, a in self._loaded_anchors.items():
+            anchors.setdefault(key, a)
+        return {"anchors": anchors, "lr_sum": dict(self._lr_sum), "decay": dict(self._decay)}
+
+    def load_local_state(self, state):
+        """Goes on from local_state()'s (None: the local stage not begun)."""
+        self._anchors = {}
+        state = state or {}
+        self._loaded_anchors = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
+                                for k, v in dict(state.get("anchors", {})).items()}
+        self._lr_sum = {int(k): float(v) for k, v in dict(state.get("lr_sum", {})).items()}
+        self._decay = {int(k): float(v) for k, v in dict(state.get("decay", {})).items()}
+
+    def take_step(self, steps):
+        """Makes optimizer.step() the schedule's after each backward pass (steps() says how many
+        the owner has counted, this one's included): the optimizer's own on the contiguous
+        warm-up, an exact step with the variance's own count on a later refresh, 1-bit Adam's
+        or a local step otherwise. A learning-rate scheduler keeps its count whether it wrapped
+        step() before this (its wrapper is then what runs in the warm-up, and its count is kept
+        here after it) or after."""
         optimizer, adam = self.optimizer, self
         own = optimizer.step  # the optimizer's, or a scheduler's counting wrapper of it
         counted = getattr(own, "_with_counter", False)
 
         def step(self, closure=None):
-            if not compressed():
+            t = steps()
+            if adam.schedule.refreshes(t) and adam.schedule.variance_steps(t) == t:
                 return own(closure)
-            loss = adam.step(closure)
+            loss = adam.refresh(closure, t) if adam.schedule.refreshes(t) else adam.step(closure, t)
             if counted:
                 optimizer._step_count += 1
             return loss
@@ -170,3 +345,30 @@ def _frozen_update_torch(p, momentum, m, v, lr, t, tv, s):
     q = m / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
     q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
     p.add_(q, alpha=-lr / bias1)
+
+
+def _refresh_torch(p, g, m, v, lr, t, tv, s):
+    """gcomp.adam_step's formula with variance_steps tv < t in torch ops (CUDA tensors)."""
+    if s["weight_decay"]:
+        if s["decoupled"]:
+            p.mul_(1 - lr * s["weight_decay"])
+        else:
+            g = g.add(p, alpha=s["weight_decay"])
+    m.mul_(s["beta1"]).add_(g, alpha=1 - s["beta1"])
+    v.mul_(s["beta2"]).addcmul_(g, g, value=1 - s["beta2"])
+    bias1 = 1 - s["beta1"] ** t
+    q = m / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
+    if tv != t:
+        limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"])) * bias1
+        q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
+    p.add_(q, alpha=-lr / bias1)
+
+
+def _sync_update_torch(p, a, x, m, v, lr_sum, decay, t, tv, s):
+    """gcomp.adam_sync_update's formula in torch ops (CUDA tensors); a, x, m, v flat."""
+    limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"]))
+    q = x / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
+    q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
+    a.mul_(decay).add_(q, alpha=-lr_sum)
+    m.copy_(x * (1 - s["beta1"] ** t))
+    p.copy_(a.view_as(p))

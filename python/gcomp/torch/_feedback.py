@@ -154,6 +154,9 @@ class _PerParameterFeedback:
                steps_key: steps, "momentum": self.momentum, **fb}
         if self._adam is not None:  # 1-bit Adam: its moments are in the optimizer's state_dict
             out["adam"] = self._adam.checkpoint()
+            local = self._adam.local_state()
+            if local is not None:  # 0/1 Adam's local steps: the anchors
+                out["adam_local"] = local
         return out
 
     def _check_format(self, sd):
@@ -180,6 +183,8 @@ class _PerParameterFeedback:
         parameter is met (by its key)."""
         self._velocity.clear()
         self._home.clear()
+        if self._adam is not None:
+            self._adam.load_local_state(sd.get("adam_local"))
         self._loaded = {part: {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
                                 if part != "buckets" else v
                                 for k, v in dict(sd.get(part, {})).items()}

@@ -259,9 +259,19 @@ def compression_hook(state, bucket):
     step, index, last = state.step, bucket.index(), bucket.is_last()
     params = bucket.parameters()
     state._meet(params)
-    warm = step < state.warmup_steps
+    adam = state._adam
+    warm = adam.refreshes(step + 1) if adam is not None else step < state.warmup_steps
     dense = warm or (not state._split and not state._shaped and tensor.numel() < state.dense_below)
     first_call, state._new_step = state._new_step, last
+    if adam is not None and adam.local(step + 1):
+        # 0/1 Adam's local step: this rank's momentum stays here (the optimizer's step() moves
+        # on it, and synchronizes where an interval ends).
+        adam.local_momentum(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
+        if last:
+            state.step += 1
+        fut = torch.futures.Future()
+        fut.set_result(tensor)
+        return fut
     plain, bare = state._whole_step(step, index, first_call, dense)
     collective, views = state._collective(bucket, tensor, step, index, dense, plain, bare)
     grads = None
@@ -312,7 +322,8 @@ def register(model, optimizer, codec, **options):
                         f"model (it has register_comm_hook), not {type(model).__name__}")
     options = dict(options)
     who = "gcomp.torch.register"
-    adam = _options._adam_of(optimizer, options.pop("variance", "frozen"), options, who)
+    variance = options.pop("variance", "frozen")
+    adam = _options._adam_of(optimizer, variance, options, who)
     moved = {} if adam else _options._take_momentum(optimizer, codec, options, who)
     if adam and options.get("per_parameter") is None:
         options["per_parameter"] = False  # 1-bit Adam: the momentum of a bucket whole
@@ -321,9 +332,10 @@ def register(model, optimizer, codec, **options):
     _engine().run(lambda comm: _check_world(comm, who))
     state.moved = moved
     if adam:
-        state._adam = _Adam(optimizer, state.warmup_steps, who)
-        # The optimizer's step() after a backward of the compressed stage (the hook has counted
-        # that backward in state.step) is 1-bit Adam's; in the warm-up, the optimizer's own.
-        state._adam.take_step(lambda: state.step > state.warmup_steps)
+        state._adam = _Adam(optimizer, variance, state.warmup_steps, who, state)
+        state.warmup_steps = state._adam.warmup_steps
+        # The optimizer's step() after a backward (the hook has counted it in state.step) is
+        # the schedule's: the optimizer's own in the warm-up.
+        state._adam.take_step(lambda: state.step)
     model.register_comm_hook(state, compression_hook)
     return state

@@ -66,7 +66,9 @@ class DistributedOptimizer(_PerParameterFeedback):
                        weight_decay=weight_decay, stall_seconds=stall_seconds,
                        timeout_seconds=timeout_seconds, optimizer=optimizer, who=who)
         # 1-bit Adam's stages (_adam._Adam) for an Adam or AdamW, else None.
-        self._adam = _Adam(optimizer, self.warmup_steps, who) if adam else None
+        self._adam = _Adam(optimizer, variance, self.warmup_steps, who, self) if adam else None
+        if adam:
+            self.warmup_steps = self._adam.warmup_steps
         self.steps = 0
         self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
         self._meet(p for _, p in named)
@@ -104,7 +106,9 @@ class DistributedOptimizer(_PerParameterFeedback):
         params, self._ready, self._ready_bytes = self._ready, [], 0
         if not params:
             return
-        dense = self.steps < self.warmup_steps
+        adam = self._adam
+        t = self.steps + 1
+        dense = adam.refreshes(t) if adam is not None else self.steps < self.warmup_steps
         grads = []
         for p in params:
             g = p.grad
@@ -112,8 +116,10 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
                                  f"{'missing' if g is None else 'not contiguous'}")
             grads.append(g.view(-1))
-        if self._adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
-            self._adam.local_momentum(params, grads)
+        if adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
+            adam.local_momentum(params, grads)
+            if adam.local(t):  # 0/1 Adam's local step: it stays here (step() moves on it)
+                return
         efs = None
         if self.error_feedback and not dense:
             efs = [self._feedback_of(p) for p in params]
@@ -158,14 +164,14 @@ class DistributedOptimizer(_PerParameterFeedback):
     def step(self, closure=None):
         """Averages the gradients (synchronize()) and steps the wrapped optimizer (1-bit Adam's
         compressed stage: applies the averaged momentum with the frozen variance)."""
-        compressed = self._adam is not None and self.steps >= self.warmup_steps
         try:
             self.synchronize()
         finally:
             self.steps += 1
-        if not compressed:
+        adam, t = self._adam, self.steps
+        if adam is None or (adam.refreshes(t) and adam.schedule.variance_steps(t) == t):
             return self.optimizer.step(closure)
-        return self._adam.step(closure)
+        return adam.refresh(closure, t) if adam.refreshes(t) else adam.step(closure, t)
 
     def zero_grad(self, *args, **kwargs):
         return self.optimizer.zero_grad(*args, **kwargs)

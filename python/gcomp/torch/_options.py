@@ -176,13 +176,16 @@ def _take_momentum(optimizer, codec, options, who, stacklevel=3):
 
 
 def _adam_of(optimizer, variance, options, who):
-    """Whether optimizer runs as 1-bit Adam (an Adam or AdamW, variance "frozen"); checks what
+    """Whether optimizer runs as 1-bit Adam (an Adam or AdamW, variance "frozen" or a
+    gcomp.AdamSchedule); checks what
     goes with that: options (register's or DistributedOptimizer's) without SGD's momentum and
     weight decay, which Adam has of its own. variance None: the optimizer left as it is (its
     gradients compressed), said by a warning."""
-    if variance not in ("frozen", None):
-        raise ValueError(f"{who}: variance must be \"frozen\" (1-bit Adam) or None (the "
-                         f"optimizer left as it is), not {variance!r}")
+    if not (variance is None or isinstance(variance, gcomp.AdamSchedule)
+            or (isinstance(variance, str) and variance == "frozen")):
+        raise ValueError(f"{who}: variance must be \"frozen\" (1-bit Adam), a "
+                         "gcomp.AdamSchedule (0/1 Adam's: gcomp.AdamSchedule.zero_one(...)) or "
+                         f"None (the optimizer left as it is), not {variance!r}")
     if variance is None or not _is_adam(optimizer):
         return False
     for key in ("momentum", "weight_decay"):
