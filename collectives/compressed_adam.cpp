@@ -113,6 +113,7 @@ void CompressedAdam::step(Communicator& comm, std::span<const std::span<float>> 
   const AdamSchedule& schedule = options_.schedule;
   const AdamSettings& s = options_.adam;
   const std::uint64_t t = steps_ + 1;
+  sent_ = false;
   BucketOptions bo = options_.bucket;
   bo.allreduce.seed = step_seed(options_.bucket.allreduce.seed, steps_, 0);
   std::vector<ErrorFeedback*> efs;
@@ -122,6 +123,7 @@ void CompressedAdam::step(Communicator& comm, std::span<const std::span<float>> 
   if (schedule.refreshes(t)) {
     bo.allreduce.algorithm = Algorithm::dense;
     comm.allreduce_buckets(grads, none_, {}, bo);
+    sent_ = true;
     for (std::size_t i = 0; i < n; ++i) {
       adam_step(params[i], grads[i], exp_avg_[i], exp_avg_sq_[i], s, lr, t, variance_steps_ + 1);
     }
@@ -131,6 +133,7 @@ void CompressedAdam::step(Communicator& comm, std::span<const std::span<float>> 
       adam_local_momentum(params[i], grads[i], exp_avg_[i], grads[i], s);
     }
     comm.allreduce_buckets(grads, shapes_, codec_, efs, bo);
+    sent_ = true;
     for (std::size_t i = 0; i < n; ++i) {
       adam_frozen_update(params[i], grads[i], exp_avg_[i], exp_avg_sq_[i], s, lr, t,
                          variance_steps_);
@@ -156,6 +159,7 @@ void CompressedAdam::step(Communicator& comm, std::span<const std::span<float>> 
                              variance_steps_);
         }
         comm.allreduce_buckets(grads, shapes_, codec_, efs, bo);
+        sent_ = true;
         for (std::size_t i = 0; i < n; ++i) {
           adam_sync_update(params[i], anchor_[i], grads[i], exp_avg_[i], exp_avg_sq_[i], s, lr_sum_,
                            decay_, t, variance_steps_);

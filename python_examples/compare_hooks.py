@@ -118,6 +118,14 @@ GCOMP_ROWS = {
     "gcomp_sign_gradients": dict(codec="sign", variance=None, **APPLIED),
     "gcomp_sign_bucket_crs": dict(codec="sign", per_parameter=False, dense_below=0,
                                   algorithm="compressed_reduce_scatter", **APPLIED),
+    # With AdamW, 0/1 Adam's schedule (--zero-one) in place of the dense warm-up: the variance
+    # refreshed at doubling intervals, then local steps; _refresh without the local steps.
+    "gcomp_sign_zero_one": dict(codec="sign", algorithm="compressed_reduce_scatter",
+                                schedule="zero_one", **APPLIED),
+    "gcomp_sign_zero_one_refresh": dict(codec="sign", algorithm="compressed_reduce_scatter",
+                                        schedule="zero_one_refresh", **APPLIED),
+    "gcomp_topk1_zero_one": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                 schedule="zero_one", **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01", **ONE_LINE),
     # The hook registered by hand, SGD keeping its momentum: what the one line replaces.
     "gcomp_topk1_by_hand": dict(codec="topk:ratio=0.01", **APPLIED),
@@ -188,11 +196,20 @@ class Row:
         if name in GCOMP_ROWS:
             kw = dict(GCOMP_ROWS[name])
             self.form = kw.pop("form", "hook")
+            schedule = kw.pop("schedule", None)
             if a.optimizer == "adamw":
-                # 1-bit Adam: the one line with the optimizer, its warm-up exact.
+                # 1-bit Adam: the one line with the optimizer, its warm-up exact; or 0/1 Adam's
+                # schedule.
                 self.form = "register"
-                kw["warmup_steps"] = a.warmup_steps
-            elif "variance" in kw:
+                if schedule is None:
+                    kw["warmup_steps"] = a.warmup_steps
+                else:
+                    import gcomp
+                    freeze, kappa, local, double = a.zero_one
+                    kw["variance"] = gcomp.AdamSchedule.zero_one(
+                        freeze, kappa=kappa, local_double_every=double,
+                        max_local_steps=1 if schedule == "zero_one_refresh" else local)
+            elif "variance" in kw or schedule is not None:
                 raise SystemExit(f"row {name} is AdamW's (--optimizer adamw)")
             if kw["codec"].startswith("powersgd"):
                 kw["codec"] += f",start={a.powersgd_start}"
@@ -332,7 +349,7 @@ def config(a):
     keys = ["model", "network", "epochs", "eval_every", "max_steps", "batch", "lr", "seed", "ranks",
             "powersgd_start", "cluster", "interleave", "launcher", "optimizer"]
     if a.optimizer == "adamw":
-        keys += ["weight_decay", "warmup_steps"]
+        keys += ["weight_decay", "warmup_steps", "zero_one"]
     return {k: getattr(a, k) for k in keys}
 
 
@@ -376,7 +393,8 @@ def run_row(a, row, result):
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
            "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher,
            "--optimizer", a.optimizer, "--weight-decay", str(a.weight_decay),
-           "--warmup-steps", str(a.warmup_steps)] + (
+           "--warmup-steps", str(a.warmup_steps),
+           "--zero-one", ",".join(str(x) for x in a.zero_one)] + (
            ["--cluster"] if a.cluster else []) + (
            ["--interleave"] if a.interleave else [])
     paths = result.split(",")
@@ -414,6 +432,11 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's")
     ap.add_argument("--warmup-steps", type=int, default=0,
                     help="gcomp's rows with AdamW: exact steps before the variance is frozen")
+    ap.add_argument("--zero-one", default="90,4,4,32",
+                    type=lambda x: [int(v) for v in x.split(",")],
+                    help="the _zero_one rows' schedule: FREEZE,KAPPA,H,DOUBLE, "
+                         "gcomp.AdamSchedule.zero_one(FREEZE, kappa=KAPPA, max_local_steps=H, "
+                         "local_double_every=DOUBLE)")
     ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
     ap.add_argument("--cluster", action="store_true",
                     help="run on scripts/cluster's testbed: --ranks hosts, each link --network")

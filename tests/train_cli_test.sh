@@ -50,6 +50,8 @@ bad 2 "schedule" --schedule step
 bad 2 "--bogus" --bogus
 bad 2 "--warmup-steps" --optimizer adamw
 bad 2 "unknown optimizer" --optimizer lamb --warmup-steps 10
+bad 2 "--zero-one must be" --optimizer adamw --zero-one 90,x
+bad 2 "--zero-one is Adam's" --zero-one 90
 bad 2 "no such directory" --data "$S/not-there"
 mkdir -p corrupt
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do

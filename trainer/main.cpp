@@ -70,6 +70,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"beta2", c.beta2},
           {"eps", c.eps},
           {"warmup_steps", c.warmup_steps},
+          {"zero_one", c.zero_one},
           {"warmup_epochs", c.warmup_epochs},
           {"ef_on", !c.ef_on_velocity   ? "gradient"
                     : c.ef_scaled_by_lr ? "update"
@@ -149,6 +150,12 @@ int run(int argc, char** argv) {
                  "adam, adamw: exact steps on gradients averaged uncompressed before the "
                  "variance is frozen (at least 1)")
       ->capture_default_str();
+  app.add_option("--zero-one", c.zero_one,
+                 "adam, adamw: 0/1 Adam's schedule in place of --warmup-steps, "
+                 "FREEZE[,KAPPA[,H[,DOUBLE]]]: KAPPA exact steps, then KAPPA refreshes of the "
+                 "variance at each doubling interval until step FREEZE, then local steps "
+                 "synchronized every 1, 2, ... at most H steps, doubling every DOUBLE steps "
+                 "(defaults 16, 16, 32)");
   app.add_option("--warmup-epochs", c.warmup_epochs, "epochs without compression first")
       ->capture_default_str();
   app.add_option("--dense-below", c.dense_below,

@@ -138,7 +138,7 @@ void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bu
   if (!adam_) {
     CompressedAdamOptions o;
     o.adam = {c_.beta1, c_.beta2, c_.eps, c_.weight_decay, c_.optimizer == "adamw"};
-    o.schedule = AdamSchedule::one_bit(c_.warmup_steps);
+    o.schedule = adam_schedule(c_);
     o.error_feedback = c_.error_feedback;
     o.bucket = bucket;
     o.bucket.allreduce.seed = c_.seed;  // CompressedAdam mixes in the step
@@ -148,6 +148,10 @@ void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bu
   for (Param* q : params_) values.emplace_back(q->value);
   const double t0 = now();
   adam_->step(comm, values, grads_, lr);
+  if (!adam_->last_step_sent()) {  // a local step of 0/1 Adam: nothing sent
+    total.compute_seconds += now() - t0;
+    return;
+  }
   const CallStats& st = comm.last_stats();
   add_stats(total, st);
   // The element-wise halves around the collective.

@@ -2,6 +2,7 @@
 #include "train.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -128,15 +129,42 @@ void validate(const Config& c) {
     if (c.warmup_epochs != 0) {
       bad(c.optimizer + "'s warm-up is --warmup-steps (its exact steps), not --warmup-epochs");
     }
-    if (c.warmup_steps < 1) {
+    if (c.warmup_steps < 1 && c.zero_one.empty()) {
       bad(c.optimizer +
-          " needs --warmup-steps of at least 1: the variance frozen after them is "
-          "the one they estimate");
+          " needs --warmup-steps of at least 1 (the variance frozen after them is "
+          "the one they estimate) or --zero-one");
     }
+    if (!c.zero_one.empty() && c.warmup_steps != 0) {
+      bad("--zero-one's warm-up is its KAPPA steps: --warmup-steps goes without it");
+    }
+    adam_schedule(c).check();
     check_adam_settings({c.beta1, c.beta2, c.eps, c.weight_decay, c.optimizer == "adamw"});
   } else if (c.warmup_steps != 0) {
     bad("--warmup-steps is Adam's; SGD's warm-up is --warmup-epochs");
+  } else if (!c.zero_one.empty()) {
+    bad("--zero-one is Adam's");
   }
+}
+
+AdamSchedule adam_schedule(const Config& c) {
+  if (c.zero_one.empty()) return AdamSchedule::one_bit(c.warmup_steps);
+  std::vector<std::uint64_t> v;
+  std::size_t at = 0;
+  while (at <= c.zero_one.size()) {
+    const std::size_t comma = std::min(c.zero_one.find(',', at), c.zero_one.size());
+    const std::string field = c.zero_one.substr(at, comma - at);
+    std::uint64_t x = 0;
+    const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), x);
+    if (field.empty() || ec != std::errc() || end != field.data() + field.size() || v.size() == 4) {
+      throw Error(
+          Status::invalid_argument,
+          "--zero-one must be FREEZE[,KAPPA[,H[,DOUBLE]]] (counts), not '" + c.zero_one + "'");
+    }
+    v.push_back(x);
+    at = comma + 1;
+  }
+  return AdamSchedule::zero_one(v[0], v.size() > 1 ? v[1] : 16, v.size() > 2 ? v[2] : 16,
+                                v.size() > 3 ? v[3] : 32);
 }
 
 History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gcomp/communicator.hpp"
+#include "gcomp/compressed_adam.hpp"
 #include "idx.hpp"
 #include "model.hpp"
 
@@ -40,7 +41,11 @@ struct Config {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  std::uint64_t warmup_steps = 0;  // adam, adamw: at least 1
+  std::uint64_t warmup_steps = 0;  // adam, adamw: at least 1 (or 0 with zero_one)
+  // adam, adamw: 0/1 Adam's schedule in place of the warm-up, "FREEZE[,KAPPA[,H[,DOUBLE]]]":
+  // gcomp::AdamSchedule::zero_one(FREEZE, KAPPA, H, DOUBLE) (defaults 16, 16, 32). Empty: 1-bit
+  // Adam after warmup_steps.
+  std::string zero_one;
   int warmup_epochs = 0;          // epochs without compression first
   std::size_t dense_below = 1024; // smaller tensors (biases) are summed uncompressed
   std::size_t bucket_bytes = 25u << 20;
@@ -85,6 +90,10 @@ struct History {
 
 // Checks a configuration (codec spec, DGC spec, numbers); throws gcomp::Error(invalid_argument).
 void validate(const Config& c);
+
+// The schedule of c's Adam (adam, adamw): zero_one's, or 1-bit Adam's after warmup_steps.
+// Throws Error(invalid_argument) for a bad zero_one.
+AdamSchedule adam_schedule(const Config& c);
 
 // Trains model (built by the caller with Config::model and seed, identical on every rank) on
 // train, evaluating on test after every epoch; on_epoch is called on every rank with each

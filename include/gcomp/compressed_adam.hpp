@@ -59,6 +59,8 @@ struct AdamSchedule {
             .local_double_every = local_double_every};
   }
 
+  friend bool operator==(const AdamSchedule&, const AdamSchedule&) = default;
+
   // Throws Error(invalid_argument) naming the bad value: warmup_steps, max_local_steps or
   // local_double_every 0, a count above 2^40.
   void check() const;
@@ -111,6 +113,8 @@ class CompressedAdam {
             std::span<const std::span<float>> grads, double lr);
 
   std::size_t tensors() const noexcept { return shapes_.size(); }
+  // Whether the last step made a collective (comm.last_stats() is then its).
+  bool last_step_sent() const noexcept { return sent_; }
   std::uint64_t steps() const noexcept { return steps_; }
   // The updates the variance has had (schedule.variance_steps(steps())).
   std::uint64_t variance_steps() const noexcept { return variance_steps_; }
@@ -146,6 +150,7 @@ class CompressedAdam {
   std::uint64_t variance_steps_ = 0;
   double lr_sum_ = 0.0;
   double decay_ = 1.0;
+  bool sent_ = false;
 };
 
 }  // namespace gcomp

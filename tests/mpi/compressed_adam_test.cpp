@@ -323,6 +323,7 @@ TEST(CompressedAdam, ZeroOneIsTheSameOnEveryRankWhenSynchronizedAndNotBetween) {
   for (int t = 1; t <= 26; ++t) {
     run(adam, params, t - 1, t, 2e-3);
     const bool synced = kZeroOne.synchronizes(static_cast<std::uint64_t>(t));
+    EXPECT_EQ(adam.last_step_sent(), synced) << "step " << t;  // local steps send nothing
     EXPECT_EQ(same_on_every_rank(params[0]), synced || size() == 1) << "step " << t;
     if (synced) {
       for (std::size_t i = 0; i < params.size(); ++i) {

@@ -315,6 +315,39 @@ TEST(Trainer, OneBitAdamLearnsWithTheSameParametersOnEveryRank) {
   }
 }
 
+TEST(Trainer, ZeroOneAdamLearnsAndSendsLessOnceItsVarianceIsFrozen) {
+  // AdamW with 0/1 Adam's schedule: 2 exact steps, refreshes at 4 and 6 (every 2nd step) and 10
+  // (every 4th), frozen after 12; local steps synchronized every step from 13, every 2nd from
+  // 17, every 4th from 21, the last (32) among them: the ranks end with the same bits.
+  const Dataset train = synthetic(256 * static_cast<std::size_t>(size()), 21);
+  const Dataset test = synthetic(200, 22);
+  Config c;
+  c.optimizer = "adamw";
+  c.lr = 2e-3;
+  c.weight_decay = 0.01;
+  c.codec = "sign";
+  c.zero_one = "12,2,4,4";
+  c.epochs = 2;
+  c.batch = 16;
+  c.algorithm = Algorithm::compressed_reduce_scatter;
+  const AdamSchedule s = adam_schedule(c);
+  ASSERT_EQ(s.variance_steps(32), 5u);
+  ASSERT_TRUE(s.synchronizes(32) && !s.synchronizes(31));
+  Model model(c.model, 28, 28, 3);
+  const History h = run(c, train, test, test::world(), model);
+  EXPECT_GT(h.epochs.back().test_accuracy, 0.8);
+  const std::vector<float> mine = flat(model);
+  std::vector<float> root = mine;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(root, mine);
+  if (size() > 1) {
+    // Epoch 1 holds the 5 exact steps; epoch 2 (steps 17-32) 5 synchronizations, compressed.
+    const double first = h.epochs[0].bytes_sent_per_rank;
+    const double second = h.epochs[1].bytes_sent_per_rank - first;
+    EXPECT_LT(second, first / 8);
+  }
+}
+
 TEST(Trainer, AdamsOptionsAreChecked) {
   Config c;
   c.optimizer = "adamw";
@@ -332,7 +365,21 @@ TEST(Trainer, AdamsOptionsAreChecked) {
   c.beta2 = 0.999;
   c.optimizer = "lamb";
   EXPECT_THROW(validate(c), Error);
+  c.optimizer = "adamw";
+  c.zero_one = "100,4";
+  EXPECT_THROW(validate(c), Error);  // and warmup_steps: two warm-ups
+  c.warmup_steps = 0;
+  validate(c);
+  EXPECT_EQ(adam_schedule(c), AdamSchedule::zero_one(100, 4));
+  for (const char* bad : {"", "x", "100,", "1,2,3,4,5", "100,4,0"}) {
+    c.zero_one = bad;
+    EXPECT_THROW(validate(c), Error) << bad;
+  }
+  c.zero_one = "100";
   c.optimizer = "sgd";
+  EXPECT_THROW(validate(c), Error);  // zero_one is Adam's
+  c.zero_one.clear();
+  c.warmup_steps = 10;
   EXPECT_THROW(validate(c), Error);  // warmup_steps is Adam's
 }
 
