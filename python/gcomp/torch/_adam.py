@@ -248,9 +248,8 @@ class _Adam:
                     x = torch.empty_like(v)
                     lr_sum, decay = self._lr_sum[gi], self._decay.get(gi, 1.0)
                     if _cuda.cuda.on_device(p):
-                        denom = v.sqrt().div_(math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-                        x.copy_((self._anchors[id(p)] * decay - p.detach().reshape(-1))
-                                * denom / lr_sum)
+                        _sync_momentum_torch(p.detach().reshape(-1), self._anchors[id(p)], v, x,
+                                             lr_sum, decay, tv, s)
                     else:
                         gcomp.adam_sync_momentum(p.detach().view(-1), self._anchors[id(p)], v, x,
                                                  lr_sum=lr_sum, decay=decay, variance_steps=tv,
@@ -362,6 +361,12 @@ def _refresh_torch(p, g, m, v, lr, t, tv, s):
         limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"])) * bias1
         q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
     p.add_(q, alpha=-lr / bias1)
+
+
+def _sync_momentum_torch(p, a, v, x, lr_sum, decay, tv, s):
+    """gcomp.adam_sync_momentum's formula in torch ops (CUDA tensors); all flat."""
+    denom = (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
+    x.copy_((a * decay - p) * denom * (1.0 / lr_sum))
 
 
 def _sync_update_torch(p, a, x, m, v, lr_sum, decay, t, tv, s):
