@@ -1137,15 +1137,32 @@ def test_a_learning_rate_scheduler_keeps_counting_through_one_bit_adam(scheduler
     assert opt._step_count == 6 and opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 8)
 
 
-@pytest.mark.parametrize("way", ["hook", "hook_layers", "optimizer"])
+class Regrouped(torch.nn.Module):
+    """Three layers registered in another order than the forward uses them, 1.7 MB: DDP's
+    first layout is one bucket (its first bucket holds 1 MB, in reverse registration order),
+    the one it rebuilds after the first step (the order the gradients came in) two."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.middle = torch.nn.Linear(640, 640)
+        self.first = torch.nn.Linear(20, 640)
+        self.last = torch.nn.Linear(640, 5)
+
+    def forward(self, x):
+        return self.last(torch.relu(self.middle(torch.relu(self.first(x)))))
+
+
+@pytest.mark.parametrize("way", ["hook", "hook_buckets", "hook_layers", "optimizer"])
 def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, tmp_path):
     # N + M steps against N, torch.save of every rank's state, new objects, torch.load, M. The
-    # new DDP model starts from DDP's first layout of its buckets: the hook's bucket sent whole
-    # (one bucket), and per parameter on several buckets, which DDP regroups.
+    # new DDP model starts from DDP's first layout of its buckets: the hook's buckets sent whole
+    # (one bucket; and two, which the resumed job's first step has as one), and per parameter on
+    # the same two.
     def make():
         if way.startswith("hook"):
             layers = way == "hook_layers"
-            m = DDP(model(), bucket_cap_mb=0.005) if layers else DDP(model())
+            m = DDP(model()) if way == "hook" else DDP(Regrouped(), bucket_cap_mb=0.25)
             opt = torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01)
             state = gt.register(m, opt, "sign", warmup_steps=2, per_parameter=layers or None,
                                 algorithm="compressed_reduce_scatter", allow_uncompressed=False)

@@ -78,6 +78,9 @@ class CompressionState(_PerParameterFeedback):
         self._new_step = True  # the next hook call is a step's first
         self._world_ok = False  # gcomp's world checked against torch's (the first call)
         self._adam = None  # register() with Adam or AdamW: 1-bit Adam's stages (_adam._Adam)
+        # 1-bit Adam with whole buckets: this step's (parameter, momentum view) pairs held
+        # until its last bucket (_whole_model).
+        self._held, self._held_step = [], None
         # Low-rank under auto, uncompressed allowed: whole steps compared too (_StepCheck).
         self._check = (_StepCheck(self.warmup_steps + _start_steps(codec) + _StepCheck.window)
                        if self._shaped and algorithm == "auto" and self.allow_uncompressed
@@ -120,12 +123,7 @@ class CompressionState(_PerParameterFeedback):
         each parameter on its own (per_parameter), or the bucket whole, with error feedback
         per parameter as the state keeps it."""
         views = efs = ef = shapes = None
-        # 1-bit Adam sends a bucket's momentum whole, in the order the state first met its
-        # parameters, each parameter with its own residual (and owner's share): that order is
-        # the same in a resumed job, whose first steps DDP lays out otherwise, so the owners'
-        # residuals resume exactly.
-        canonical = self._adam is not None and not (self._shaped or self._split)
-        if not dense and (self._shaped or self._split or canonical):
+        if not dense and (self._shaped or self._split):
             views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
             if self._shaped:  # low-rank: the bucket's gradients as matrices
                 shapes = [tuple(g.shape) for g in bucket.gradients()]
@@ -153,13 +151,6 @@ class CompressionState(_PerParameterFeedback):
             return Collective("allreduce_buckets", views, self.codec, {
                 "efs": efs, "shapes": shapes, "bucket_bytes": whole_bytes, "dense_below": 0,
                 **coded}), views
-        if canonical:
-            first = {pid: i for i, pid in enumerate(self._keys)}
-            params = bucket.parameters()
-            order = sorted(range(len(views)), key=lambda i: first[id(params[i])])
-            return Collective("allreduce_buckets", [views[i] for i in order], self.codec, {
-                "efs": [efs[i] for i in order] if efs else None, "bucket_bytes": whole_bytes,
-                "dense_below": 0, **coded}), views
         if self._split:
             # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
             return Collective("allreduce_buckets", views, self.codec, {
@@ -272,6 +263,8 @@ def compression_hook(state, bucket):
         fut = torch.futures.Future()
         fut.set_result(tensor)
         return fut
+    if adam is not None and not warm and not (state._shaped or state._split):
+        return _whole_model(state, bucket, tensor, params, step, last, entered)
     plain, bare = state._whole_step(step, index, first_call, dense)
     collective, views = state._collective(bucket, tensor, step, index, dense, plain, bare)
     grads = None
@@ -290,6 +283,47 @@ def compression_hook(state, bucket):
             fut.wait()
         except Exception:  # noqa: BLE001 - the future holds it; DDP raises it from backward
             pass
+    return fut
+
+
+def _whole_model(state, bucket, tensor, params, step, last, entered):
+    """1-bit Adam's compressed step with whole buckets: every bucket's momentum in one
+    collective at the step's last bucket, its parameters in the order the state first met them,
+    each with its own residual (and owner's share under compressed_reduce_scatter). The chunks
+    an owner keeps then do not depend on how DDP groups the parameters into buckets (which it
+    changes after a job's first step, and a resumed job starts from its first layout again), so
+    a checkpoint resumes exactly on any layout. The earlier buckets' futures are complete at
+    once and their buffers reduced in place when the last bucket's hook returns (it waits for
+    the collective): DDP reads the buffers after the last hook, when backward ends, which is
+    also when its own wait for the last bucket would end (the momentum's payload is small)."""
+    views = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+    state._adam.local_momentum(params, views)
+    if state._held_step != step:
+        state._held, state._held_step = [], step
+    state._held += list(zip(params, views))
+    if not last:
+        fut = torch.futures.Future()
+        fut.set_result(tensor)
+        return fut
+    first = {pid: i for i, pid in enumerate(state._keys)}
+    ordered = sorted(state._held, key=lambda pv: first[id(pv[0])])
+    state._held, state._held_step = [], None
+    ps, vs = [p for p, _ in ordered], [v for _, v in ordered]
+    efs = [state._feedback_of(p) for p in ps] if state.error_feedback else None
+    collective = Collective("allreduce_buckets", vs, state.codec, {
+        "efs": efs, "bucket_bytes": max(4 * sum(v.numel() for v in vs), 1), "dense_below": 0,
+        "average": True, "seed": state.seed & _MASK, "algorithm": state.algorithm,
+        "allow_uncompressed": state.allow_uncompressed and state._check is None,
+        "step": step, "index": 0})
+    call = Bucket(state, "DDP buckets", step, 0, ps, vs, [tensor], False, entered)
+    state.step += 1
+    fut = call.submit(collective, False, result=tensor, tail=True,
+                      world_check="gcomp.torch.compression_hook",
+                      errors="gcomp compression_hook, the model's buckets")
+    try:
+        fut.wait()
+    except Exception:  # noqa: BLE001 - the future holds it; DDP raises it from backward
+        pass
     return fut
 
 
