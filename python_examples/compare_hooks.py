@@ -126,6 +126,8 @@ GCOMP_ROWS = {
                                         schedule="zero_one_refresh", **APPLIED),
     "gcomp_topk1_zero_one": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
                                  schedule="zero_one", **APPLIED),
+    "gcomp_topk1_zero_one_refresh": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                         schedule="zero_one_refresh", **APPLIED),
     "gcomp_topk1_auto": dict(codec="topk:ratio=0.01", **ONE_LINE),
     # The hook registered by hand, SGD keeping its momentum: what the one line replaces.
     "gcomp_topk1_by_hand": dict(codec="topk:ratio=0.01", **APPLIED),
@@ -601,10 +603,19 @@ def write(a, base, results):
     one_line = [r["row"] for r in results if r.get("form") == "register"]
     by_hand = [r["row"] for r in results if r.get("form") == "hook"]
     if one_line and a.optimizer == "adamw":
-        lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, "
-                      f"warmup_steps={a.warmup_steps}, ...)`: 1-bit Adam, the variance frozen "
-                      "after the warm-up and each rank's momentum sent through the codec: " +
-                      ", ".join(one_line) + "."]
+        zero_one = [r for r in one_line if "zero_one" in r]
+        one_bit = [r for r in one_line if r not in zero_one]
+        if one_bit:
+            lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, "
+                          f"warmup_steps={a.warmup_steps}, ...)`: 1-bit Adam, the variance "
+                          "frozen after the warm-up and each rank's momentum sent through the "
+                          "codec: " + ", ".join(one_bit) + "."]
+        if zero_one:
+            freeze, kappa, local, double = a.zero_one
+            lines += ["", "0/1 Adam, `gt.register(model, optimizer, codec, variance=gcomp."
+                          f"AdamSchedule.zero_one({freeze}, kappa={kappa}, max_local_steps={local}"
+                          f", local_double_every={double}), ...)` (_refresh: max_local_steps=1, "
+                          "no local steps): " + ", ".join(zero_one) + "."]
     elif one_line:
         lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, ...)` "
                       "(SGD's momentum 0.9 moved into the hook as momentum correction, the "

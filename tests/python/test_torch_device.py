@@ -243,3 +243,38 @@ def test_device_residuals_are_device_memory():
         assert homes and all(ef.device == "cuda:0" for ef in homes.values())
         r = state.residual(next(m.parameters()))
         assert isinstance(r, torch.Tensor) and r.count_nonzero() > 0
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_zero_one_adam_on_the_device_path_follows_the_cpus(way):
+    # 0/1 Adam's every kind of step (exact ones, refreshes after compressed steps, local steps
+    # and their synchronizations) through the torch-op formulas CUDA tensors run, against the
+    # library's functions on the CPU path. Codec none, averaged exactly (allgather): the two
+    # differ only by their roundings, a few float32 ulps of each step's move (at most lr = 0.01
+    # an element a step, 11 steps: 1e-5 is 1e-4 of the whole way, where a wrong formula moves
+    # whole steps apart).
+    def run():
+        sched = gcomp.AdamSchedule.zero_one(6, kappa=2, max_local_steps=2, local_double_every=2)
+        m = model(3)
+        adamw = torch.optim.AdamW
+        if way == "hook":
+            m = DDP(m, bucket_cap_mb=0.01)
+            opt = adamw(m.parameters(), lr=0.01, weight_decay=0.05)
+            gt.register(m, opt, "none", variance=sched, algorithm="allgather", dense_below=0)
+        else:
+            opt = gt.DistributedOptimizer(adamw(m.parameters(), lr=0.01, weight_decay=0.05),
+                                          named_parameters=m.named_parameters(), codec="none",
+                                          variance=sched, algorithm="allgather", dense_below=0)
+        for s in range(11):
+            opt.zero_grad()
+            x, y = batch(s)
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    want = run()
+    standin.reset()
+    with device_path():
+        got = run()
+    for a, b in zip(got, want):
+        assert torch.all((a - b).abs() <= 1e-5), (a - b).abs().max()
