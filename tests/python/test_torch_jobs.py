@@ -52,10 +52,12 @@ def params(path, ranks):
 # the first step of each job (the resumed job's first step has DDP's first layout, the one run's
 # step N the rebuilt one: the residuals follow the parameters by name).
 # 1-bit Adam (AdamW, sign on compressed_reduce_scatter: each rank's residual and each owner's)
-# saved in its compressed stage through the hook (one DDP bucket, its momentum whole), and saved
-# in its warm-up (6 exact steps) to resume across the freeze. (DistributedOptimizer's 1-bit Adam
-# and the hook's per parameter on several buckets resume in test_torch.py, in one process.) (A whole bucket whose parameters DDP groups otherwise in the resumed
-# job's first steps restarts its owners' residuals: docs/python.md, "Checkpoints".)
+# saved in its compressed stage through the hook (one DDP bucket, its momentum whole), and 0/1
+# Adam saved between two synchronizations of its local steps (zero_one(2, kappa=1,
+# max_local_steps=2, local_double_every=1): exact step 1, compressed 2, local from 3,
+# synchronized at 3, 4, 6, 8; saved after 5, its anchors in the checkpoint). (DistributedOptimizer's
+# 1-bit Adam, the hook's whole buckets that DDP regroups and per parameter, and a save in the
+# warm-up resume in test_torch.py, in one process.)
 # Under torch's launcher (Gloo) the hook's one-bucket row again (a checkpoint holds the same
 # state whatever the transport; the optimizer's own runs under torchrun are in test_torch.py).
 @pytest.mark.parametrize("form, codec, more, launcher", [
@@ -65,7 +67,8 @@ def params(path, ranks):
     ("optimizer", "topk:ratio=0.05", [], "mpiexec"),
     ("optimizer", "powersgd:rank=2", [], "mpiexec"),
     ("hook", "sign", ["--optimizer", "adamw", "--buckets", "one"], "mpiexec"),
-    ("hook", "sign", ["--optimizer", "adamw", "--warmup", "6", "--buckets", "one"], "mpiexec"),
+    ("hook", "sign", ["--optimizer", "adamw", "--zero-one", "2,1,2,1", "--buckets", "one"],
+     "mpiexec"),
     ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun")])
 def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more, launcher):
     ranks, n, m = 2, 5, 3
@@ -90,13 +93,11 @@ def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, mor
     saved = torch.load(f"{tmp_path}/ck.rank0")
     key = "gcomp" if form == "hook" else None
     ours = saved[key] if key else saved["optimizer"]["gcomp"]
-    if "--warmup" in more and int(more[more.index("--warmup") + 1]) > n:
-        # Saved in 1-bit Adam's warm-up: nothing compressed yet, so no residual; the stage's
-        # settings are in it.
-        assert not any(torch.any(v != 0) for v in ours["residuals"].values())
-        assert ours["adam"] == {"variance": "frozen", "warmup_steps": 6}
-    else:
-        assert any(torch.any(v != 0) for v in ours["residuals"].values())
+    assert any(torch.any(v != 0) for v in ours["residuals"].values())
+    if "--zero-one" in more:  # 0/1 Adam between synchronizations: the anchors are in it
+        assert ours["adam"]["variance"] == "schedule"
+        assert ours["adam_local"]["anchors"] and ours["adam_local"]["lr_sum"]
+        assert not all(torch.equal(a, b) for a, b in zip(before[0], before[1]))  # own models
     assert ours["step" if form == "hook" else "steps"] == n
 
 

@@ -54,10 +54,14 @@ def batch(step, rank):
 def build(a, rank):
     """The model, optimizer and (hook form) state, made as a job makes them before training."""
     net = model()
-    adam = {}  # AdamW: 1-bit Adam, a warm-up of a.warmup exact steps
+    adam = {}  # AdamW: 1-bit Adam, a warm-up of a.warmup exact steps; or 0/1 Adam's schedule
     if a.optimizer == "adamw":
         sgd = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.01)
         adam = {"warmup_steps": a.warmup}
+        if a.zero_one:
+            freeze, kappa, local, double = (int(x) for x in a.zero_one.split(","))
+            adam = {"variance": gcomp.AdamSchedule.zero_one(
+                freeze, kappa=kappa, max_local_steps=local, local_double_every=double)}
     else:
         sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     pinned = "sparse_allgather"
@@ -189,6 +193,7 @@ def main():
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
                     help="train: SGD with momentum, or AdamW (gcomp.torch runs it as 1-bit Adam)")
     ap.add_argument("--warmup", type=int, default=2, help="AdamW: its exact steps")
+    ap.add_argument("--zero-one", help="AdamW: 0/1 Adam's FREEZE,KAPPA,H,DOUBLE instead")
     ap.add_argument("--load")
     ap.add_argument("--save")
     ap.add_argument("--out")
