@@ -681,3 +681,32 @@ def test_adam_and_one_bit_adams_halves_in_place():
         gcomp.adam_step(p2, g[:5], m2, v1, lr=0.01, step=1)
     with pytest.raises(TypeError, match="float32"):
         gcomp.adam_step(p2.astype(np.float64), g, m2, v1, lr=0.01, step=1)
+
+
+def test_zero_one_adams_schedule_and_synchronization_halves():
+    s = gcomp.AdamSchedule.zero_one(10, kappa=2, max_local_steps=4, local_double_every=3)
+    assert [t for t in range(1, 31) if s.refreshes(t)] == [1, 2, 4, 6, 10]
+    assert [t for t in range(1, 31) if s.local(t) and s.synchronizes(t)] == \
+        [11, 12, 13, 14, 16, 18, 22, 26, 30]
+    assert s.variance_steps(100) == 5 and s.frozen_after() == 10
+    assert gcomp.AdamSchedule(**s.as_dict()) == s and s != gcomp.AdamSchedule.one_bit(2)
+    assert "freeze_step=10" in repr(s)
+    with pytest.raises(gcomp.Error, match="warmup_steps must be at least 1"):
+        gcomp.AdamSchedule.one_bit(0)
+    with pytest.raises(gcomp.Error, match="max_local_steps"):
+        gcomp.AdamSchedule(max_local_steps=0)
+    # One rank's way from the anchor as a momentum and back: the same parameters (a product
+    # and a quotient's roundings), the anchor moved there, m = the momentum (1 - beta1^step).
+    rng = np.random.default_rng(5)
+    n = 777
+    a = rng.standard_normal(n).astype(np.float32)
+    v = (rng.standard_normal(n) ** 2 * 1e-4).astype(np.float32)
+    p = (a - 3e-3 * np.tanh(rng.standard_normal(n))).astype(np.float32)
+    x, m = np.empty(n, np.float32), np.empty(n, np.float32)
+    gcomp.adam_sync_momentum(p, a, v, x, lr_sum=3e-3, decay=1.0, variance_steps=20)
+    q = p.copy()
+    gcomp.adam_sync_update(q, a, x, m, v, lr_sum=3e-3, decay=1.0, step=30, variance_steps=20)
+    assert np.allclose(q, p, rtol=0, atol=1e-6) and np.array_equal(a, q)
+    assert np.allclose(m, x * (1 - 0.9 ** 30), rtol=1e-6)
+    with pytest.raises(gcomp.Error, match="lr_sum"):
+        gcomp.adam_sync_momentum(p, a, v, x, lr_sum=0.0, decay=1.0, variance_steps=20)

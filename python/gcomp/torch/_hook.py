@@ -350,7 +350,11 @@ def register(model, optimizer, codec, **options):
     momentum with the frozen variance (register takes over optimizer.step for that). What it
     cannot take (amsgrad, maximize, capturable, differentiable, fused; momentum= or
     weight_decay= among the options, which are SGD's) is a ValueError. variance=None leaves
-    the optimizer as it is and compresses its gradients, with a warning."""
+    the optimizer as it is and compresses its gradients, with a warning. variance=
+    gcomp.AdamSchedule.zero_one(freeze_step, ...) runs 0/1 Adam instead: the variance refreshed
+    on the schedule (exact steps on gradients averaged uncompressed) until freeze_step, then
+    local steps, each rank on its own momentum, synchronized on the schedule by optimizer.step()
+    (docs/python.md, "0/1 Adam")."""
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
                         f"model (it has register_comm_hook), not {type(model).__name__}")

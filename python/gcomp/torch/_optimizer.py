@@ -32,7 +32,8 @@ class DistributedOptimizer(_PerParameterFeedback):
     optimizer's. A torch.optim.Adam or AdamW runs as 1-bit Adam, as register() runs it
     (variance="frozen"; warmup_steps at least 1): its warm-up's steps are its own on the
     averaged gradients, then each rank's momentum is what is sent and step() applies the
-    averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW").
+    averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW");
+    variance=gcomp.AdamSchedule.zero_one(...) runs 0/1 Adam, as register() does.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
