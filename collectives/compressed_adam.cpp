@@ -151,25 +151,64 @@ void CompressedAdam::step(Communicator& comm, std::span<const std::span<float>> 
     }
     lr_sum_ += lr;
     if (s.decoupled) decay_ *= 1.0 - lr * s.weight_decay;
-    if (schedule.synchronizes(t)) {
-      // lr_sum 0 (every step's lr 0): no rank moved, and none has a way to average.
-      if (lr_sum_ > 0) {
-        for (std::size_t i = 0; i < n; ++i) {
-          adam_sync_momentum(params[i], anchor_[i], exp_avg_sq_[i], grads[i], s, lr_sum_, decay_,
-                             variance_steps_);
-        }
-        comm.allreduce_buckets(grads, shapes_, codec_, efs, bo);
-        sent_ = true;
-        for (std::size_t i = 0; i < n; ++i) {
-          adam_sync_update(params[i], anchor_[i], grads[i], exp_avg_[i], exp_avg_sq_[i], s, lr_sum_,
-                           decay_, t, variance_steps_);
-        }
-      }
-      lr_sum_ = 0.0;
-      decay_ = 1.0;
-    }
+    if (schedule.synchronizes(t)) sync_local(comm, params, grads, t, 0);
   }
   steps_ = t;
+}
+
+void CompressedAdam::sync_local(Communicator& comm, std::span<const std::span<float>> params,
+                                std::span<const std::span<float>> scratch, std::uint64_t t,
+                                std::uint64_t index) {
+  // lr_sum 0 (every step's lr 0): no rank moved, and none has a way to average.
+  if (lr_sum_ > 0) {
+    const AdamSettings& s = options_.adam;
+    const std::size_t n = shapes_.size();
+    BucketOptions bo = options_.bucket;
+    bo.allreduce.seed = step_seed(options_.bucket.allreduce.seed, t - 1, index);
+    std::vector<ErrorFeedback*> efs;
+    if (options_.error_feedback) {
+      for (ErrorFeedback& f : feedback_) efs.push_back(&f);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      adam_sync_momentum(params[i], anchor_[i], exp_avg_sq_[i], scratch[i], s, lr_sum_, decay_,
+                         variance_steps_);
+    }
+    comm.allreduce_buckets(scratch, shapes_, codec_, efs, bo);
+    sent_ = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      adam_sync_update(params[i], anchor_[i], scratch[i], exp_avg_[i], exp_avg_sq_[i], s, lr_sum_,
+                       decay_, t, variance_steps_);
+    }
+  }
+  lr_sum_ = 0.0;
+  decay_ = 1.0;
+}
+
+void CompressedAdam::synchronize(Communicator& comm, std::span<const std::span<float>> params) {
+  check_params(params, "CompressedAdam::synchronize");
+  sent_ = false;
+  if (!options_.schedule.local(steps_) || lr_sum_ <= 0) return;
+  std::vector<std::vector<float>> scratch;
+  std::vector<std::span<float>> spans;
+  for (const auto& m : exp_avg_) scratch.emplace_back(m.size());
+  for (auto& x : scratch) spans.emplace_back(x);
+  sync_local(comm, params, spans, steps_, 1);
+}
+
+void CompressedAdam::check_params(std::span<const std::span<float>> params, const char* who) const {
+  const std::size_t n = shapes_.size();
+  if (params.size() != n) {
+    throw Error(Status::invalid_argument, std::string(who) + ": " + std::to_string(params.size()) +
+                                              " parameters for " + std::to_string(n) + " tensors");
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (params[i].size() != exp_avg_[i].size()) {
+      throw Error(Status::invalid_argument, std::string(who) + ": tensor " + std::to_string(i) +
+                                                " has " + std::to_string(exp_avg_[i].size()) +
+                                                " elements, its parameter " +
+                                                std::to_string(params[i].size()));
+    }
+  }
 }
 
 void CompressedAdam::restore(std::uint64_t steps, std::uint64_t variance_steps, double local_lr_sum,

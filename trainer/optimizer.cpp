@@ -159,6 +159,19 @@ void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bu
       std::max(0.0, now() - t0 - st.encode_seconds - st.comm_seconds - st.decode_seconds);
 }
 
+void Optimizer::synchronize(Communicator& comm, EpochRecord& total) {
+  if (!adam_) return;
+  std::vector<std::span<float>> values;
+  for (Param* q : params_) values.emplace_back(q->value);
+  const double t0 = now();
+  adam_->synchronize(comm, values);
+  if (!adam_->last_step_sent()) return;
+  const CallStats& st = comm.last_stats();
+  add_stats(total, st);
+  total.compute_seconds +=
+      std::max(0.0, now() - t0 - st.encode_seconds - st.comm_seconds - st.decode_seconds);
+}
+
 void Optimizer::dgc_step(Communicator& comm, double lr_now, double density,
                          const AllreduceOptions& opt, EpochRecord& total) {
   const int p = comm.size();

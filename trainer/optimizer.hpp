@@ -39,6 +39,10 @@ class Optimizer {
   void step(Communicator& comm, double lr, bool compress, double dgc_density,
             std::uint64_t step_index, EpochRecord& stats);
 
+  // 0/1 Adam's local steps: averages the ranks' parameters now (CompressedAdam::synchronize),
+  // collective, so that every rank evaluates the same model; nothing where they agree.
+  void synchronize(Communicator& comm, EpochRecord& stats);
+
  private:
   void dgc_step(Communicator& comm, double lr, double density, const AllreduceOptions& opt,
                 EpochRecord& stats);

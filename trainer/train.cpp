@@ -238,6 +238,8 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         throw Error(e.code(), where + e.what());
       }
     }
+    // 0/1 Adam between two synchronizations: the ranks agree before the evaluation.
+    optimizer.synchronize(comm, total);
     total.wall_seconds += now() - epoch_start;
     total.dense_bytes_per_rank += dense_step_bytes * static_cast<double>(steps);
 

@@ -112,6 +112,13 @@ class CompressedAdam {
   void step(Communicator& comm, std::span<const std::span<float>> params,
             std::span<const std::span<float>> grads, double lr);
 
+  // Local steps: averages the ranks' parameters now, as a synchronization the schedule has not
+  // reached yet (collective: every rank calls it after the same step), so that every rank has
+  // the same model to evaluate or save; the schedule's own synchronizations go on as before.
+  // Nothing is sent where the ranks already agree (outside the local stage, or right after a
+  // synchronization). Errors as step's.
+  void synchronize(Communicator& comm, std::span<const std::span<float>> params);
+
   std::size_t tensors() const noexcept { return shapes_.size(); }
   // Whether the last step made a collective (comm.last_stats() is then its).
   bool last_step_sent() const noexcept { return sent_; }
@@ -151,6 +158,11 @@ class CompressedAdam {
   double lr_sum_ = 0.0;
   double decay_ = 1.0;
   bool sent_ = false;
+
+  void check_params(std::span<const std::span<float>> params, const char* who) const;
+  // The local stage's synchronization after step t (lr_sum_ > 0), grads as scratch.
+  void sync_local(Communicator& comm, std::span<const std::span<float>> params,
+                  std::span<const std::span<float>> scratch, std::uint64_t t, std::uint64_t index);
 };
 
 }  // namespace gcomp

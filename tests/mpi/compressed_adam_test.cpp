@@ -336,6 +336,32 @@ TEST(CompressedAdam, ZeroOneIsTheSameOnEveryRankWhenSynchronizedAndNotBetween) {
   }
 }
 
+TEST(CompressedAdam, ASynchronizationAheadOfTheScheduleMakesTheRanksAgree) {
+  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true}, .schedule = kZeroOne};
+  o.bucket.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
+  o.bucket.allreduce.allow_uncompressed = false;
+  CompressedAdam adam(Codec("sign"), kShapes, o);
+  auto params = start_params();
+  std::vector<std::span<float>> ps(params.begin(), params.end());
+  run(adam, params, 0, 8, 2e-3);  // not yet local: the ranks agree, nothing is sent
+  adam.synchronize(test::world(), ps);
+  EXPECT_FALSE(adam.last_step_sent());
+  run(adam, params, 8, 20, 2e-3);  // local, in the interval that ends at 22
+  ASSERT_GT(adam.local_lr_sum(), 0.0);
+  adam.synchronize(test::world(), ps);
+  EXPECT_TRUE(adam.last_step_sent());
+  EXPECT_EQ(adam.local_lr_sum(), 0.0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(same_on_every_rank(params[i])) << i;
+    EXPECT_EQ(params[i], std::vector<float>(adam.anchor(i).begin(), adam.anchor(i).end()));
+  }
+  adam.synchronize(test::world(), ps);  // again: nothing to average
+  EXPECT_FALSE(adam.last_step_sent());
+  run(adam, params, 20, 22, 2e-3);  // the schedule's synchronization at 22 goes on
+  for (std::size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(same_on_every_rank(params[i])) << i;
+  EXPECT_THROW(adam.synchronize(test::world(), std::span(ps).first(2)), Error);
+}
+
 TEST(CompressedAdam, ARestoredStateGoesOnBitForBit) {
   // N + M steps against N, the state copied into a new CompressedAdam, then M.
   const auto options = [] {

@@ -997,6 +997,21 @@ def test_zero_one_adam_is_identical_on_every_rank_after_each_synchronization(way
         opt.step()
         if zero_one().synchronizes(s + 1):
             same_on_every_rank(list(m.parameters()))
+    # Ahead of the schedule (step 13 of an interval that ends at 14): the same parameters, and
+    # the next synchronization goes on from there.
+    opt.zero_grad()
+    int_backward(m, 12)
+    opt.step()
+    assert not zero_one().synchronizes(13)
+    state.average_parameters()
+    same_on_every_rank(list(m.parameters()))
+    before = [p.detach().clone() for p in m.parameters()]
+    state.average_parameters()  # the ranks agree: nothing moves
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    opt.zero_grad()
+    int_backward(m, 13)
+    opt.step()
+    same_on_every_rank(list(m.parameters()))
     sd = state.state_dict()
     sd = sd["gcomp"] if way == "optimizer" else sd
     assert sd["adam"] == {"variance": "schedule", "schedule": zero_one().as_dict()}

@@ -225,7 +225,13 @@ class _Adam:
             self._anchors[id(p)] = a
         return a
 
-    def _synchronize(self, t):
+    def average_now(self, t):
+        """A synchronization ahead of the schedule after step t, where the ranks are in the
+        local stage and have moved since the last (else nothing is sent)."""
+        if self.schedule.local(t) and any(v > 0 for v in self._lr_sum.values()):
+            self._synchronize(t, index=1)
+
+    def _synchronize(self, t, index=0):
         """The ranks' ways since the last synchronization averaged, as momenta through the
         owner's codec with each parameter's residual (in the order the owner first met them,
         the same on every rank), one collective on the communication thread; every rank then
@@ -261,7 +267,7 @@ class _Adam:
                 "efs": efs, "bucket_bytes": max(4 * sum(x.numel() for x in xs), 1),
                 "dense_below": 0, "average": True, "seed": owner.seed & _MASK,
                 "algorithm": owner.algorithm, "allow_uncompressed": owner.allow_uncompressed,
-                "step": t, "index": 0})
+                "step": t, "index": index})
             call.submit(collective, False).wait()
             with torch.no_grad():
                 for p, x in zip(params, xs):
