@@ -884,6 +884,33 @@ def test_adam_is_its_own_steps_then_the_averaged_momentum_with_the_frozen_varian
     same_on_every_rank(list(m.parameters()))
 
 
+def check_resume(make, step_fn, n, k, path, load_state):
+    """N + K steps against N, torch.save of every rank's model, optimizer and (load_state) gcomp
+    state, new objects from make(), torch.load, K: the same parameters, bit for bit."""
+    def run(m, opt, steps, first=0):
+        for s in range(first, first + steps):
+            opt.zero_grad()
+            step_fn(m, s)
+            opt.step()
+
+    m, opt, _ = make()
+    run(m, opt, n + k)
+    straight = [p.detach().clone() for p in m.parameters()]
+    m, opt, state = make()
+    run(m, opt, n)
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
+                "gcomp": state.state_dict()}, path)
+    m, opt, state = make()
+    saved = torch.load(path)
+    m.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    if load_state:
+        state.load_state_dict(saved["gcomp"])
+    run(m, opt, k, first=n)
+    for p, q in zip(m.parameters(), straight):
+        assert torch.equal(p, q)
+
+
 # 0/1 Adam's schedule for the tests: exact steps 1, 2, refreshes at 4 and 6 (3 and 5 compressed),
 # local steps from 7 synchronized at 7, 8, 10, 12.
 def zero_one():
@@ -1026,30 +1053,7 @@ def test_zero_one_adam_resumes_bit_for_bit_between_synchronizations(way, tmp_pat
         return zero_one_run(way, torch.optim.AdamW, "sign", 2e-3, 0.01,
                             algorithm="compressed_reduce_scatter", allow_uncompressed=False)
 
-    def run(m, opt, steps, first=0):
-        for s in range(first, first + steps):
-            opt.zero_grad()
-            int_backward(m, s)
-            opt.step()
-
-    n, k = 9, 3
-    m, opt, _ = make()
-    run(m, opt, n + k)
-    straight = [p.detach().clone() for p in m.parameters()]
-    m, opt, state = make()
-    run(m, opt, n)
-    path = tmp_path / f"zero_one.{rank()}.pt"
-    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
-                "gcomp": state.state_dict()}, path)
-    m, opt, state = make()
-    saved = torch.load(path)
-    m.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["optimizer"])
-    if way == "hook":
-        state.load_state_dict(saved["gcomp"])
-    run(m, opt, k, first=n)
-    for p, q in zip(m.parameters(), straight):
-        assert torch.equal(p, q)
+    check_resume(make, int_backward, 9, 3, tmp_path / f"zero_one.{rank()}.pt", way == "hook")
 
 
 def test_the_torch_formulas_of_cuda_tensors_are_the_librarys():
@@ -1191,22 +1195,4 @@ def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, n, tmp_path):
                                       allow_uncompressed=False)
         return m, opt, opt
 
-    k = 3
-    m, opt, _ = make()
-    train(m, opt, n + k)
-    straight = [p.detach().clone() for p in m.parameters()]
-
-    m, opt, state = make()
-    train(m, opt, n)
-    path = tmp_path / f"ckpt.{rank()}.pt"
-    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(),
-                "gcomp": state.state_dict()}, path)
-    m, opt, state = make()
-    saved = torch.load(path)
-    m.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["optimizer"])
-    if way.startswith("hook"):
-        state.load_state_dict(saved["gcomp"])
-    train(m, opt, k, first=n)
-    for p, q in zip(m.parameters(), straight):
-        assert torch.equal(p, q)
+    check_resume(make, backward, n, 3, tmp_path / f"ckpt.{rank()}.pt", way.startswith("hook"))

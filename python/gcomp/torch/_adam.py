@@ -143,20 +143,15 @@ class _Adam:
                                               weight_decay=s["weight_decay"],
                                               decoupled=self.decoupled)
 
-    def step(self, closure, t):
-        """Step t of the compressed stage or a local step, after the collective (or none):
-        every parameter with a gradient (the averaged momentum, or this rank's own on a local
-        step) takes it as its exp_avg and moves with the variance as last refreshed; the
-        optimizer's step count goes on. A local step that ends an interval then synchronizes
-        the ranks. Returns closure()'s loss (None without one), as torch's step does."""
+    def _each(self, closure, t, move, local=False):
+        """Runs closure (its loss returned, None without one), then for every parameter with a
+        gradient: the optimizer's step count on, and move(p, m, v, lr, step, variance_steps,
+        settings). local: the local stage's sums go on too, and each parameter's anchor is made
+        before it first moves."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        local = self.schedule.local(t)
-        if local and t - 1 == self.schedule.frozen_after():
-            self._anchors, self._loaded_anchors = {}, {}  # the local stage begins: anchors now
-            self._lr_sum, self._decay = {}, {}
         tv = self.schedule.variance_steps(t)
         with torch.no_grad():
             for gi, group in enumerate(self.optimizer.param_groups):
@@ -171,16 +166,31 @@ class _Adam:
                         continue
                     state = self._moments(p)
                     if local:
-                        self._anchor_of(p)  # made before the parameter moves
+                        self._anchor_of(p)
                     state["step"] += 1
                     ts = int(state["step"])
-                    m, v = state["exp_avg"], state["exp_avg_sq"]
-                    if _cuda.cuda.on_device(p):
-                        _frozen_update_torch(p, p.grad, m, v, lr, ts, min(tv, ts), s)
-                    else:
-                        gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
-                                                 v.view(-1), lr=lr, step=ts,
-                                                 variance_steps=min(tv, ts), **s)
+                    move(p, state["exp_avg"], state["exp_avg_sq"], lr, ts, min(tv, ts), s)
+        return loss
+
+    def step(self, closure, t):
+        """Step t of the compressed stage or a local step, after the collective (or none):
+        every parameter with a gradient (the averaged momentum, or this rank's own on a local
+        step) takes it as its exp_avg and moves with the variance as last refreshed; the
+        optimizer's step count goes on. A local step that ends an interval then synchronizes
+        the ranks. Returns closure()'s loss (None without one), as torch's step does."""
+        local = self.schedule.local(t)
+        if local and t - 1 == self.schedule.frozen_after():
+            self._anchors, self._loaded_anchors = {}, {}  # the local stage begins: anchors now
+            self._lr_sum, self._decay = {}, {}
+
+        def move(p, m, v, lr, ts, tv, s):
+            if _cuda.cuda.on_device(p):
+                _frozen_update_torch(p, p.grad, m, v, lr, ts, tv, s)
+            else:
+                gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
+                                         v.view(-1), lr=lr, step=ts, variance_steps=tv, **s)
+
+        loss = self._each(closure, t, move, local)
         if local and self.schedule.synchronizes(t):
             self._synchronize(t)
         return loss
@@ -189,29 +199,14 @@ class _Adam:
         """A refreshing step t after compressed ones (the gradients averaged uncompressed): the
         exact step, v's bias correction by its own updates (gcomp.adam_step's
         variance_steps)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        tv = self.schedule.variance_steps(t)
-        with torch.no_grad():
-            for group in self.optimizer.param_groups:
-                s = self._settings(group)
-                lr = float(group["lr"])
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self._moments(p)
-                    state["step"] += 1
-                    ts = int(state["step"])
-                    m, v = state["exp_avg"], state["exp_avg_sq"]
-                    if _cuda.cuda.on_device(p):
-                        _refresh_torch(p, p.grad, m, v, lr, ts, min(tv, ts), s)
-                    else:
-                        gcomp.adam_step(p.detach().view(-1), p.grad.view(-1), m.view(-1),
-                                        v.view(-1), lr=lr, step=ts, variance_steps=min(tv, ts),
-                                        **s)
-        return loss
+        def move(p, m, v, lr, ts, tv, s):
+            if _cuda.cuda.on_device(p):
+                _refresh_torch(p, p.grad, m, v, lr, ts, tv, s)
+            else:
+                gcomp.adam_step(p.detach().view(-1), p.grad.view(-1), m.view(-1), v.view(-1),
+                                lr=lr, step=ts, variance_steps=tv, **s)
+
+        return self._each(closure, t, move)
 
     def _anchor_of(self, p):
         a = self._anchors.get(id(p))

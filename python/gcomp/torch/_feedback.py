@@ -38,6 +38,16 @@ class _PerParameterFeedback:
                 keys[id(p)] = self._names.get(id(p), f"#{len(keys)}")
                 self._params[id(p)] = p
 
+    def average_parameters(self):
+        """0/1 Adam's local steps (variance=gcomp.AdamSchedule with max_local_steps > 1):
+        averages the ranks' parameters now, a synchronization ahead of the schedule, so that
+        every rank has the same model to evaluate or save; the schedule's synchronizations go
+        on as before. Collective: every rank calls it between the same two steps. Nothing is
+        sent where the ranks already agree (before the local stage, or right after a
+        synchronization) or without 0/1 Adam."""
+        if self._adam is not None:
+            self._adam.average_now(self._steps_taken())
+
     def _label(self, kind, index, step, params):
         """A call's name in a stall report: "DDP bucket 2 of step 17 (fc.weight, fc.bias)"."""
         names = [self._names[id(p)] for p in params if id(p) in self._names]

@@ -100,15 +100,8 @@ class CompressionState(_PerParameterFeedback):
         extra = self._check.stats() if self._check else {}
         return self._stats.snapshot(steps=self.step, **extra)
 
-    def average_parameters(self):
-        """0/1 Adam's local steps (variance=gcomp.AdamSchedule with max_local_steps > 1):
-        averages the ranks' parameters now, a synchronization ahead of the schedule, so that
-        every rank has the same model to evaluate or save; the schedule's synchronizations go
-        on as before. Collective: every rank calls it between the same two steps. Nothing is
-        sent where the ranks already agree (before the local stage, or right after a
-        synchronization) or without 0/1 Adam."""
-        if self._adam is not None:
-            self._adam.average_now(self.step)
+    def _steps_taken(self):
+        return self.step
 
     def _whole_step(self, step, index, first_call, dense):
         """(plain, bare) for a bucket of `step`: plain, the step goes uncompressed where the

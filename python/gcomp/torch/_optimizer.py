@@ -174,15 +174,8 @@ class DistributedOptimizer(_PerParameterFeedback):
             return self.optimizer.step(closure)
         return adam.refresh(closure, t) if adam.refreshes(t) else adam.step(closure, t)
 
-    def average_parameters(self):
-        """0/1 Adam's local steps (variance=gcomp.AdamSchedule with max_local_steps > 1):
-        averages the ranks' parameters now, a synchronization ahead of the schedule, so that
-        every rank has the same model to evaluate or save; the schedule's synchronizations go
-        on as before. Collective: every rank calls it between the same two steps. Nothing is
-        sent where the ranks already agree (before the local stage, or right after a
-        synchronization) or without 0/1 Adam."""
-        if self._adam is not None:
-            self._adam.average_now(self.steps)
+    def _steps_taken(self):
+        return self.steps
 
     def zero_grad(self, *args, **kwargs):
         return self.optimizer.zero_grad(*args, **kwargs)
