@@ -70,9 +70,10 @@ def _schedule_of(variance, warmup_steps, who):
 
 class _Adam:
     """The stages of 1-bit or 0/1 Adam around one torch Adam or AdamW (optimizer) on the
-    schedule of variance= and warmup_steps= (_schedule_of); owner: the CompressionState or DistributedOptimizer whose codec,
-    residuals and communication thread a synchronization of local steps uses. Steps are
-    counted from 1, as the owner counts them (t: the step being taken)."""
+    schedule of variance= and warmup_steps= (_schedule_of); owner: the CompressionState or
+    DistributedOptimizer whose codec, residuals and communication thread a synchronization of
+    local steps uses. Steps are counted from 1, as the owner counts them (t: the step being
+    taken)."""
 
     def __init__(self, optimizer, variance, warmup_steps, who, owner):
         if not _is_adam(optimizer):
