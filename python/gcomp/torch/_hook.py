@@ -263,9 +263,7 @@ def compression_hook(state, bucket):
         adam.local_momentum(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
         if last:
             state.step += 1
-        fut = torch.futures.Future()
-        fut.set_result(tensor)
-        return fut
+        return _done(tensor)
     if adam is not None and not warm and not (state._shaped or state._split):
         return _whole_model(state, bucket, tensor, params, step, last, entered)
     plain, bare = state._whole_step(step, index, first_call, dense)
@@ -289,6 +287,16 @@ def compression_hook(state, bucket):
     return fut
 
 
+def _done(tensor):
+    """A future complete with tensor, as it is now (a CUDA tensor's: a CUDA-aware future, whose
+    waiters wait for the current stream's work on it)."""
+    cuda = _cuda.cuda
+    fut = (cuda.future(cuda.device(tensor)) if cuda.on_device(tensor)
+           else torch.futures.Future())
+    fut.set_result(tensor)
+    return fut
+
+
 def _whole_model(state, bucket, tensor, params, step, last, entered):
     """1-bit Adam's compressed step with whole buckets: every bucket's momentum in one
     collective at the step's last bucket, its parameters in the order the state first met them,
@@ -305,9 +313,7 @@ def _whole_model(state, bucket, tensor, params, step, last, entered):
         state._held, state._held_step = [], step
     state._held += list(zip(params, views))
     if not last:
-        fut = torch.futures.Future()
-        fut.set_result(tensor)
-        return fut
+        return _done(tensor)
     first = {pid: i for i, pid in enumerate(state._keys)}
     ordered = sorted(state._held, key=lambda pv: first[id(pv[0])])
     state._held, state._held_step = [], None
