@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "adam_kernel.hpp"
 #include "codec_impl.hpp"
 
 namespace gcomp::detail {
@@ -61,6 +62,12 @@ class DeviceBackend {
   virtual void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
                               std::size_t r, double out_scale, float* out, double share_scale,
                               const float* m, float* e, void* stream) const = 0;
+
+  // ---- Adam's element-wise steps (gcomp/adam.hpp, compressors/adam_kernel.hpp) ----
+  // The call k over n elements of a's device arrays, queued on `stream`, bit for bit what
+  // adam_host(k, a, n) computes on host memory.
+  virtual void adam(const AdamKernel& k, const AdamArrays& a, std::size_t n,
+                    void* stream) const = 0;
 };
 
 }  // namespace gcomp::detail

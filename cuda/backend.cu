@@ -114,6 +114,10 @@ class CudaBackend final : public gcomp::detail::DeviceBackend {
     gcomp::cuda::detail::lr_reconstruct(a, b, rows, cols, r, out_scale, out, share_scale, m, e,
                                         static_cast<cudaStream_t>(stream));
   }
+  void adam(const gcomp::detail::AdamKernel& k, const gcomp::detail::AdamArrays& a, std::size_t n,
+            void* stream) const override {
+    gcomp::cuda::detail::adam(k, a, n, static_cast<cudaStream_t>(stream));
+  }
 
   std::size_t encode(const gcomp::detail::CodecImpl& codec, const float* x, const float* e_old,
                      float* e_new, std::size_t n, std::uint64_t seed, std::byte* out,

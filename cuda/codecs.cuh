@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 
+#include "adam_kernel.hpp"
 #include "codec_impl.hpp"
 #include "common.cuh"
 #include "wire.hpp"
@@ -68,5 +69,9 @@ void lr_multiply_t(const float* m, std::size_t rows, std::size_t cols, const flo
 void lr_reconstruct(const float* a, const float* b, std::size_t rows, std::size_t cols,
                     std::size_t r, double out_scale, float* out, double share_scale, const float* m,
                     float* e, cudaStream_t stream);
+
+// Adam's element-wise steps (adam.cu; DeviceBackend::adam), queued on `stream`.
+void adam(const gcomp::detail::AdamKernel& k, const gcomp::detail::AdamArrays& a, std::size_t n,
+          cudaStream_t stream);
 
 }  // namespace gcomp::cuda::detail

@@ -124,6 +124,16 @@ void StandinDevices::bind(py::module_& m) const {
         std::vector<std::uintptr_t> streams;
         for (void* p : d.device_.streams) streams.push_back(reinterpret_cast<std::uintptr_t>(p));
         c["streams"] = streams;
+        py::dict adam;
+        const char* ops[] = {"step", "local_momentum", "frozen_update", "sync_momentum",
+                             "sync_update"};
+        for (std::size_t op = 0; op < 5; ++op) adam[ops[op]] = d.device_.adams.at(op);
+        c["adam"] = adam;
+        std::vector<std::uintptr_t> adam_streams;
+        for (void* p : d.device_.adam_streams) {
+          adam_streams.push_back(reinterpret_cast<std::uintptr_t>(p));
+        }
+        c["adam_streams"] = adam_streams;
         c["current_device"] = d.device_.current_device;
         c["switches"] = d.switches_;
         const std::lock_guard<std::mutex> lock(d.mutex_);
@@ -131,8 +141,9 @@ void StandinDevices::bind(py::module_& m) const {
         return c;
       },
       "counters() -> dict: bytes copied between stand-in and host memory, encodes, decodes,\n"
-      "syncs, the streams calls were queued on, the current device, device switches, and the\n"
-      "(stream, producer) orderings asked for.");
+      "syncs, the streams calls were queued on, the current device, device switches, the\n"
+      "(stream, producer) orderings asked for, Adam's calls by function (\"adam\") and their\n"
+      "streams (\"adam_streams\").");
   s.def(
       "reset",
       [] {
@@ -140,6 +151,8 @@ void StandinDevices::bind(py::module_& m) const {
         d.device_.copied = 0;
         d.device_.encodes = d.device_.decodes = d.device_.syncs = 0;
         d.device_.streams.clear();
+        d.device_.adams = {};
+        d.device_.adam_streams.clear();
         d.switches_ = 0;
         const std::lock_guard<std::mutex> lock(d.mutex_);
         d.orders_.clear();

@@ -1,15 +1,19 @@
 // Adam, AdamW and 1-bit Adam's two halves (gcomp/adam.hpp): the first step's closed form, the
 // two weight decays, many steps against the formula in double, the compressed stage's halves
-// against the exact step they split, and the errors.
+// against the exact step they split, and the errors; device views through the stand-in backend.
 #include "gcomp/adam.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <vector>
 
+#include "adam_device_cases.hpp"
 #include "gcomp/error.hpp"
+#include "standin/standin_device.hpp"
 #include "test_util.hpp"
 
 namespace gcomp {
@@ -240,6 +244,67 @@ TEST(Adam, ASynchronizationOfOneRankGivesBackItsWayAndItsMomentum) {
   EXPECT_THROW(adam_sync_momentum(p, anchor, v, u, s, 0.0, decay, 30), Error);
   EXPECT_THROW(adam_sync_momentum(p, anchor, v, u, s, lr_sum, 1.5, 30), Error);
   EXPECT_THROW(adam_sync_update(p, anchor, u, m, v, s, lr_sum, decay, 20, 30), Error);
+}
+
+// The stand-in's "device" memory for adam_device_cases.hpp, viewed on `stream`.
+struct StandinMemory {
+  explicit StandinMemory(void* s) : stream(s) {}
+  ~StandinMemory() {
+    for (void* p : blocks) dev.free(p);
+  }
+  TensorView<float> upload(const std::vector<float>& x) {
+    void* p = dev.alloc(x.size() * sizeof(float));
+    blocks.push_back(p);
+    if (!x.empty()) std::memcpy(p, x.data(), x.size() * sizeof(float));
+    return TensorView<float>::device(static_cast<float*>(p), x.size(), stream, &dev);
+  }
+  std::vector<float> download(TensorView<float> v) const { return {v.data(), v.data() + v.size()}; }
+  test::StandinDevice dev;
+  void* stream;
+  std::vector<void*> blocks;
+};
+
+TEST(Adam, DeviceViewsRunTheBackendsKernelOnTheirStream) {
+  // Every function on device views goes to the backend, once a call, on the views' stream, with
+  // every array in its memory (the stand-in checks), and computes what the host computes.
+  void* const stream = reinterpret_cast<void*>(0x5eed);
+  StandinMemory mem(stream);
+  test::expect_adam_on_device_as_on_host(mem, 37);
+  // Per settings (2): two adam_steps and a refresh, two local momenta, two frozen updates, one
+  // sync_momentum, two sync_updates.
+  EXPECT_EQ(mem.dev.adams, (std::array<int, 5>{6, 4, 4, 2, 4}));
+  EXPECT_EQ(mem.dev.streams, std::set<void*>{stream});
+  test::expect_adam_on_device_as_on_host(mem, 0);  // nothing to run: no call
+  EXPECT_EQ(mem.dev.adams, (std::array<int, 5>{6, 4, 4, 2, 4}));
+}
+
+TEST(Adam, OneCallTakesOneMemoryAndOneStream) {
+  StandinMemory mem(nullptr);
+  std::vector<float> host(8, 1.0f);
+  const auto d = [&] { return mem.upload(host); };
+  const TensorView<float> h(host);
+  const auto invalid = [](auto f, const char* part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << part;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  invalid([&] { adam_step(d(), h, d(), d(), {}, 0.1, 1); }, "grad is in host memory");
+  invalid([&] { adam_local_momentum(h, h, h, d(), {}); }, "out is in device memory");
+  TensorView<float> other = d();
+  other =
+      TensorView<float>::device(other.data(), other.size(), reinterpret_cast<void*>(7), &mem.dev);
+  invalid([&] { adam_sync_update(d(), d(), d(), d(), other, {}, 0.1, 1.0, 2, 1); },
+          "exp_avg_sq is on another device backend or stream");
+  invalid([&] { adam_frozen_update(d(), d(), d(), mem.upload({1.0f}), {}, 0.1, 2, 1); },
+          "differ in size");
+  // A host pointer in a device view reaches the stand-in, which refuses it as CUDA would fault.
+  const auto fake = TensorView<float>::device(host.data(), host.size(), nullptr, &mem.dev);
+  EXPECT_THROW(adam_sync_momentum(d(), d(), fake, d(), {}, 0.1, 1.0, 1), Error);
+  EXPECT_EQ(mem.dev.adams, (std::array<int, 5>{0, 0, 0, 1, 0}));
 }
 
 }  // namespace

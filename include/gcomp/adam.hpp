@@ -2,8 +2,9 @@
 // computes them, and the two halves of 1-bit Adam's compressed stage (Tang et al., ICML 2021):
 // after a warm-up of exact Adam, the variance is frozen and only the momentum crosses the
 // network, compressed with error feedback. Element by element on host memory (library
-// gcomp_core); gcomp::CompressedAdam (compressed_adam.hpp) runs them around a Communicator, and
-// gcomp.torch calls the same functions (docs/python.md, "Adam and AdamW"):
+// gcomp_core) or device memory (below); gcomp::CompressedAdam (compressed_adam.hpp) runs them
+// around a Communicator, and gcomp.torch calls the same functions (docs/python.md, "Adam and
+// AdamW"):
 //
 //   adam_local_momentum(p, g, m, g, s);             // g = beta1 m + (1 - beta1) g  (this rank's)
 //   comm.allreduce(g, codec, &ef, {.average = true}) // the momentum averaged, error feedback
@@ -11,10 +12,18 @@
 //
 // Every product and sum is rounded on its own (the library is built without fused
 // multiply-adds), so a step's result does not depend on the compiler.
+//
+// Each function also takes TensorViews (gcomp/tensor.hpp): host views are the spans' loop, and
+// device views (gcomp::cuda::view, library gcomp_cuda; all of one call's on one stream) run the
+// same arithmetic as a CUDA kernel queued on that stream, not waited for, bit for bit the host's
+// result (CUDA's float division and square root are IEEE's there, and nothing is fused). A call
+// mixing host and device views, or two streams, is Error(invalid_argument).
 #pragma once
 
 #include <cstdint>
 #include <span>
+
+#include "gcomp/tensor.hpp"
 
 namespace gcomp {
 
@@ -99,6 +108,26 @@ void adam_sync_momentum(std::span<const float> param, std::span<const float> anc
 void adam_sync_update(std::span<float> param, std::span<float> anchor,
                       std::span<const float> momentum, std::span<float> exp_avg,
                       std::span<const float> exp_avg_sq, const AdamSettings& s, double lr_sum,
+                      double decay, std::uint64_t step, std::uint64_t variance_steps);
+
+// The same functions on host or device views (see the top of this file).
+void adam_step(TensorView<float> param, TensorView<const float> grad, TensorView<float> exp_avg,
+               TensorView<float> exp_avg_sq, const AdamSettings& s, double lr, std::uint64_t step,
+               std::uint64_t variance_steps = 0);
+void adam_local_momentum(TensorView<const float> param, TensorView<const float> grad,
+                         TensorView<const float> exp_avg, TensorView<float> out,
+                         const AdamSettings& s);
+void adam_frozen_update(TensorView<float> param, TensorView<const float> momentum,
+                        TensorView<float> exp_avg, TensorView<const float> exp_avg_sq,
+                        const AdamSettings& s, double lr, std::uint64_t step,
+                        std::uint64_t variance_steps);
+void adam_sync_momentum(TensorView<const float> param, TensorView<const float> anchor,
+                        TensorView<const float> exp_avg_sq, TensorView<float> out,
+                        const AdamSettings& s, double lr_sum, double decay,
+                        std::uint64_t variance_steps);
+void adam_sync_update(TensorView<float> param, TensorView<float> anchor,
+                      TensorView<const float> momentum, TensorView<float> exp_avg,
+                      TensorView<const float> exp_avg_sq, const AdamSettings& s, double lr_sum,
                       double decay, std::uint64_t step, std::uint64_t variance_steps);
 
 }  // namespace gcomp

@@ -318,6 +318,54 @@ def test_the_momentum_helpers_take_host_memory_only():
         gcomp.ErrorFeedback(10).kept = on_device(gradient(10, 1))
 
 
+# ---- Adam's steps ----
+
+
+def adam_calls(p, g, m, v, a, stream=None):
+    """Every Adam function once, in place, on the arrays (host or device) with stream=."""
+    kw = {} if stream is None else {"stream": stream}
+    s = {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8}
+    gcomp.adam_step(p, g, m, v, lr=1e-3, step=9, variance_steps=3, weight_decay=0.05,
+                    decoupled=True, **s, **kw)
+    gcomp.adam_local_momentum(p, g, m, g, beta1=0.9, weight_decay=0.01, **kw)
+    gcomp.adam_frozen_update(p, g, m, v, lr=1e-3, step=10, variance_steps=3, **s, **kw)
+    gcomp.adam_sync_momentum(p, a, v, g, lr_sum=3e-3, decay=0.999, variance_steps=3,
+                             beta2=0.99, eps=1e-8, **kw)
+    gcomp.adam_sync_update(p, a, g, m, v, lr_sum=3e-3, decay=0.999, step=12, variance_steps=3,
+                           **s, **kw)
+
+
+def test_adam_on_device_arrays_is_the_hosts_bits_on_the_calls_stream():
+    n = 1001
+    host = [gradient(n, seed) for seed in (1, 2, 3, 4, 5)]
+    host[3] = host[3] * host[3] * 1e-3
+    host[3][::7] = 0
+    dev = [on_device(x) for x in host[:4]] + [CudaArray(host[4].copy())]  # both protocols
+    adam_calls(*host)
+    standin.reset()
+    adam_calls(*dev, stream=77)
+    for d, h in zip(dev, host):
+        assert bits(d.host if isinstance(d, CudaArray) else standin.host(d)) == bits(h)
+    c = standin.counters()
+    assert c["adam"] == {"step": 1, "local_momentum": 1, "frozen_update": 1, "sync_momentum": 1,
+                         "sync_update": 1}
+    assert c["adam_streams"] == [77] and c["copied"] == 0
+
+
+def test_adam_takes_one_memory_a_call():
+    n = 10
+    host = [gradient(n, seed) for seed in (1, 2, 3, 4)]
+    dev = [on_device(x) for x in host]
+    with pytest.raises(ValueError, match="param is on CUDA device 0 but grad is in host memory"):
+        gcomp.adam_step(dev[0], host[1], dev[2], dev[3], lr=1e-3, step=1)
+    with pytest.raises(ValueError, match="stream= is for CUDA arrays"):
+        gcomp.adam_local_momentum(*host, stream=5)
+    with pytest.raises(gcomp.Error, match="differ in size"):
+        gcomp.adam_frozen_update(dev[0], dev[1], dev[2], on_device(gradient(n + 1, 5)), lr=1e-3,
+                                 step=2, variance_steps=1)
+    assert standin.counters()["adam"]["frozen_update"] == 0
+
+
 # ---- the Communicator (collective: every rank runs these in order) ----
 
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -30,6 +31,8 @@ class StandinDevice final : public detail::DeviceBackend {
   mutable int decodes = 0;
   mutable int products = 0;
   mutable int reconstructions = 0;
+  mutable std::array<int, 5> adams{};    // Adam's element-wise calls, by detail::AdamOp
+  mutable std::set<void*> adam_streams;  // the streams they were queued on
   mutable int syncs = 0;
   mutable std::set<void*> streams;  // every stream a call was queued on
 
@@ -133,6 +136,28 @@ class StandinDevice final : public detail::DeviceBackend {
     ++reconstructions;
     std::vector<double> work(cols * r);
     detail::lr_reconstruct(a, b, rows, cols, r, out_scale, out, share_scale, m, e, work.data());
+  }
+  // Adam's steps: the CPU's loop, on arrays that must all be in the stand-in's memory (a host
+  // array handed down as a device one is an error here, where CUDA would fault).
+  void adam(const detail::AdamKernel& k, const detail::AdamArrays& a, std::size_t n,
+            void* stream) const override {
+    seen(stream);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      adam_streams.insert(stream);
+    }
+    ++adams.at(static_cast<std::size_t>(k.op));
+    for (const void* p :
+         {static_cast<const void*>(a.param), static_cast<const void*>(a.param_out),
+          static_cast<const void*>(a.grad), static_cast<const void*>(a.exp_avg),
+          static_cast<const void*>(a.exp_avg_out), static_cast<const void*>(a.exp_avg_sq),
+          static_cast<const void*>(a.exp_avg_sq_out), static_cast<const void*>(a.anchor),
+          static_cast<const void*>(a.anchor_out), static_cast<const void*>(a.out)}) {
+      if (p && !on_device(p)) {
+        throw Error(Status::invalid_argument, "stand-in adam: an array is not device memory");
+      }
+    }
+    detail::adam_host(k, a, n);
   }
 
  private:

@@ -15,11 +15,11 @@ steps send nothing: each rank steps on its own momentum, and where an interval e
 averages the ranks' ways since the last synchronization, compressed the same way
 (gcomp.adam_sync_momentum and adam_sync_update). The moments stay in the optimizer's state
 (exp_avg, exp_avg_sq, step), so the optimizer's state_dict keeps them; the anchors of local
-steps are in the gcomp state's. CPU tensors go through the library's functions; CUDA tensors
-through the same formulas in torch ops on the current stream (docs/python.md, "Adam and AdamW").
+steps are in the gcomp state's. Every step that is not torch's own runs the library's functions:
+on CPU tensors the host loop, on CUDA tensors its kernels on the current stream (docs/python.md,
+"Adam and AdamW").
 """
 
-import math
 import time
 import types
 
@@ -134,15 +134,8 @@ class _Adam:
                 s = self._settings(self._group_of(p))
                 m = self._moments(p)["exp_avg"]
                 flat = g.view(-1)
-                if _cuda.cuda.on_device(g):
-                    if s["weight_decay"] and not self.decoupled:
-                        flat.add_(p.detach().reshape(-1), alpha=s["weight_decay"])
-                    flat.mul_(1 - s["beta1"]).add_(m.view(-1) * s["beta1"])
-                else:
-                    gcomp.adam_local_momentum(p.detach().view(-1), flat, m.view(-1), flat,
-                                              beta1=s["beta1"],
-                                              weight_decay=s["weight_decay"],
-                                              decoupled=self.decoupled)
+                _run(gcomp.adam_local_momentum, p.detach().view(-1), flat, m.view(-1), flat,
+                     beta1=s["beta1"], weight_decay=s["weight_decay"], decoupled=self.decoupled)
 
     def _each(self, closure, t, move, local=False):
         """Runs closure (its loss returned, None without one), then for every parameter with a
@@ -185,11 +178,8 @@ class _Adam:
             self._lr_sum, self._decay = {}, {}
 
         def move(p, m, v, lr, ts, tv, s):
-            if _cuda.cuda.on_device(p):
-                _frozen_update_torch(p, p.grad, m, v, lr, ts, tv, s)
-            else:
-                gcomp.adam_frozen_update(p.detach().view(-1), p.grad.view(-1), m.view(-1),
-                                         v.view(-1), lr=lr, step=ts, variance_steps=tv, **s)
+            _run(gcomp.adam_frozen_update, p.detach().view(-1), p.grad.view(-1), m.view(-1),
+                 v.view(-1), lr=lr, step=ts, variance_steps=tv, **s)
 
         loss = self._each(closure, t, move, local)
         if local and self.schedule.synchronizes(t):
@@ -201,11 +191,8 @@ class _Adam:
         exact step, v's bias correction by its own updates (gcomp.adam_step's
         variance_steps)."""
         def move(p, m, v, lr, ts, tv, s):
-            if _cuda.cuda.on_device(p):
-                _refresh_torch(p, p.grad, m, v, lr, ts, tv, s)
-            else:
-                gcomp.adam_step(p.detach().view(-1), p.grad.view(-1), m.view(-1), v.view(-1),
-                                lr=lr, step=ts, variance_steps=tv, **s)
+            _run(gcomp.adam_step, p.detach().view(-1), p.grad.view(-1), m.view(-1), v.view(-1),
+                 lr=lr, step=ts, variance_steps=tv, **s)
 
         return self._each(closure, t, move)
 
@@ -249,13 +236,9 @@ class _Adam:
                     v = self._moments(p)["exp_avg_sq"].view(-1)
                     x = torch.empty_like(v)
                     lr_sum, decay = self._lr_sum[gi], self._decay.get(gi, 1.0)
-                    if _cuda.cuda.on_device(p):
-                        _sync_momentum_torch(p.detach().reshape(-1), self._anchors[id(p)], v, x,
-                                             lr_sum, decay, tv, s)
-                    else:
-                        gcomp.adam_sync_momentum(p.detach().view(-1), self._anchors[id(p)], v, x,
-                                                 lr_sum=lr_sum, decay=decay, variance_steps=tv,
-                                                 beta2=s["beta2"], eps=s["eps"])
+                    _run(gcomp.adam_sync_momentum, p.detach().view(-1), self._anchors[id(p)], v,
+                         x, lr_sum=lr_sum, decay=decay, variance_steps=tv, beta2=s["beta2"],
+                         eps=s["eps"])
                     xs.append(x)
             efs = [owner._feedback_of(p) for p in params] if owner.error_feedback else None
             call = Bucket(owner, "0/1 Adam synchronization", t, 0, params, xs, xs, False, entered)
@@ -273,14 +256,9 @@ class _Adam:
                     ts = int(state["step"])
                     m, v = state["exp_avg"].view(-1), state["exp_avg_sq"].view(-1)
                     lr_sum, decay = self._lr_sum[gi], self._decay.get(gi, 1.0)
-                    a = self._anchors[id(p)]
-                    if _cuda.cuda.on_device(p):
-                        _sync_update_torch(p, a, x, m, v, lr_sum, decay, ts, min(tv, ts), s)
-                    else:
-                        gcomp.adam_sync_update(p.detach().view(-1), a, x, m, v, lr_sum=lr_sum,
-                                               decay=decay, step=ts, variance_steps=min(tv, ts),
-                                               beta1=s["beta1"], beta2=s["beta2"],
-                                               eps=s["eps"])
+                    _run(gcomp.adam_sync_update, p.detach().view(-1), self._anchors[id(p)], x, m,
+                         v, lr_sum=lr_sum, decay=decay, step=ts, variance_steps=min(tv, ts),
+                         beta1=s["beta1"], beta2=s["beta2"], eps=s["eps"])
         self._lr_sum, self._decay = {}, {}
 
     def checkpoint(self):
@@ -336,46 +314,12 @@ class _Adam:
         optimizer.step = types.MethodType(step, optimizer)
 
 
-def _frozen_update_torch(p, momentum, m, v, lr, t, tv, s):
-    """gcomp.adam_frozen_update's formula in torch ops (CUDA tensors), on the current stream."""
-    m.copy_(momentum)
-    if s["decoupled"] and s["weight_decay"]:
-        p.mul_(1 - lr * s["weight_decay"])
-    bias1 = 1 - s["beta1"] ** t
-    limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"])) * bias1
-    q = m / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-    q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
-    p.add_(q, alpha=-lr / bias1)
-
-
-def _refresh_torch(p, g, m, v, lr, t, tv, s):
-    """gcomp.adam_step's formula with variance_steps tv < t in torch ops (CUDA tensors)."""
-    if s["weight_decay"]:
-        if s["decoupled"]:
-            p.mul_(1 - lr * s["weight_decay"])
-        else:
-            g = g.add(p, alpha=s["weight_decay"])
-    m.mul_(s["beta1"]).add_(g, alpha=1 - s["beta1"])
-    v.mul_(s["beta2"]).addcmul_(g, g, value=1 - s["beta2"])
-    bias1 = 1 - s["beta1"] ** t
-    q = m / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-    if tv != t:
-        limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"])) * bias1
-        q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
-    p.add_(q, alpha=-lr / bias1)
-
-
-def _sync_momentum_torch(p, a, v, x, lr_sum, decay, tv, s):
-    """gcomp.adam_sync_momentum's formula in torch ops (CUDA tensors); all flat."""
-    denom = (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-    x.copy_((a * decay - p) * denom * (1.0 / lr_sum))
-
-
-def _sync_update_torch(p, a, x, m, v, lr_sum, decay, t, tv, s):
-    """gcomp.adam_sync_update's formula in torch ops (CUDA tensors); a, x, m, v flat."""
-    limit = max(1.0, (1 - s["beta1"]) / math.sqrt(1 - s["beta2"]))
-    q = x / (v.sqrt() / math.sqrt(1 - s["beta2"] ** tv)).add_(s["eps"])
-    q.clamp_(-limit, limit).masked_fill_(v == 0, 0.0)
-    a.mul_(decay).add_(q, alpha=-lr_sum)
-    m.copy_(x * (1 - s["beta1"] ** t))
-    p.copy_(a.view_as(p))
+def _run(function, *arrays, **kwargs):
+    """One of the library's Adam functions (gcomp.adam_step, ...) on flat tensors: CPU tensors as
+    they are; CUDA tensors (all on one device) as the module's CUDA arrays, the library's kernel
+    queued on their device's current stream, where torch's own step would have run."""
+    cuda = _cuda.cuda
+    if cuda.on_device(arrays[0]):
+        kwargs["stream"] = cuda.handle(cuda.current_stream(cuda.device(arrays[0])))
+        arrays = [cuda.array(a) for a in arrays]
+    function(*arrays, **kwargs)
