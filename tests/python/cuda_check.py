@@ -101,6 +101,20 @@ def check_device_error_feedback_follows_the_cpu():
             assert bits(torch.from_dlpack(ef_d.residual)) == bits(ef_h.residual), (spec, step)
 
 
+def check_adam_on_cuda_tensors_is_the_cpus_bits():
+    # gcomp.torch's Adam stages on CUDA parameters: the library's kernels, on a side stream.
+    for n in SIZES:
+        host = [torch.from_numpy(x) for x in cases.adam_inputs(n)]
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            dev = [x.cuda() for x in host]
+            cases.adam_calls(*dev, stream=stream)
+        cases.adam_calls(*host)
+        stream.synchronize()
+        for i, (d, h) in enumerate(zip(dev, host)):
+            assert bits(d) == bits(h), (n, i)
+
+
 def check_what_is_refused():
     codec = gcomp.Codec("topk:ratio=0.1")
     x = gradient(1000, 1).cuda()

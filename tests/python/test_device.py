@@ -18,7 +18,7 @@ import pytest
 
 import gcomp
 from gcomp import _gcomp
-from cases import SPECS, gradient  # tests/python, which pytest puts on sys.path
+from cases import SPECS, adam_calls, adam_inputs, gradient  # tests/python, on sys.path
 
 standin = getattr(_gcomp, "standin", None)
 pytestmark = pytest.mark.skipif(standin is None, reason="not the stand-in build of the module")
@@ -321,25 +321,8 @@ def test_the_momentum_helpers_take_host_memory_only():
 # ---- Adam's steps ----
 
 
-def adam_calls(p, g, m, v, a, stream=None):
-    """Every Adam function once, in place, on the arrays (host or device) with stream=."""
-    kw = {} if stream is None else {"stream": stream}
-    s = {"beta1": 0.9, "beta2": 0.99, "eps": 1e-8}
-    gcomp.adam_step(p, g, m, v, lr=1e-3, step=9, variance_steps=3, weight_decay=0.05,
-                    decoupled=True, **s, **kw)
-    gcomp.adam_local_momentum(p, g, m, g, beta1=0.9, weight_decay=0.01, **kw)
-    gcomp.adam_frozen_update(p, g, m, v, lr=1e-3, step=10, variance_steps=3, **s, **kw)
-    gcomp.adam_sync_momentum(p, a, v, g, lr_sum=3e-3, decay=0.999, variance_steps=3,
-                             beta2=0.99, eps=1e-8, **kw)
-    gcomp.adam_sync_update(p, a, g, m, v, lr_sum=3e-3, decay=0.999, step=12, variance_steps=3,
-                           **s, **kw)
-
-
 def test_adam_on_device_arrays_is_the_hosts_bits_on_the_calls_stream():
-    n = 1001
-    host = [gradient(n, seed) for seed in (1, 2, 3, 4, 5)]
-    host[3] = host[3] * host[3] * 1e-3
-    host[3][::7] = 0
+    host = adam_inputs(1001)
     dev = [on_device(x) for x in host[:4]] + [CudaArray(host[4].copy())]  # both protocols
     adam_calls(*host)
     standin.reset()
