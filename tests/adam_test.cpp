@@ -157,17 +157,20 @@ TEST(Adam, TheFrozenStepKeepsExactAdamsBoundAndLeavesUnseenElements) {
   EXPECT_LT(std::fabs(p[3] - shrink), 1e-7);
 }
 
+// f() throws Error(invalid_argument) with `part` in its message.
+template <class F>
+void invalid(F f, const char* part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error for " << part;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 TEST(Adam, BadInputIsAnErrorNamingIt) {
   std::vector<float> a(4, 1.0f), b(4, 1.0f), c(4, 1.0f), d(4, 1.0f), short3(3, 1.0f);
-  const auto invalid = [](auto f, const char* part) {
-    try {
-      f();
-      ADD_FAILURE() << "no error for " << part;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
   invalid([&] { adam_step(a, short3, c, d, {}, 0.1, 1); }, "differ in size");
   invalid([&] { adam_step(a, b, c, d, {}, 0.1, 0); }, "step counts from 1");
   invalid([&] { adam_step(a, b, c, d, {}, -1.0, 1); }, "lr must be");
@@ -283,15 +286,6 @@ TEST(Adam, OneCallTakesOneMemoryAndOneStream) {
   std::vector<float> host(8, 1.0f);
   const auto d = [&] { return mem.upload(host); };
   const TensorView<float> h(host);
-  const auto invalid = [](auto f, const char* part) {
-    try {
-      f();
-      ADD_FAILURE() << "no error for " << part;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
   invalid([&] { adam_step(d(), h, d(), d(), {}, 0.1, 1); }, "grad is in host memory");
   invalid([&] { adam_local_momentum(h, h, h, d(), {}); }, "out is in device memory");
   TensorView<float> other = d();

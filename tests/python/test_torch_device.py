@@ -135,16 +135,21 @@ def batch(step):
     return torch.randn(16, 20, generator=g), torch.randint(0, 5, (16,), generator=g)
 
 
-def train_ddp(codec, steps, **options):
-    m = DDP(model(), bucket_cap_mb=0.01)  # a few buckets
-    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    state = gt.register(m, opt, codec, **options)
+def train(m, opt, steps):
+    """steps steps of m with opt on batch(0), batch(1), ...; the parameters after them."""
     for s in range(steps):
         opt.zero_grad()
         x, y = batch(s)
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
-    return [p.detach().clone() for p in m.parameters()], state
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def train_ddp(codec, steps, **options):
+    m = DDP(model(), bucket_cap_mb=0.01)  # a few buckets
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    state = gt.register(m, opt, codec, **options)
+    return train(m, opt, steps), state
 
 
 def same_bits(a, b):
@@ -218,12 +223,7 @@ def test_the_optimizer_on_the_device_path_gives_the_cpus_parameters():
                                       named_parameters=m.named_parameters(),
                                       codec="topk:ratio=0.1", momentum=0.9, bucket_bytes=4000,
                                       algorithm="sparse_allgather")
-        for s in range(4):
-            opt.zero_grad()
-            x, y = batch(s)
-            torch.nn.functional.cross_entropy(m(x), y).backward()
-            opt.step()
-        return [p.detach().clone() for p in m.parameters()]
+        return train(m, opt, 4)
 
     want = run()
     with device_path() as cuda:
@@ -265,12 +265,7 @@ def test_zero_one_adam_on_the_device_path_is_the_cpus(way):
                                           named_parameters=m.named_parameters(), codec="sign",
                                           variance=sched, algorithm="compressed_reduce_scatter",
                                           allow_uncompressed=False)
-        for s in range(11):
-            opt.zero_grad()
-            x, y = batch(s)
-            torch.nn.functional.cross_entropy(m(x), y).backward()
-            opt.step()
-        return [p.detach().clone() for p in m.parameters()]
+        return train(m, opt, 11)
 
     want = run()
     standin.reset()

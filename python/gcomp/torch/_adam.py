@@ -96,12 +96,6 @@ class _Adam:
         self._loaded_anchors = {}  # checkpoint key -> anchor, until the parameter is met
         self._lr_sum, self._decay = {}, {}
 
-    def refreshes(self, t):
-        return self.schedule.refreshes(t)
-
-    def local(self, t):
-        return self.schedule.local(t)
-
     def _group_of(self, p):
         g = self._groups.get(id(p))
         if g is None:  # a group added since (add_param_group), or the first call

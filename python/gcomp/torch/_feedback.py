@@ -27,6 +27,7 @@ class _PerParameterFeedback:
         # parameter id -> its name (checkpoint keys), from (name, parameter) pairs
         self._names = {id(q): n for n, q in (names or [])}
         self._keys = {}  # parameter id -> its checkpoint key, in the order first met
+        self._met = {}  # parameter id -> its place in that order (0 for the first)
         self._params = {}  # parameter id -> the parameter (kept for state_dict)
         self._loaded = {"residuals": {}, "kept": {}, "velocities": {}, "buckets": {}}
 
@@ -35,6 +36,7 @@ class _PerParameterFeedback:
         keys = self._keys
         for p in params:
             if id(p) not in keys:
+                self._met[id(p)] = len(keys)
                 keys[id(p)] = self._names.get(id(p), f"#{len(keys)}")
                 self._params[id(p)] = p
 

@@ -254,10 +254,10 @@ def compression_hook(state, bucket):
     params = bucket.parameters()
     state._meet(params)
     adam = state._adam
-    warm = adam.refreshes(step + 1) if adam is not None else step < state.warmup_steps
+    warm = adam.schedule.refreshes(step + 1) if adam is not None else step < state.warmup_steps
     dense = warm or (not state._split and not state._shaped and tensor.numel() < state.dense_below)
     first_call, state._new_step = state._new_step, last
-    if adam is not None and adam.local(step + 1):
+    if adam is not None and adam.schedule.local(step + 1):
         # 0/1 Adam's local step: this rank's momentum stays here (the optimizer's step() moves
         # on it, and synchronizes where an interval ends).
         adam.local_momentum(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
@@ -314,8 +314,7 @@ def _whole_model(state, bucket, tensor, params, step, last, entered):
     state._held += list(zip(params, views))
     if not last:
         return _done(tensor)
-    first = {pid: i for i, pid in enumerate(state._keys)}
-    ordered = sorted(state._held, key=lambda pv: first[id(pv[0])])
+    ordered = sorted(state._held, key=lambda pv: state._met[id(pv[0])])
     state._held, state._held_step = [], None
     ps, vs = [p for p, _ in ordered], [v for _, v in ordered]
     efs = [state._feedback_of(p) for p in ps] if state.error_feedback else None

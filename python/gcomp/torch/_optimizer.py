@@ -109,7 +109,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             return
         adam = self._adam
         t = self.steps + 1
-        dense = adam.refreshes(t) if adam is not None else self.steps < self.warmup_steps
+        dense = adam.schedule.refreshes(t) if adam is not None else self.steps < self.warmup_steps
         grads = []
         for p in params:
             g = p.grad
@@ -119,7 +119,7 @@ class DistributedOptimizer(_PerParameterFeedback):
             grads.append(g.view(-1))
         if adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
             adam.local_momentum(params, grads)
-            if adam.local(t):  # 0/1 Adam's local step: it stays here (step() moves on it)
+            if adam.schedule.local(t):  # 0/1 Adam's local step: it stays here (step() moves on it)
                 return
         efs = None
         if self.error_feedback and not dense:
@@ -130,8 +130,11 @@ class DistributedOptimizer(_PerParameterFeedback):
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own; a low-rank
         # codec gets the gradients' shapes. The library mixes seed, step and index.
         shaped = self._shaped and not dense
+        # Adam's momenta all go through the codec (dense_below 0), small tensors included, as
+        # the hook's whole-model collective sends them: one collective a bucket, not two.
         collective = Collective("allreduce_buckets", grads, "none" if dense else self.codec, {
-            "efs": efs, "dense_below": self.dense_below, "average": True,
+            "efs": efs, "dense_below": 0 if adam is not None else self.dense_below,
+            "average": True,
             "bucket_bytes": 1 if self._split and not dense and not shaped else self.bucket_bytes,
             "seed": self.seed & _MASK, "algorithm": "dense" if dense else self.algorithm,
             "allow_uncompressed": self.allow_uncompressed, "step": step, "index": index,
@@ -170,9 +173,9 @@ class DistributedOptimizer(_PerParameterFeedback):
         finally:
             self.steps += 1
         adam, t = self._adam, self.steps
-        if adam is None or (adam.refreshes(t) and adam.schedule.variance_steps(t) == t):
+        if adam is None or (adam.schedule.refreshes(t) and adam.schedule.variance_steps(t) == t):
             return self.optimizer.step(closure)
-        return adam.refresh(closure, t) if adam.refreshes(t) else adam.step(closure, t)
+        return adam.refresh(closure, t) if adam.schedule.refreshes(t) else adam.step(closure, t)
 
     def _steps_taken(self):
         return self.steps
