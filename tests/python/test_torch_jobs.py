@@ -57,30 +57,26 @@ def params(path, ranks):
 # max_local_steps=2, local_double_every=1): exact step 1, compressed 2, local from 3,
 # synchronized at 3, 4, 6, 8; saved after 5, its anchors in the checkpoint). (DistributedOptimizer's
 # 1-bit Adam, the hook's whole buckets that DDP regroups and per parameter, and a save in the
-# warm-up resume in test_torch.py, in one process.)
-# Under torch's launcher (Gloo) the hook's one-bucket row again (a checkpoint holds the same
-# state whatever the transport; the optimizer's own runs under torchrun are in test_torch.py).
-@pytest.mark.parametrize("form, codec, more, launcher", [
-    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "mpiexec"),
-    ("hook", "topk:ratio=0.05", ["--per-parameter"], "mpiexec"),
-    ("hook", "powersgd:rank=2,start=2", [], "mpiexec"),
-    ("optimizer", "topk:ratio=0.05", [], "mpiexec"),
-    ("optimizer", "powersgd:rank=2", [], "mpiexec"),
-    ("hook", "sign", ["--optimizer", "adamw", "--buckets", "one"], "mpiexec"),
-    ("hook", "sign", ["--optimizer", "adamw", "--zero-one", "2,1,2,1", "--buckets", "one"],
-     "mpiexec"),
-    ("hook", "topk:ratio=0.05", ["--buckets", "one"], "torchrun")])
-def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more, launcher):
+# warm-up resume in test_torch.py, in one process.) All under mpiexec: a checkpoint holds the
+# same state whatever the transport, and test_torch.py's resumes run under torchrun (Gloo) too.
+@pytest.mark.parametrize("form, codec, more", [
+    ("hook", "topk:ratio=0.05", ["--buckets", "one"]),
+    ("hook", "topk:ratio=0.05", ["--per-parameter"]),
+    ("hook", "powersgd:rank=2,start=2", []),
+    ("optimizer", "topk:ratio=0.05", []),
+    ("optimizer", "powersgd:rank=2", []),
+    ("hook", "sign", ["--optimizer", "adamw", "--buckets", "one"]),
+    ("hook", "sign", ["--optimizer", "adamw", "--zero-one", "2,1,2,1", "--buckets", "one"])])
+def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more):
     ranks, n, m = 2, 5, 3
     common = ["train", "--form", form, "--codec", codec, *more]
-    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--out", f"{tmp_path}/one",
-              launcher=launcher)
+    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--out", f"{tmp_path}/one")
     assert one[0] == 0, one[2]
     first = job(ranks, *common, "--first", "0", "--count", str(n), "--save", f"{tmp_path}/ck",
-                "--out", f"{tmp_path}/first", launcher=launcher)
+                "--out", f"{tmp_path}/first")
     assert first[0] == 0, first[2]
     rest = job(ranks, *common, "--first", str(n), "--count", str(m), "--load", f"{tmp_path}/ck",
-               "--out", f"{tmp_path}/rest", launcher=launcher)
+               "--out", f"{tmp_path}/rest")
     assert rest[0] == 0, rest[2]
     whole, resumed, before = (params(f"{tmp_path}/{k}", ranks) for k in ("one", "rest", "first"))
     for r in range(ranks):
@@ -212,9 +208,10 @@ def test_a_world_of_another_size_makes_every_rank_raise(entry):
     assert_every_rank_refused(ranks, out, err, "1 rank, this process rank 0", "3 ranks")
 
 
-@pytest.mark.parametrize("entry", ["register", "optimizer", "init"])
+@pytest.mark.parametrize("entry", ["register", "init"])
 def test_under_torchs_launcher_gcomp_runs_on_torchs_world(entry):
-    # Without mpiexec: gcomp over Gloo on torch's store, whatever way torch's world was made.
+    # Without mpiexec: gcomp over Gloo on torch's store, whatever way torch's world was made
+    # (DistributedOptimizer's under torchrun: test_torch.py in python_torch_torchrun_3).
     ranks = 3
     init = "none" if entry == "init" else "env"
     rc, out, err = job(ranks, "world", "--entry", entry, "--init", init, launcher="torchrun")
