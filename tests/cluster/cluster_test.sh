@@ -4,9 +4,10 @@
 # sees (every rank sending at once, full duplex) is within 25% of the rate; the same job started
 # as torchrun starts one (one agent per host, no mpiexec; with the Python module) runs gcomp on
 # Gloo over each host's link, two hosts told apart, the sum exact, the link as measured within
-# 25%; a run that is interrupted ends what it started, and nothing is left behind: no namespace,
-# link, qdisc, process or state. Bad input is refused with status 2. Skips (77) where namespaces
-# can't be made.
+# 25%; each host's link counters during a run (--link-bytes) hold the allreduces' bytes, what
+# one host's link sent the other's received; a run that is interrupted ends what it started, and
+# nothing is left behind: no namespace, link, qdisc, process or state. Bad input is refused with
+# status 2. Skips (77) where namespaces can't be made.
 #   cluster_test.sh SOURCE_DIR PROBE [PYTHON PYTHONPATH]
 set -uo pipefail
 src=$1 probe=$2 python=${3:-} pythonpath=${4:-}
@@ -55,7 +56,8 @@ left_behind "after bad input"
 
 # One run that brings the testbed up and takes it down. Results are printed before
 # MPI_Finalize, which can hang over UCX's TCP after large transfers: the timeout bounds it.
-out=$("$cluster" run --hosts 2 --rate 100mbit --timeout 120 -- "$probe" 2097152 2>&1); rc=$?
+lb=$(mktemp)
+out=$("$cluster" run --hosts 2 --rate 100mbit --timeout 120 --link-bytes "$lb" -- "$probe" 2097152 2>&1); rc=$?
 echo "$out"
 line=$(grep '^ranks=' <<<"$out" | tail -1)
 [ -n "$line" ] || fail "the probe printed no result (exit status $rc)"
@@ -70,6 +72,21 @@ link=$(get link_mbit)
 awk -v l="$link" 'BEGIN { exit !(l >= 75 && l <= 125) }' \
   || fail "gcomp measured the link at $link Mbit/s, not within 25% of 100"
 echo "link as measured: $link Mbit/s (100 Mbit/s shaped)"
+# The links' counters: each host sent at least its share of the three MPI_Allreduces of 2M floats
+# (a float each at 2 ranks: 3 x 8 MiB), and what one host's link sent the other's received (the
+# bridge forwards it; a few ARP frames aside).
+read -r tx0 tx1 rx0 rx1 < <(/usr/bin/env python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); print(*d["tx_bytes"], *d["rx_bytes"])' "$lb") \
+  || fail "--link-bytes wrote no counters: $(cat "$lb")"
+rm -f "$lb"
+for tx in "$tx0" "$tx1"; do
+  [ "$tx" -ge $((3 * 8 * 1048576)) ] || fail "a host's link sent $tx bytes, fewer than the allreduces' 25165824"
+done
+for pair in "$tx0 $rx1" "$tx1 $rx0"; do
+  awk -v p="$pair" 'BEGIN { split(p, v, " "); d = v[1] - v[2]; if (d < 0) d = -d; exit !(d <= 8192) }' \
+    || fail "one host sent and the other received: $pair bytes"
+done
+echo "link bytes: h0 tx $tx0 rx $rx0, h1 tx $tx1 rx $rx1"
 left_behind "after run"
 
 # The same, started torchrun's way: one agent per host, torch's variables, gcomp over Gloo.
@@ -99,6 +116,7 @@ fi
 # up, two runs on it (the testbed stays), status, down twice (idempotent).
 "$cluster" up --hosts 2 --rate 100mbit || fail "up failed"
 st=$("$cluster" status); grep -q "up: 2 hosts" <<<"$st" || fail "status does not say up: $st"
+b=$("$cluster" bytes); [ "$(grep -cE '^h[01] tx=[0-9]+ rx=[0-9]+$' <<<"$b")" = 2 ] || fail "bytes printed: $b"
 msg=$("$cluster" up --hosts 2 --rate 100mbit 2>&1) && fail "a second up succeeded"
 for i in 1 2; do
   r=$("$cluster" run --timeout 60 -- sh -c 'echo "$PMI_RANK $MASTER_ADDR $GLOO_SOCKET_IFNAME"' | sort)
