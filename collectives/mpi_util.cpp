@@ -198,14 +198,14 @@ void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& 
   t.received += static_cast<std::uint64_t>(count);
 }
 
-void sendrecv_bytes(MPI_Comm comm, int partner, std::span<const std::byte> send,
+void sendrecv_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, int from,
                     std::vector<std::byte>& recv, Traffic& t) {
   const double start = now();
   MPI_Request req;
-  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE, partner,
+  GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE, to,
                               kTagPoint, comm, &req));
   Traffic inner;
-  recv_bytes(comm, partner, recv, inner);
+  recv_bytes(comm, from, recv, inner);
   wait(req);
   t.seconds += now() - start;
   t.sent += send.size();

@@ -59,8 +59,8 @@ void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& 
 void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& to,
                      std::vector<std::vector<std::byte>>& from, Traffic& t);
 
-// Sends `send` to partner and receives its message (any size) into recv.
-void sendrecv_bytes(MPI_Comm comm, int partner, std::span<const std::byte> send,
+// Sends `send` to `to` and receives the message (any size) of `from` into recv, at once.
+void sendrecv_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, int from,
                     std::vector<std::byte>& recv, Traffic& t);
 void send_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, Traffic& t);
 void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& t);

@@ -101,9 +101,15 @@ class Transport {
   // between two ranks arrive in the order they were sent.
   virtual void send_bytes(int to, std::span<const std::byte> send, Traffic& t) = 0;
   virtual void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) = 0;
-  // Sends `send` to partner and receives its message (any size) into recv, at once.
-  virtual void sendrecv_bytes(int partner, std::span<const std::byte> send,
+  // Sends `send` to `to` and receives the message (any size) of `from` into recv, at once (a
+  // shift when every rank sends to one neighbour and receives from the other).
+  virtual void sendrecv_bytes(int to, std::span<const std::byte> send, int from,
                               std::vector<std::byte>& recv, Traffic& t) = 0;
+  // The same with one partner both ways.
+  void sendrecv_bytes(int partner, std::span<const std::byte> send, std::vector<std::byte>& recv,
+                      Traffic& t) {
+    sendrecv_bytes(partner, send, partner, recv, t);
+  }
   // The network measurement's patterns, sizes known on both sides: send to `to` while receiving
   // from `from` (recv.size() bytes); and every rank sending `block` bytes to every other (block
   // r of send goes to rank r; block r of recv comes from rank r).

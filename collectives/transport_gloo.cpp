@@ -1051,22 +1051,23 @@ class GlooTransport final : public Transport {
     t.received += n;
   }
 
-  void sendrecv_bytes(int partner, std::span<const std::byte> send, std::vector<std::byte>& recv,
-                      Traffic& t) override {
+  using Transport::sendrecv_bytes;
+  void sendrecv_bytes(int to, std::span<const std::byte> send, int from,
+                      std::vector<std::byte>& recv, Traffic& t) override {
     const double start = now();
     const std::uint64_t n = guarded("sendrecv", [&]() -> std::uint64_t {
       if (data_) {
         std::vector<std::byte> first;
-        data_->exchange(partner, first_part(send, point_.capacity), partner, first, 0);
-        const std::uint64_t n = parse_first(first, partner);
+        data_->exchange(to, first_part(send, point_.capacity), from, first, 0);
+        const std::uint64_t n = parse_first(first, from);
         recv.resize(static_cast<std::size_t>(n));
         Segments rest;
-        take_first(first, partner, n, recv.data(), rest);
-        send_rest_of(partner, send, rest);
+        take_first(first, from, n, recv.data(), rest);
+        send_rest_of(to, send, rest);
         rest.wait();
         return n;
       }
-      return exchange(point_, partner, send, partner, recv);
+      return exchange(point_, to, send, from, recv);
     });
     t.seconds += now() - start;
     t.sent += send.size();

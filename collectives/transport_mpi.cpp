@@ -137,9 +137,10 @@ class MpiTransport final : public Transport {
   void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
     detail::recv_bytes(comm_, from, recv, t);
   }
-  void sendrecv_bytes(int partner, std::span<const std::byte> send, std::vector<std::byte>& recv,
-                      Traffic& t) override {
-    detail::sendrecv_bytes(comm_, partner, send, recv, t);
+  using Transport::sendrecv_bytes;
+  void sendrecv_bytes(int to, std::span<const std::byte> send, int from,
+                      std::vector<std::byte>& recv, Traffic& t) override {
+    detail::sendrecv_bytes(comm_, to, send, from, recv, t);
   }
   void shift_bytes(int to, std::span<const std::byte> send, int from,
                    std::span<std::byte> recv) override {
