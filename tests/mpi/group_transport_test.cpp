@@ -3,19 +3,25 @@
 // group's collectives giving what the same collective over those ranks gives (allgatherv and
 // alltoallv of uneven sizes, empty and past Gloo's first part; the reductions in member order,
 // the same bits on every member), and a host's ranks and a local index's ranks from the hosts.
+// The two levels (collectives/two_level.hpp): the chunks' owners on uneven hosts, and the steps
+// inside a host giving the host's sum in host-rank order to every rank of it (on MPI every rank
+// is on this machine's one host; on Gloo the ranks name two hosts, uneven at odd sizes).
 #include "group_transport.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "algorithms.hpp"
 #include "gcomp/error.hpp"
 #include "mpi_util.hpp"
 #include "transport.hpp"
+#include "two_level.hpp"
 
 #ifdef GCOMP_TEST_HAVE_GLOO
 #include <gloo/rendezvous/file_store.h>
@@ -28,16 +34,19 @@ using test::rank;
 using test::size;
 
 // A transport of every rank on the tests' engine (each made on Gloo with a prefix of its own).
-std::unique_ptr<detail::Transport> parent_transport() {
+// On Gloo, host (when not empty) names this rank's host.
+std::unique_ptr<detail::Transport> parent_transport(const std::string& host = "") {
 #ifdef GCOMP_TEST_HAVE_GLOO
   if (test::on_gloo()) {
     static int made = 0;
     gloo::rendezvous::FileStore store(test::store_dir());
     GlooOptions o;
     o.prefix = "group" + std::to_string(made++);
+    o.host = host;
     return detail::make_gloo_transport(store, rank(), size(), o);
   }
 #endif
+  (void)host;
   return detail::make_mpi_transport(MPI_COMM_WORLD);
 }
 
@@ -201,6 +210,73 @@ TEST(GroupTransport, AHostsRanksAndALocalIndexsRanks) {
   EXPECT_EQ(g->hosts(), (std::vector<int>{0, 1, 2}));  // three hosts
   const auto h = detail::make_group_transport(t, {2, 3, 4, 5});
   EXPECT_EQ(h->hosts(), (std::vector<int>{0, 0, 2, 0}));
+}
+
+TEST(TwoLevel, ChunksAndTheirOwnersOnUnevenHosts) {
+  // Hosts of 2, 3 and 1 ranks (ranks 0 1 | 2 3 5 | 4): 3 chunks; chunk c's owners are the
+  // (c mod L)-th rank of each host of L ranks.
+  const std::vector<int> hosts = {0, 0, 2, 2, 4, 2};
+  const std::vector<std::vector<int>> owners = {{0, 2, 4}, {1, 3, 4}, {0, 5, 4}};
+  const std::vector<std::vector<int>> owned = {{0, 2}, {1}, {0}, {1}, {0, 1, 2}, {2}};
+  for (int r = 0; r < 6; ++r) {
+    const detail::Levels l = detail::levels_of(HostsOnly(r, hosts));
+    EXPECT_EQ(l.hosts, 3);
+    EXPECT_EQ(l.width, 3);
+    EXPECT_EQ(l.owners, owners);
+    EXPECT_EQ(l.owned, owned[static_cast<std::size_t>(r)]) << r;
+    EXPECT_EQ(l.host_ranks[static_cast<std::size_t>(l.local)], r);
+    ASSERT_EQ(l.chunk_groups.size(), l.owned.size());
+    for (std::size_t k = 0; k < l.owned.size(); ++k) {
+      std::vector<int> g = owners[static_cast<std::size_t>(l.owned[k])];
+      std::sort(g.begin(), g.end());
+      EXPECT_EQ(l.chunk_groups[k], g) << r;
+    }
+  }
+  // Two ranks on each of two hosts: each rank one chunk, its owners the ranks of its index.
+  const detail::Levels even = detail::levels_of(HostsOnly(3, {0, 0, 2, 2}));
+  EXPECT_EQ(even.owned, std::vector<int>{1});
+  EXPECT_EQ(even.chunk_groups, (std::vector<std::vector<int>>{{1, 3}}));
+}
+
+TEST(TwoLevel, TheStepsInsideAHostGiveEveryRankItsHostsSum) {
+  // Gloo: the first half of the ranks (rounded up) on one host, the rest on another.
+  const int half = (size() + 1) / 2;
+  const auto parent = parent_transport("host-" + std::to_string(rank() < half ? 0 : 1));
+  const detail::Levels l = detail::levels_of(*parent);
+  EXPECT_EQ(l.hosts, test::on_gloo() && size() > 1 ? 2 : 1);
+  const std::vector<int> mates = detail::host_members(*parent);
+  ASSERT_EQ(l.host_ranks, mates);
+  const auto host = detail::make_group_transport(*parent, mates);
+  const auto value = [](int r, std::size_t i) {
+    return 0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i);
+  };
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001}}) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = value(rank(), i);
+    // The host's sum, in host-rank order.
+    std::vector<float> want(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      float s = value(mates[0], i);
+      for (std::size_t j = 1; j < mates.size(); ++j) s = s + value(mates[j], i);
+      want[i] = s;
+    }
+    detail::Traffic t;
+    std::vector<std::vector<float>> sums;
+    detail::host_reduce_scatter(*host, l, x, sums, t);
+    ASSERT_EQ(sums.size(), l.owned.size());
+    for (std::size_t k = 0; k < sums.size(); ++k) {
+      const auto c = static_cast<std::uint64_t>(l.owned[k]);
+      const auto w = static_cast<std::uint64_t>(l.width);
+      const std::vector<float> chunk(
+          want.begin() + static_cast<std::ptrdiff_t>(detail::chunk_bound(n, c, w)),
+          want.begin() + static_cast<std::ptrdiff_t>(detail::chunk_bound(n, c + 1, w)));
+      EXPECT_EQ(sums[k], chunk) << "chunk " << c << " of n = " << n;
+    }
+    std::vector<float> out(n, -1.0f);
+    detail::host_allgather(*host, l, sums, out, t);
+    EXPECT_EQ(out, want) << "n = " << n;
+  }
+  parent->barrier();
 }
 
 }  // namespace
