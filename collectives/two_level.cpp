@@ -144,6 +144,7 @@ void host_allgather(Transport& host, const Levels& l, const std::vector<std::vec
     std::size_t offset = 0;
     each_owned_by(l, j, [&](int c) {
       const std::size_t len = len_of(c);
+      if (len == 0) return;  // an empty chunk (n < W), whose memory may be null
       std::memcpy(out.data() + chunk_bound(n, static_cast<std::uint64_t>(c), W),
                   got.data() + offset, len * sizeof(float));
       offset += len * sizeof(float);
