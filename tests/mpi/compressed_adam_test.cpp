@@ -264,11 +264,17 @@ TEST_P(CompressedAdamStages, ZeroOneWithCodecNoneIsItsReference) {
   }
 }
 
-TEST(CompressedAdam, OneBitWithBothResidualsKeepsEveryRanksParametersTheSame) {
-  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true},
-                          .schedule = AdamSchedule::one_bit(2)};
+// AdamW (weight decay 0.01) on a schedule, on compressed_reduce_scatter (each rank's residual
+// and each owner's), always compressed.
+CompressedAdamOptions both_residuals(const AdamSchedule& schedule) {
+  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true}, .schedule = schedule};
   o.bucket.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
   o.bucket.allreduce.allow_uncompressed = false;
+  return o;
+}
+
+TEST(CompressedAdam, OneBitWithBothResidualsKeepsEveryRanksParametersTheSame) {
+  CompressedAdamOptions o = both_residuals(AdamSchedule::one_bit(2));
   o.bucket.bucket_bytes = 1;  // each tensor a sign of its own scale
   CompressedAdam adam(Codec("sign"), kShapes, o);
   auto params = start_params();
@@ -315,10 +321,7 @@ TEST(AdamSchedule, RefreshesAndSynchronizationsAreZeroOneAdams) {
 }
 
 TEST(CompressedAdam, ZeroOneIsTheSameOnEveryRankWhenSynchronizedAndNotBetween) {
-  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true}, .schedule = kZeroOne};
-  o.bucket.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
-  o.bucket.allreduce.allow_uncompressed = false;
-  CompressedAdam adam(Codec("sign"), kShapes, o);
+  CompressedAdam adam(Codec("sign"), kShapes, both_residuals(kZeroOne));
   auto params = start_params();
   for (int t = 1; t <= 26; ++t) {
     run(adam, params, t - 1, t, 2e-3);
@@ -337,10 +340,7 @@ TEST(CompressedAdam, ZeroOneIsTheSameOnEveryRankWhenSynchronizedAndNotBetween) {
 }
 
 TEST(CompressedAdam, ASynchronizationAheadOfTheScheduleMakesTheRanksAgree) {
-  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true}, .schedule = kZeroOne};
-  o.bucket.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
-  o.bucket.allreduce.allow_uncompressed = false;
-  CompressedAdam adam(Codec("sign"), kShapes, o);
+  CompressedAdam adam(Codec("sign"), kShapes, both_residuals(kZeroOne));
   auto params = start_params();
   std::vector<std::span<float>> ps(params.begin(), params.end());
   run(adam, params, 0, 8, 2e-3);  // not yet local: the ranks agree, nothing is sent
@@ -365,9 +365,7 @@ TEST(CompressedAdam, ASynchronizationAheadOfTheScheduleMakesTheRanksAgree) {
 // N + M steps against N, the whole state copied into a new CompressedAdam (restore() and the
 // accessors, as a checkpoint carries them), then M: the same parameters, bit for bit.
 void expect_restored_bit_for_bit(const char* codec, const AdamSchedule& schedule, int n, int m) {
-  CompressedAdamOptions o{.adam = {.weight_decay = 0.01, .decoupled = true}, .schedule = schedule};
-  o.bucket.allreduce.algorithm = Algorithm::compressed_reduce_scatter;
-  o.bucket.allreduce.allow_uncompressed = false;
+  CompressedAdamOptions o = both_residuals(schedule);
   o.bucket.allreduce.seed = 42;
   CompressedAdam whole(Codec(codec), kShapes, o);
   auto straight = start_params();
