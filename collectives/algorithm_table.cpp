@@ -22,12 +22,14 @@ extern const AlgorithmRow kAllgatherRow;
 extern const AlgorithmRow kCompressedReduceScatterRow;
 extern const AlgorithmRow kSparseReduceScatterRow;
 extern const AlgorithmRow kLowRankRow;
+extern const AlgorithmRow kTwoLevelRow;
 
 namespace {
 
 constexpr std::array<const AlgorithmRow*, kAlgorithmCount - 1> kRows = {
     &kDenseRow,     &kSparseAllgatherRow,         &kSparseRecursiveDoublingRow, &kSparseSplitRow,
     &kAllgatherRow, &kCompressedReduceScatterRow, &kSparseReduceScatterRow,     &kLowRankRow,
+    &kTwoLevelRow,
 };
 
 }  // namespace

@@ -50,6 +50,9 @@ struct AlgorithmRow {
   bool sparse_only;
   // Runs only the low-rank codecs (powersgd: CodecProperties::low_rank), which run nothing else.
   bool low_rank = false;
+  // Runs every codec, whatever the two flags above say (two_level: each family's one-level
+  // algorithm across hosts).
+  bool any_codec = false;
   // Whether auto weighs it for the codec ModelInput describes (in.sparse, in.codec_none), where
   // the row runs that codec (row_suits).
   bool (*candidate)(const ModelInput& in);
@@ -118,11 +121,11 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows);
 // Whether a row runs a codec of these properties (sparse_only rows sparse codecs; low_rank rows
 // the low-rank codecs and the others everything else).
 inline bool row_suits(const AlgorithmRow& row, const CodecProperties& p) {
-  return row.low_rank == p.low_rank && (!row.sparse_only || p.sparse);
+  return row.any_codec || (row.low_rank == p.low_rank && (!row.sparse_only || p.sparse));
 }
 inline bool row_suits(const AlgorithmRow& row, const ModelInput& in) {
   return in.codec ? row_suits(row, in.codec->properties())
-                  : !row.low_rank && (!row.sparse_only || in.sparse);
+                  : row.any_codec || (!row.low_rank && (!row.sparse_only || in.sparse));
 }
 
 // The complaint when a codec that needs each tensor's shape (CodecProperties::needs_shapes) is

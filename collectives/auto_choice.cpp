@@ -125,9 +125,11 @@ ComputeModel Communicator::Impl::compute_model(const Codec& codec, std::size_t n
 std::array<double, kAlgorithmCount> Communicator::predict(const Codec& codec, std::size_t n,
                                                           std::size_t sent, bool error_feedback) {
   const std::uint64_t s = sent ? sent : default_sent(codec, n);
-  return gcomp::predict(model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_,
-                                    impl_->network_, impl_->compute_model(codec, n), false,
-                                    error_feedback));
+  ModelInput in =
+      model_input(codec, n, s, default_bytes(codec, n, s), impl_->size_, impl_->network_,
+                  impl_->compute_model(codec, n), false, error_feedback);
+  impl_->place(in);
+  return gcomp::predict(in);
 }
 
 double Communicator::predict_uncompressed(std::size_t n) {
@@ -141,6 +143,7 @@ Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) co
                               q.error_feedback);
   in.allow_uncompressed = q.allow_uncompressed;
   in.shapes = q.shapes;
+  place(in);
   const auto t = gcomp::predict(in);
   std::array<detail::Option, kAlgorithmCount + 1> options;
   std::size_t m = 0;

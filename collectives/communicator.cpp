@@ -48,6 +48,7 @@
 #include "sparse_vector.hpp"
 #include "stall.hpp"
 #include "transport.hpp"
+#include "two_level.hpp"
 
 namespace gcomp {
 
@@ -151,7 +152,7 @@ void Communicator::Impl::init(std::unique_ptr<detail::Transport> net, const Netw
     cpu_set_t set;
     CPU_ZERO(&set);
     const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    if (net_->ranks_on_this_host() > cores) detail::note_oversubscribed();
+    if (net_->ranks_on_this_machine() > cores) detail::note_oversubscribed();
     detail::apply_wait_policy();
   }
   network_ = given ? *given : detail::measure_network(*net_);
@@ -172,6 +173,9 @@ void Communicator::Impl::init(std::unique_ptr<detail::Transport> net, const Netw
   if (network_.beta_one <= 0) network_.beta_one = network_.beta;
   reduce_speed_ = agreed[6];
   merge_speed_ = agreed[7];
+  const detail::Levels levels = detail::levels_of(*net_);
+  hosts_ = levels.hosts;
+  ranks_per_host_ = levels.width;
 }
 
 namespace {
@@ -470,10 +474,12 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
   const std::span<const float> in = job.buf.in;
   Agreement& mine = c.mine;
   mine.magnitude = detail::kNotMeasured;
+  // two_level encodes each host's sum, after the agreement: nothing to encode now.
+  const bool encode_now = codec->properties().sparse && c.requested != Algorithm::two_level;
   if (device) {
     // As on the host: sparse codecs encode now, the others are checked now and encode
     // later, where the algorithm needs the payload.
-    if (codec->properties().sparse) {
+    if (encode_now) {
       const std::span<const std::byte> payload = detail::encode_whole(job);
       mine.sent = payload_entries(payload);
       mine.bytes = payload.size();
@@ -481,7 +487,7 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
       device->dev->check_finite(device->in, job.buf.d_e_old, in.size(), device->stream);
       mine.bytes = codec->max_bytes(in.size());
     }
-  } else if (codec->properties().sparse && !likely_uncompressed) {
+  } else if (encode_now && !likely_uncompressed) {
     // Needed by every sparse path; fails here on NaN/Inf.
     const std::span<const std::byte> payload = detail::encode_whole(job);
     mine.sent = payload_entries(payload);

@@ -29,6 +29,7 @@ double union_size(double n, double k, double m, bool shared) {
 }
 
 double t_allreduce(const ModelInput& in, double bytes, double elements) {
+  if (in.two_level_allreduce) return t_two_level_allreduce(in, bytes, elements);
   const double p = in.ranks;
   const double l = log2_ceil(in.ranks);
   const auto& net = in.network;

@@ -13,6 +13,9 @@ double union_size(double n, double k, double m, bool shared);
 // MPICH's allreduce of `bytes` (`elements` float32 summed): recursive doubling for short
 // messages, Rabenseifner for long ones (bandwidth term as measured, where it was).
 double t_allreduce(const ModelInput& in, double bytes, double elements);
+// The allreduce on two levels (two_level.cpp): the host's reduce-scatter, each part's
+// allreduce across hosts (a group's: gathered, then summed), the host's allgather.
+double t_two_level_allreduce(const ModelInput& in, double bytes, double elements);
 // An allgatherv of `bytes` per rank, after an allgather of the sizes.
 double t_allgatherv(const ModelInput& in, double bytes);
 // Seconds per byte when `flows` of the P ranks send at once: from beta_one (one flow) to beta

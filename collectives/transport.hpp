@@ -85,6 +85,11 @@ class Transport {
   const std::vector<int>& hosts() const noexcept { return hosts_; }
   // The ranks on this rank's host.
   int ranks_on_this_host() const noexcept;
+  // The ranks sharing this machine's cores: as ranks_on_this_host(), unless the hosts were
+  // named (GCOMP_HOST) apart from the machine the engine sees.
+  int ranks_on_this_machine() const noexcept {
+    return machine_ranks_ > 0 ? machine_ranks_ : ranks_on_this_host();
+  }
   // The MPI communicator (MPI), or MPI_COMM_NULL.
   virtual MPI_Comm mpi_comm() const noexcept { return MPI_COMM_NULL; }
 
@@ -133,6 +138,7 @@ class Transport {
   Transport(gcomp::Transport kind, int rank, int size) : kind_(kind), rank_(rank), size_(size) {}
   // The hosts from every rank's host number (the lowest rank on its host), gathered.
   std::vector<int> hosts_;
+  int machine_ranks_ = 0;  // 0: as ranks_on_this_host()
 
  private:
   gcomp::Transport kind_;

@@ -1,12 +1,15 @@
 // The MPI transport (transport.hpp): a duplicated communicator, the waits of mpi_util.cpp (which
 // follow the wait policy), the agreement as MPI_Iallreduce of int64 MAX watched by StallWatch
-// (stall.hpp) on a second duplicate, and the hosts from MPI's shared-memory split.
+// (stall.hpp) on a second duplicate, and the hosts from MPI's shared-memory split (or
+// GCOMP_HOST's names).
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "fnv.hpp"
 #include "gcomp/error.hpp"
 #include "mpi_util.hpp"
 #include "stall.hpp"
@@ -95,14 +98,30 @@ class MpiTransport final : public Transport {
   explicit MpiTransport(MPI_Comm dup)
       : Transport(gcomp::Transport::mpi, rank_of(dup), size_of(dup)), comm_(dup) {
     watch_.init(comm_);
-    // A host is named by its lowest rank: the first of MPI's shared-memory split.
+    // A host is named by its lowest rank: the first of MPI's shared-memory split, or where
+    // GCOMP_HOST names this process's host, the first rank of that name (ranks that name none
+    // keep the split's hosts among themselves).
     MPI_Comm node;
     GCOMP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    int host = rank();
-    MPI_Bcast(&host, 1, MPI_INT, 0, node);
+    int split_host = rank();
+    MPI_Bcast(&split_host, 1, MPI_INT, 0, node);
+    GCOMP_CHECK_MPI(MPI_Comm_size(node, &machine_ranks_));
     MPI_Comm_free(&node);
+    const char* named = std::getenv("GCOMP_HOST");
+    // [0]: the name's hash (0: none), [1]: the split's host.
+    const std::uint64_t mine[2] = {named && *named ? Fnv{}.add(named).h | 1 : 0,
+                                   static_cast<std::uint64_t>(split_host)};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size()));
+    GCOMP_CHECK_MPI(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_));
     hosts_.assign(static_cast<std::size_t>(size()), 0);
-    GCOMP_CHECK_MPI(MPI_Allgather(&host, 1, MPI_INT, hosts_.data(), 1, MPI_INT, comm_));
+    for (std::size_t r = 0; r < hosts_.size(); ++r) {
+      std::size_t first = 0;
+      while (all[2 * first] != all[2 * r] ||
+             (all[2 * r] == 0 && all[2 * first + 1] != all[2 * r + 1])) {
+        ++first;
+      }
+      hosts_[r] = static_cast<int>(first);
+    }
   }
 
   ~MpiTransport() override {

@@ -5,8 +5,13 @@
 #include <cstring>
 #include <string>
 
+#include "algorithm_table.hpp"
 #include "algorithms.hpp"
+#include "device_backend.hpp"
+#include "feedback_slot.hpp"
 #include "gcomp/error.hpp"
+#include "group_transport.hpp"
+#include "model_terms.hpp"
 
 namespace gcomp::detail {
 
@@ -112,8 +117,8 @@ void host_reduce_scatter(Transport& host, const Levels& l, std::span<const float
   }
 }
 
-void host_allgather(Transport& host, const Levels& l, const std::vector<std::vector<float>>& chunks,
-                    std::span<float> out, Traffic& t) {
+bool host_allgather(Transport& host, const Levels& l, const std::vector<std::vector<float>>& chunks,
+                    std::span<float> out, Traffic& t, bool allow_missing) {
   check_host(host, l, "host_allgather");
   const std::uint64_t n = out.size();
   const auto W = static_cast<std::uint64_t>(l.width);
@@ -126,21 +131,34 @@ void host_allgather(Transport& host, const Levels& l, const std::vector<std::vec
                                       " chunks for " + std::to_string(l.owned.size()) + " owned");
   }
   std::vector<std::byte> mine;
+  bool missing = false;
   for (std::size_t k = 0; k < chunks.size(); ++k) {
     if (chunks[k].size() != len_of(l.owned[k])) {
+      if (allow_missing && chunks[k].empty()) {
+        missing = true;
+        continue;
+      }
       throw Error(Status::internal, "host_allgather: chunk " + std::to_string(l.owned[k]) +
                                         " has " + std::to_string(chunks[k].size()) + " elements");
     }
     const auto* p = reinterpret_cast<const std::byte*>(chunks[k].data());
     mine.insert(mine.end(), p, p + chunks[k].size() * sizeof(float));
   }
+  if (missing) mine.clear();  // nothing from this rank: every rank of the host sees it
   Gathered all;
   host.allgatherv_bytes(mine, all, t);
+  bool complete = true;
   for (int j = 0; j < host.size(); ++j) {
     std::size_t want = 0;
     each_owned_by(l, j, [&](int c) { want += len_of(c) * sizeof(float); });
     const auto got = all.of(j);
-    if (got.size() != want) bad_size("host_allgather", j, got.size(), want);
+    if (got.size() != want) {
+      if (allow_missing && got.empty()) {
+        complete = false;
+        continue;
+      }
+      bad_size("host_allgather", j, got.size(), want);
+    }
     std::size_t offset = 0;
     each_owned_by(l, j, [&](int c) {
       const std::size_t len = len_of(c);
@@ -150,6 +168,348 @@ void host_allgather(Transport& host, const Levels& l, const std::vector<std::vec
       offset += len * sizeof(float);
     });
   }
+  return complete;
 }
+
+// ---- The algorithm two_level (docs/algorithms.md, "two_level") ----
+
+namespace {
+
+// The transports of the two levels, made per call from the parent's hosts() (no message).
+struct TwoLevels {
+  explicit TwoLevels(Transport& parent) : levels(levels_of(parent)) {
+    host = make_group_transport(parent, levels.host_ranks);
+    for (const std::vector<int>& g : levels.chunk_groups) {
+      groups.push_back(make_group_transport(parent, g));
+    }
+  }
+  Levels levels;
+  std::unique_ptr<Transport> host;                 // this host's ranks
+  std::vector<std::unique_ptr<Transport>> groups;  // per owned chunk, its owners across hosts
+};
+
+// A transport whose float sum runs on two levels (the host's reduce-scatter, each chunk summed
+// across hosts by its owners, the host's allgather): the same bits on every rank, the host's
+// ranks summed first. Everything else is the parent's. dense (codec none) and low_rank run on
+// it unchanged.
+class TwoLevelAllreduce final : public Transport {
+ public:
+  explicit TwoLevelAllreduce(Transport& parent)
+      : Transport(parent.kind(), parent.rank(), parent.size()), parent_(parent), levels_(parent) {
+    hosts_ = parent.hosts();
+  }
+  MPI_Comm mpi_comm() const noexcept override { return parent_.mpi_comm(); }
+  void allreduce(const void* send, void* recv, std::size_t count, Reduction op) override {
+    if (op != Reduction::sum_float) return parent_.allreduce(send, recv, count, op);
+    const Levels& l = levels_.levels;
+    host_reduce_scatter(*levels_.host, l, {static_cast<const float*>(send), count}, sums_,
+                        traffic_);
+    for (std::size_t k = 0; k < sums_.size(); ++k) {
+      levels_.groups[k]->allreduce(sums_[k].data(), sums_[k].data(), sums_[k].size(),
+                                   Reduction::sum_float);
+    }
+    host_allgather(*levels_.host, l, sums_, {static_cast<float*>(recv), count}, traffic_);
+  }
+  void barrier() override { parent_.barrier(); }
+  void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
+    parent_.allgatherv_bytes(mine, out, t);
+  }
+  void alltoallv_bytes(const std::vector<std::vector<std::byte>>& to,
+                       std::vector<std::vector<std::byte>>& from, Traffic& t) override {
+    parent_.alltoallv_bytes(to, from, t);
+  }
+  void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
+    parent_.send_bytes(to, send, t);
+  }
+  void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
+    parent_.recv_bytes(from, recv, t);
+  }
+  void sendrecv_bytes(int to, std::span<const std::byte> send, int from,
+                      std::vector<std::byte>& recv, Traffic& t) override {
+    parent_.sendrecv_bytes(to, send, from, recv, t);
+  }
+  void shift_bytes(int to, std::span<const std::byte> send, int from,
+                   std::span<std::byte> recv) override {
+    parent_.shift_bytes(to, send, from, recv);
+  }
+  void alltoall_bytes(std::span<const std::byte> send, std::span<std::byte> recv,
+                      std::size_t block) override {
+    parent_.alltoall_bytes(send, recv, block);
+  }
+  void agree(const std::uint64_t* mine, std::uint64_t* all, std::size_t words, std::uint64_t call,
+             const WaitLimits& limits, const std::function<std::string()>& describe) override {
+    parent_.agree(mine, all, words, call, limits, describe);
+  }
+
+ private:
+  Transport& parent_;
+  TwoLevels levels_;
+  std::vector<std::vector<float>> sums_;
+  Traffic traffic_;  // the run's algorithm counts what it sends itself
+};
+
+bool runs_on_two_level_allreduce(const Codec& codec) {
+  return codec.kind() == CodecKind::none || codec.properties().low_rank;
+}
+
+// The one-level algorithm two_level runs across hosts for a codec that is compressed there.
+const AlgorithmRow& across_hosts(const Codec& codec) {
+  return algorithm_row(codec.properties().sparse ? Algorithm::sparse_allgather
+                                                 : Algorithm::allgather);
+}
+
+void add_meter(Meter& into, const Meter& from) {
+  into.traffic.sent += from.traffic.sent;
+  into.traffic.received += from.traffic.received;
+  into.traffic.seconds += from.traffic.seconds;
+  into.encode_seconds += from.encode_seconds;
+  into.decode_seconds += from.decode_seconds;
+}
+
+// `none` and the low-rank codecs: their algorithm (dense, low_rank; host or device form) on the
+// two-level sum.
+void on_two_level_allreduce(Job& job, void (*run)(Job&)) {
+  TwoLevelAllreduce net(*job.call.net);
+  CallSpec spec = job.call;
+  spec.net = &net;
+  Job sub(spec, job.buf, job.ws);
+  sub.input = job.input;
+  sub.skip_codec = job.skip_codec;
+  sub.agreed_sent = job.agreed_sent;
+  sub.fresh_state = job.fresh_state;
+  run(sub);
+  job.input = sub.input;
+  add_meter(job.meter, sub.meter);
+}
+
+struct TwoLevelBuffers {
+  std::vector<float> y;                            // x + e
+  std::vector<std::vector<float>> sums, sums_out;  // per owned chunk: the host's sum, the result
+  ErrorFeedback zero{0};                           // the across-hosts step's residual in: zeros
+  std::vector<float> e_next;                       // device tensors: the new residual on the host
+};
+
+// The compressed codecs: y (x + e, n elements) summed in the host, each owned chunk's sum
+// compressed by the one-level algorithm across hosts with its residual into e_next (empty: no
+// error feedback; zeros elsewhere), and the host's chunks gathered into out, averaged.
+void reduce_then_compress(Job& job, std::span<const float> y, std::span<float> e_next,
+                          std::span<float> out) {
+  TwoLevels two(*job.call.net);
+  const Levels& l = two.levels;
+  auto& b = job.ws.get<TwoLevelBuffers>();
+  host_reduce_scatter(*two.host, l, y, b.sums, job.meter.traffic);
+  if (!e_next.empty()) std::fill(e_next.begin(), e_next.end(), 0.0f);
+  const std::uint64_t n = y.size();
+  const auto W = static_cast<std::uint64_t>(l.width);
+  const AlgorithmRow& inner = across_hosts(*job.call.codec);
+  b.sums_out.resize(l.owned.size());
+  // A failure across hosts (a chunk's sum that overflows float32 fails its encode on the owner,
+  // and its group's decode of the empty payload it sends instead) is kept until the host's
+  // ranks have heard of it: the failed chunk goes to them empty, and every rank throws.
+  std::string failed;
+  Status failed_status = Status::ok;
+  for (std::size_t k = 0; k < l.owned.size(); ++k) {
+    const auto c = static_cast<std::uint64_t>(l.owned[k]);
+    const std::uint64_t begin = chunk_bound(n, c, W);
+    const std::uint64_t len = chunk_bound(n, c + 1, W) - begin;
+    const std::vector<int>& group = l.chunk_groups[k];
+    CallSpec spec = job.call;
+    spec.net = two.groups[k].get();
+    spec.rank =
+        static_cast<int>(std::find(group.begin(), group.end(), job.call.rank) - group.begin());
+    spec.size = static_cast<int>(group.size());
+    spec.seed = derive_seed(job.call.seed, c, 4, 0);
+    spec.owner_seed = derive_seed(job.call.owner_seed, c, 4, 0);
+    spec.shared_seed = derive_seed(job.call.shared_seed, c, 4, 0);
+    spec.average = false;
+    spec.majority_vote = false;
+    spec.shapes = {};
+    b.sums_out[k].resize(len);
+    CallBuffers buf{.in = b.sums[k], .out = b.sums_out[k], .ef = nullptr, .ef_next = {}};
+    if (!e_next.empty()) {
+      FeedbackSlot::reuse(b.zero, len);
+      buf.ef = &b.zero;
+      buf.ef_next = e_next.subspan(begin, len);
+    }
+    Job sub(spec, buf, job.ws);
+    try {
+      try {
+        encode_whole(sub);
+      } catch (const Error&) {
+        // This owner's sum: its group learns of it from the empty payload.
+        Gathered all;
+        sub.call.net->allgatherv_bytes({}, all, sub.meter.traffic);
+        throw;
+      }
+      inner.run(sub);
+    } catch (const Error& e) {
+      if (failed.empty()) {
+        failed = "two_level: chunk " + std::to_string(c) + " across hosts: " + e.what();
+        failed_status = e.code() == Status::bad_payload ? Status::nonfinite : e.code();
+      }
+      b.sums_out[k].clear();
+    }
+    add_meter(job.meter, sub.meter);
+  }
+  const bool complete = host_allgather(*two.host, l, b.sums_out, out, job.meter.traffic, true);
+  if (!failed.empty()) throw Error(failed_status, failed);
+  if (!complete) {
+    throw Error(Status::nonfinite,
+                "two_level: a rank of this host could not reduce its part across hosts (the sum "
+                "is not finite: the ranks' finite contributions overflow float32)");
+  }
+  finish_average(job);
+}
+
+void run_two_level(Job& job) {
+  const Codec& codec = *job.call.codec;
+  if (runs_on_two_level_allreduce(codec)) {
+    return on_two_level_allreduce(
+        job,
+        algorithm_row(codec.properties().low_rank ? Algorithm::low_rank : Algorithm::dense).run);
+  }
+  const std::size_t n = job.buf.in.size();
+  std::span<const float> y = job.buf.in;
+  if (const auto* sum = std::get_if<prepared::Summed>(&job.input)) {
+    y = sum->values;  // x + e, formed and checked before the agreement
+  } else if (job.buf.ef) {
+    const auto timed = job.meter.encoding();
+    auto& b = job.ws.get<TwoLevelBuffers>();
+    b.y.resize(n);
+    const auto e = job.buf.ef->residual();
+    for (std::size_t i = 0; i < n; ++i) b.y[i] = job.buf.in[i] + e[i];
+    y = b.y;
+  } else if (job.buf.in.data() == job.buf.out.data()) {
+    auto& b = job.ws.get<TwoLevelBuffers>();
+    b.y.assign(job.buf.in.begin(), job.buf.in.end());  // out is written before in is read whole
+    y = b.y;
+  }
+  reduce_then_compress(job, y, job.buf.ef ? job.buf.ef_next : std::span<float>(), job.buf.out);
+}
+
+void run_two_level_device(Job& job) {
+  const Codec& codec = *job.call.codec;
+  if (runs_on_two_level_allreduce(codec)) {
+    const AlgorithmRow& row =
+        algorithm_row(codec.properties().low_rank ? Algorithm::low_rank : Algorithm::dense);
+    return on_two_level_allreduce(job, row.run_device);
+  }
+  // x + e to the host, the host's form, the result and the residual back.
+  const std::size_t n = job.buf.out.size();
+  auto& b = job.ws.get<TwoLevelBuffers>();
+  b.y.resize(n);
+  {
+    const auto timed = job.meter.encoding();
+    job.buf.dev->copy(b.y.data(), job.buf.d_in, 4 * n, job.buf.stream);
+    if (job.buf.d_e_old) {
+      std::vector<float>& e = job.ws.residual;
+      e.resize(n);
+      job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
+      for (std::size_t i = 0; i < n; ++i) b.y[i] += e[i];
+    }
+  }
+  b.e_next.resize(job.buf.d_e_new ? n : 0);
+  reduce_then_compress(job, b.y, b.e_next, job.buf.out);
+  job.buf.dev->copy(job.buf.d_out, job.buf.out.data(), 4 * n, job.buf.stream);
+  if (job.buf.d_e_new) job.buf.dev->copy(job.buf.d_e_new, b.e_next.data(), 4 * n, job.buf.stream);
+}
+
+// ---- The model ----
+
+// One level of the ranks as the one-level formulas see it: `ranks` ranks on `net`.
+ModelInput level(const ModelInput& in, int ranks, const NetworkModel& net) {
+  ModelInput l = in;
+  l.ranks = ranks;
+  l.network = net;
+  l.two_level_allreduce = false;
+  l.hosts = 0;
+  return l;
+}
+
+const NetworkModel& inside_host(const ModelInput& in) {
+  return in.host_network.beta > 0 ? in.host_network : in.network;
+}
+
+bool applies(const ModelInput& in) {
+  return in.hosts > 1 && in.ranks_per_host > 1 && in.hosts < in.ranks;
+}
+
+// The one-level input of a chunk's owners across hosts: n / W elements among H ranks.
+ModelInput chunk_input(const ModelInput& in) {
+  ModelInput c = level(in, in.hosts, in.network);
+  const double w = in.ranks_per_host;
+  c.n = in.n / w;
+  c.sent = in.sent / w;
+  c.payload_bytes = in.payload_bytes / w;
+  c.shapes = {};
+  c.average = false;
+  return c;
+}
+
+const AlgorithmRow& across_hosts_row(const ModelInput& in) {
+  return algorithm_row(in.sparse ? Algorithm::sparse_allgather : Algorithm::allgather);
+}
+
+bool low_rank_codec(const ModelInput& in) {
+  return in.codec != nullptr && in.codec->properties().low_rank;
+}
+
+double predict_two_level(const ModelInput& in) {
+  if (!applies(in)) return kNotApplicable;
+  if (in.codec_none || low_rank_codec(in)) {
+    ModelInput h = in;
+    h.two_level_allreduce = true;
+    return algorithm_row(low_rank_codec(in) ? Algorithm::low_rank : Algorithm::dense).predict(h);
+  }
+  const ModelInput host = level(in, in.ranks_per_host, inside_host(in));
+  const double w = in.ranks_per_host;
+  const double reduce = in.compute.reduce;
+  return (in.error_feedback ? in.n * reduce : 0.0) + t_alltoallv(host, 4 * in.n) + in.n * reduce +
+         across_hosts_row(in).predict(chunk_input(in)) + t_allgatherv(host, 4 * in.n / w) +
+         (in.average ? in.n * reduce : 0.0);
+}
+
+double bytes_two_level(const ModelInput& in) {
+  if (!applies(in)) return kNotApplicable;
+  const double w = in.ranks_per_host;
+  const double inside = 2 * (w - 1) / w * 4 * in.n + 2 * (w - 1) * 8;  // both steps, sizes
+  if (in.codec_none || low_rank_codec(in)) {
+    // The one-level algorithm's allreduce volume, a W-th of it across hosts.
+    ModelInput h = in;
+    const double flat =
+        algorithm_row(low_rank_codec(in) ? Algorithm::low_rank : Algorithm::dense).bytes(h);
+    const double p = in.ranks, hosts = in.hosts;
+    return flat / (2 * (p - 1) / p) * (2 * (w - 1) / w + 2 * (hosts - 1) / hosts / w);
+  }
+  return inside + across_hosts_row(in).bytes(chunk_input(in));
+}
+
+bool two_level_candidate(const ModelInput& in) { return applies(in) && !in.codec_none; }
+
+}  // namespace
+
+double t_two_level_allreduce(const ModelInput& in, double bytes, double elements) {
+  const double w = std::max(1, in.ranks_per_host);
+  const ModelInput host = level(in, in.ranks_per_host, inside_host(in));
+  const ModelInput across = level(in, std::max(1, in.hosts), in.network);
+  // Across hosts each chunk's owners gather their sums and add them (the group's allreduce).
+  return t_alltoallv(host, bytes) + elements * in.compute.reduce + t_allgatherv(across, bytes / w) +
+         (across.ranks - 1) * elements / w * in.compute.reduce + t_allgatherv(host, bytes / w);
+}
+
+extern const AlgorithmRow kTwoLevelRow = {
+    .id = Algorithm::two_level,
+    .name = "two_level",
+    .description =
+        "each host's ranks sum the tensor (a reduce-scatter), each part's owners, one a host, "
+        "run the codec's one-level algorithm across hosts, the host's ranks gather the parts",
+    .sparse_only = false,
+    .any_codec = true,
+    .candidate = two_level_candidate,
+    .predict = predict_two_level,
+    .bytes = bytes_two_level,
+    .run = run_two_level,
+    .run_device = run_two_level_device,
+};
 
 }  // namespace gcomp::detail

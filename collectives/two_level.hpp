@@ -54,9 +54,12 @@ void host_reduce_scatter(Transport& host, const Levels& levels, std::span<const 
                          std::vector<std::vector<float>>& sums, Traffic& t);
 
 // The inverse: every rank of the host sends its owned chunks (chunks[k]: chunk owned[k], of its
-// size) and out (n elements) gets every chunk from its owner on this host.
-void host_allgather(Transport& host, const Levels& levels,
-                    const std::vector<std::vector<float>>& chunks, std::span<float> out,
-                    Traffic& t);
+// size) and out (n elements) gets every chunk from its owner on this host. With allow_missing,
+// a rank whose chunks[k] is empty where the chunk is not (its step across hosts failed) sends
+// nothing, and every rank of the host returns false, the chunks of such ranks left as they
+// were in out; else true.
+bool host_allgather(Transport& host, const Levels& levels,
+                    const std::vector<std::vector<float>>& chunks, std::span<float> out, Traffic& t,
+                    bool allow_missing = false);
 
 }  // namespace gcomp::detail

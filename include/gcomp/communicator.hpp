@@ -84,9 +84,10 @@ enum class Algorithm : int {
   compressed_reduce_scatter,  // encode chunks, all-to-all, reduce + re-encode, allgather
   sparse_reduce_scatter,      // regions all-to-all, owners keep a global top-k, allgather
   low_rank,                   // PowerSGD: the factors P = M Q and Q = M^T P allreduced per bucket
+  two_level,                  // sum inside each host, compress only across hosts, gather back
   // A new algorithm goes here, last, and into kLastAlgorithm.
 };
-inline constexpr Algorithm kLastAlgorithm = Algorithm::low_rank;
+inline constexpr Algorithm kLastAlgorithm = Algorithm::two_level;
 // The number of Algorithm values, automatic included.
 inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 

@@ -35,6 +35,15 @@ struct ModelInput {
   // the reconstruction.
   const Codec* codec = nullptr;
   std::span<const MatrixShape> shapes;
+  // Where the ranks are, for two_level: `hosts` hosts (0 or 1: one, or not known; two_level
+  // then does not apply), at most `ranks_per_host` ranks on one, and the network inside a host
+  // (host_network; zeros: as `network`, which then stands for the network between hosts).
+  int hosts = 0;
+  int ranks_per_host = 1;
+  NetworkModel host_network;
+  // The model's own: MPI's allreduce in the formulas runs on two levels (two_level's form for
+  // `none` and the low-rank codecs, whose one-level algorithms it runs on such an allreduce).
+  bool two_level_allreduce = false;
 };
 
 inline constexpr double kNotApplicable = std::numeric_limits<double>::infinity();

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "codec_impl.hpp"
 #include "device_backend.hpp"
@@ -117,6 +118,9 @@ const Case kCases[] = {
     {"topk:ratio=0.05", Algorithm::sparse_reduce_scatter},
     {"randomk:ratio=0.05", Algorithm::sparse_recursive_doubling},
     {"threshold:tau=1.5", Algorithm::sparse_allgather},
+    {"none", Algorithm::two_level},
+    {"qsgd:bits=4", Algorithm::two_level},
+    {"topk:ratio=0.05", Algorithm::two_level},
 };
 
 // Three steps of error feedback: the device path gives the host path's bits in the result and
@@ -429,10 +433,10 @@ std::vector<std::size_t> sizes_of(const std::vector<MatrixShape>& shapes) {
   return n;
 }
 
-BucketOptions low_rank_options(bool average) {
+BucketOptions low_rank_options(bool average, Algorithm a = Algorithm::low_rank) {
   BucketOptions o;
   o.dense_below = 0;  // the 1-D tensor and the small matrix go dense inside low_rank's bucket
-  o.allreduce.algorithm = Algorithm::low_rank;
+  o.allreduce.algorithm = a;
   o.allreduce.average = average;
   o.allreduce.seed = 11;
   return o;
@@ -444,9 +448,11 @@ TEST(DeviceBuckets, PowerSgdSameBitsAsHostBuckets) {
   for (const char* spec :
        {"powersgd:rank=2", "powersgd:rank=3,values=fp16", "powersgd:rank=2,alternate=true",
         "powersgd:rank=2,start=1,warm_start=false"}) {
-    for (const bool average : {false, true}) {
+    for (const auto& [average, alg] :
+         {std::pair{false, Algorithm::low_rank}, std::pair{true, Algorithm::low_rank},
+          std::pair{false, Algorithm::two_level}}) {
       const Codec codec(spec);
-      const BucketOptions o = low_rank_options(average);
+      const BucketOptions o = low_rank_options(average, alg);
       std::vector<ErrorFeedback> host_efs, dev_efs;
       for (std::size_t n : sizes) {
         host_efs.emplace_back(n);
@@ -462,11 +468,12 @@ TEST(DeviceBuckets, PowerSgdSameBitsAsHostBuckets) {
         DeviceModel dev(values);
         const auto views = dev.views();
         world().allreduce_buckets(views, kShapes, codec, pointers(dev_efs), o);
-        EXPECT_EQ(world().last_stats().algorithm, Algorithm::low_rank);
+        EXPECT_EQ(world().last_stats().algorithm, alg);
         const auto got = dev.host();
         for (std::size_t t = 0; t < sizes.size(); ++t) {
-          const std::string what = std::string(spec) + (average ? " average" : "") + " step " +
-                                   std::to_string(step) + " tensor " + std::to_string(t);
+          const std::string what = std::string(spec) + " " + algorithm_name(alg) +
+                                   (average ? " average" : "") + " step " + std::to_string(step) +
+                                   " tensor " + std::to_string(t);
           EXPECT_TRUE(same_bits(got[t], host[t])) << what;
           const auto r = host_efs[t].residual();
           EXPECT_TRUE(same_bits(residual_of(dev_efs[t]), std::vector<float>(r.begin(), r.end())))

@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -243,7 +244,10 @@ TEST(TwoLevel, TheStepsInsideAHostGiveEveryRankItsHostsSum) {
   const int half = (size() + 1) / 2;
   const auto parent = parent_transport("host-" + std::to_string(rank() < half ? 0 : 1));
   const detail::Levels l = detail::levels_of(*parent);
-  EXPECT_EQ(l.hosts, test::on_gloo() && size() > 1 ? 2 : 1);
+  // (On MPI, GCOMP_HOST may name the hosts instead: the ctest layouts.)
+  if (test::on_gloo() || !std::getenv("GCOMP_HOST")) {
+    EXPECT_EQ(l.hosts, test::on_gloo() && size() > 1 ? 2 : 1);
+  }
   const std::vector<int> mates = detail::host_members(*parent);
   ASSERT_EQ(l.host_ranks, mates);
   const auto host = detail::make_group_transport(*parent, mates);

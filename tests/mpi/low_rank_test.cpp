@@ -40,10 +40,10 @@ using test::world;
 
 // Everything in buckets (no separate bucket of small tensors), low_rank asked for by name so
 // that auto's choice cannot change what a test checks.
-BucketOptions explicit_low_rank(std::uint64_t seed = 11) {
+BucketOptions explicit_low_rank(std::uint64_t seed = 11, Algorithm a = Algorithm::low_rank) {
   BucketOptions o;
   o.dense_below = 0;
-  o.allreduce.algorithm = Algorithm::low_rank;
+  o.allreduce.algorithm = a;
   o.allreduce.seed = seed;
   return o;
 }
@@ -71,43 +71,49 @@ void run(Tensors& t, const Codec& codec, std::vector<ErrorFeedback*> efs = {},
   c.allreduce_buckets(spans, t.shapes, codec, efs, o);
 }
 
+// Also on two_level, whose factors are summed in the host first (the bound holds for any order
+// of the float32 sums).
 TEST(LowRank, MatchesFloat64ComputationOfTheSameSteps) {
-  const Codec codec("powersgd:rank=3,warm_start=false");
-  // A 40 x 24 matrix (rank 3: 64 x 3 x 2 <= 960), a 1-D tensor and a 6 x 5 matrix below the
-  // rate (11 x 3 x 2 > 30): the last two go dense in the same collective.
-  Tensors t = random_tensors({{40, 24}, {50, 1}, {6, 5}}, 1);
-  const Tensors before = t;
-  const auto q0 = first_q(11, 0, 24 * 3);
-  const Reference ref = reference_step(before.data[0], 40, 24, 3, q0);
-  run(t, codec);
-  EXPECT_EQ(world().last_stats().algorithm, Algorithm::low_rank);
-  double err = 0, norm = 0;
-  for (std::size_t i = 0; i < ref.out.size(); ++i) {
-    err += (t.data[0][i] - ref.out[i]) * (t.data[0][i] - ref.out[i]);
-    norm += ref.out[i] * ref.out[i];
-  }
-  err = std::sqrt(err);
-  EXPECT_LE(err, ref.bound) << "||out|| " << std::sqrt(norm);
-  // The bound means something: far below the result itself (a wrong step is off by about it).
-  EXPECT_LT(ref.bound, 1e-2 * std::sqrt(norm));
-  if (rank() == 0) {
-    std::printf("[ low_rank ] ||out - float64|| %.3g, bound %.3g, ||out|| %.3g\n", err, ref.bound,
-                std::sqrt(norm));
-  }
-  // The dense ones: the float32 sum, within (W - 1) u sum_r |x_r| of the exact one.
-  for (std::size_t k = 1; k < 3; ++k) {
-    const std::vector<float> all = gather(before.data[k]);
-    const std::size_t n = before.data[k].size();
-    for (std::size_t i = 0; i < n; ++i) {
-      double exact = 0, mag = 0;
-      for (int w = 0; w < size(); ++w) {
-        exact += all[w * n + i];
-        mag += std::fabs(all[w * n + i]);
-      }
-      ASSERT_LE(std::fabs(t.data[k][i] - exact), (size() - 1) * kU * mag + 1e-30) << k << " " << i;
+  for (const Algorithm alg : {Algorithm::low_rank, Algorithm::two_level}) {
+    SCOPED_TRACE(algorithm_name(alg));
+    const Codec codec("powersgd:rank=3,warm_start=false");
+    // A 40 x 24 matrix (rank 3: 64 x 3 x 2 <= 960), a 1-D tensor and a 6 x 5 matrix below the
+    // rate (11 x 3 x 2 > 30): the last two go dense in the same collective.
+    Tensors t = random_tensors({{40, 24}, {50, 1}, {6, 5}}, 1);
+    const Tensors before = t;
+    const auto q0 = first_q(11, 0, 24 * 3);
+    const Reference ref = reference_step(before.data[0], 40, 24, 3, q0);
+    run(t, codec, {}, explicit_low_rank(11, alg));
+    EXPECT_EQ(world().last_stats().algorithm, alg);
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < ref.out.size(); ++i) {
+      err += (t.data[0][i] - ref.out[i]) * (t.data[0][i] - ref.out[i]);
+      norm += ref.out[i] * ref.out[i];
     }
+    err = std::sqrt(err);
+    EXPECT_LE(err, ref.bound) << "||out|| " << std::sqrt(norm);
+    // The bound means something: far below the result itself (a wrong step is off by about it).
+    EXPECT_LT(ref.bound, 1e-2 * std::sqrt(norm));
+    if (rank() == 0) {
+      std::printf("[ low_rank ] ||out - float64|| %.3g, bound %.3g, ||out|| %.3g\n", err, ref.bound,
+                  std::sqrt(norm));
+    }
+    // The dense ones: the float32 sum, within (W - 1) u sum_r |x_r| of the exact one.
+    for (std::size_t k = 1; k < 3; ++k) {
+      const std::vector<float> all = gather(before.data[k]);
+      const std::size_t n = before.data[k].size();
+      for (std::size_t i = 0; i < n; ++i) {
+        double exact = 0, mag = 0;
+        for (int w = 0; w < size(); ++w) {
+          exact += all[w * n + i];
+          mag += std::fabs(all[w * n + i]);
+        }
+        ASSERT_LE(std::fabs(t.data[k][i] - exact), (size() - 1) * kU * mag + 1e-30)
+            << k << " " << i;
+      }
+    }
+    EXPECT_TRUE(test::same_on_all_ranks(t.data[0]));
   }
-  EXPECT_TRUE(test::same_on_all_ranks(t.data[0]));
 }
 
 TEST(LowRank, AverageDividesTheResultBySize) {
@@ -131,62 +137,65 @@ TEST(LowRank, AverageDividesTheResultBySize) {
 // counted W times: u |s|), the output (u |s|), and the dense tensors' float32 sum ((W - 1) u sum
 // |M_r|): at most (W + 1) u sum_r |M_r| + u sum_r |e_r| + 2 u |out| + float64's own rounding.
 TEST(LowRank, ConservesWithErrorFeedback) {
-  const Codec codec("powersgd:rank=2");
-  const std::vector<MatrixShape> shapes = {{30, 20}, {50, 1}, {4, 4}};
-  std::vector<ErrorFeedback> efs;
-  for (const auto& s : shapes) efs.emplace_back(s.rows * s.cols);
-  std::vector<ErrorFeedback*> ptrs;
-  for (auto& e : efs) ptrs.push_back(&e);
-  std::size_t total = 0;
-  for (const auto& s : shapes) total += s.rows * s.cols;
-  std::vector<double> inputs(total, 0.0), outputs(total, 0.0), bound(total, 0.0);
-  for (int step = 0; step < 30; ++step) {
-    Tensors t = random_tensors(shapes, 100 + step);
-    std::vector<double> local(2 * total);
+  for (const Algorithm alg : {Algorithm::low_rank, Algorithm::two_level}) {
+    SCOPED_TRACE(algorithm_name(alg));
+    const Codec codec("powersgd:rank=2");
+    const std::vector<MatrixShape> shapes = {{30, 20}, {50, 1}, {4, 4}};
+    std::vector<ErrorFeedback> efs;
+    for (const auto& s : shapes) efs.emplace_back(s.rows * s.cols);
+    std::vector<ErrorFeedback*> ptrs;
+    for (auto& e : efs) ptrs.push_back(&e);
+    std::size_t total = 0;
+    for (const auto& s : shapes) total += s.rows * s.cols;
+    std::vector<double> inputs(total, 0.0), outputs(total, 0.0), bound(total, 0.0);
+    for (int step = 0; step < 30; ++step) {
+      Tensors t = random_tensors(shapes, 100 + step);
+      std::vector<double> local(2 * total);
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const auto e = efs[k].residual();
+        for (std::size_t i = 0; i < t.data[k].size(); ++i, ++at) {
+          local[at] = t.data[k][i];
+          local[total + at] = std::fabs(t.data[k][i] + e[i]);
+        }
+      }
+      BucketOptions o = explicit_low_rank(7 + step, alg);
+      run(t, codec, ptrs, o);
+      at = 0;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const auto e = efs[k].residual();
+        for (std::size_t i = 0; i < t.data[k].size(); ++i, ++at) {
+          local[total + at] = (size() + 1) * kU * local[total + at] + kU * std::fabs(e[i]);
+          outputs[at] += t.data[k][i];
+          bound[at] += 2 * kU * std::fabs(t.data[k][i]);
+        }
+      }
+      const std::vector<double> all = sum_double(local);
+      for (std::size_t i = 0; i < total; ++i) {
+        inputs[i] += all[i];
+        bound[i] += all[total + i];
+      }
+    }
+    std::vector<double> residuals(total);
     std::size_t at = 0;
-    for (std::size_t k = 0; k < shapes.size(); ++k) {
-      const auto e = efs[k].residual();
-      for (std::size_t i = 0; i < t.data[k].size(); ++i, ++at) {
-        local[at] = t.data[k][i];
-        local[total + at] = std::fabs(t.data[k][i] + e[i]);
-      }
+    for (auto& e : efs) {
+      for (float v : e.residual()) residuals[at++] = v;
     }
-    BucketOptions o = explicit_low_rank(7 + step);
-    run(t, codec, ptrs, o);
-    at = 0;
-    for (std::size_t k = 0; k < shapes.size(); ++k) {
-      const auto e = efs[k].residual();
-      for (std::size_t i = 0; i < t.data[k].size(); ++i, ++at) {
-        local[total + at] = (size() + 1) * kU * local[total + at] + kU * std::fabs(e[i]);
-        outputs[at] += t.data[k][i];
-        bound[at] += 2 * kU * std::fabs(t.data[k][i]);
-      }
-    }
-    const std::vector<double> all = sum_double(local);
+    const std::vector<double> left = sum_double(residuals);
+    double worst = 0;
     for (std::size_t i = 0; i < total; ++i) {
-      inputs[i] += all[i];
-      bound[i] += all[total + i];
+      const double gap = std::fabs(inputs[i] - outputs[i] - left[i]);
+      worst = std::max(worst, gap / (bound[i] * (1 + 1e-9) + 1e-300));
+      ASSERT_LE(gap, bound[i] * (1 + 1e-9) + 1e-300) << "element " << i;
     }
-  }
-  std::vector<double> residuals(total);
-  std::size_t at = 0;
-  for (auto& e : efs) {
-    for (float v : e.residual()) residuals[at++] = v;
-  }
-  const std::vector<double> left = sum_double(residuals);
-  double worst = 0;
-  for (std::size_t i = 0; i < total; ++i) {
-    const double gap = std::fabs(inputs[i] - outputs[i] - left[i]);
-    worst = std::max(worst, gap / (bound[i] * (1 + 1e-9) + 1e-300));
-    ASSERT_LE(gap, bound[i] * (1 + 1e-9) + 1e-300) << "element " << i;
-  }
-  // The compressed matrix really left something behind (error feedback carried it).
-  double kept = 0;
-  for (std::size_t i = 0; i < 600; ++i) kept += std::fabs(left[i]);
-  EXPECT_GT(kept, 1.0);
-  // The dense tensors keep no residual.
-  for (std::size_t k = 1; k < 3; ++k) {
-    for (float v : efs[k].residual()) ASSERT_EQ(v, 0.0f);
+    // The compressed matrix really left something behind (error feedback carried it).
+    double kept = 0;
+    for (std::size_t i = 0; i < 600; ++i) kept += std::fabs(left[i]);
+    EXPECT_GT(kept, 1.0);
+    // The dense tensors keep no residual.
+    for (std::size_t k = 1; k < 3; ++k) {
+      for (float v : efs[k].residual()) ASSERT_EQ(v, 0.0f);
+    }
   }
 }
 

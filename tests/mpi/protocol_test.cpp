@@ -156,7 +156,10 @@ TEST(Failure, ASumThatOverflowsFailsEveryAlgorithmAlike) {
                         {"topk:ratio=0.5", Algorithm::dense},
                         {"topk:ratio=0.5", Algorithm::sparse_allgather},
                         {"topk:ratio=0.5", Algorithm::sparse_recursive_doubling},
-                        {"topk:ratio=0.5", Algorithm::sparse_split}};
+                        {"topk:ratio=0.5", Algorithm::sparse_split},
+                        {"none", Algorithm::two_level},
+                        {"topk:ratio=0.5", Algorithm::two_level},
+                        {"qsgd:bits=4", Algorithm::two_level}};
   for (const Case& c : cases) {
     for (bool average : {false, true}) {
       const Codec codec(c.spec);
