@@ -20,12 +20,15 @@
 // Flags besides Google Benchmark's: --sizes=N,N,... (default 1048576,16777216),
 // --set=full|targets|paired|cluster (targets: only what the network targets need; paired: auto
 // and MPI_Allreduce alternating, reporting median times and their ratio; cluster: codecs none,
-// fp16, QSGD 4-bit and top-k 1% with error feedback, each with auto and every algorithm that
-// applies to it, the set scripts/bench-network --cluster runs; versus: auto against each of
-// those algorithms, interleaved call by call, reporting medians and auto / the fastest),
-// --model-table (print the
-// cost model's extrapolation to 1024 ranks and 1/10/100 Gbit, then exit), --scale-table (print
-// each sparse algorithm's predicted time and bytes per rank at 8..1024 ranks, then exit).
+// fp16, QSGD 4-bit, top-k 1% and PowerSGD rank 4 with error feedback, each with auto and every
+// algorithm that applies to it, the set scripts/bench-network --cluster runs; versus: auto
+// against each of those algorithms, interleaved call by call, reporting medians and auto / the
+// fastest), --model-table (print the cost model's extrapolation to 1024 ranks and 1/10/100 Gbit,
+// then exit), --scale-table (print each sparse algorithm's predicted time and bytes per rank at
+// 8..1024 ranks, then exit), --two-level-table (the flat algorithms against two_level at 8
+// ranks a host, 2..128 hosts, each level's time and each host link's bytes, then exit).
+// GCOMP_BENCH_LINK=IF: counters link_tx and link_rx, the bytes the
+// busiest host's interface IF sent and received per call (LinkMeter).
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -72,6 +75,57 @@ std::vector<float> input(std::size_t n) {
   for (float& v : x) v = d(g);
   return x;
 }
+
+// What this rank's host link has sent (tx) and received (rx), in bytes: the counters of the
+// interface GCOMP_BENCH_LINK names (scripts/bench-network --cluster: each host's eth0, which its
+// ranks share), or none (-1) when it is not set or unreadable.
+struct LinkBytes {
+  double tx = -1, rx = -1;
+};
+LinkBytes link_bytes() {
+  const char* link = std::getenv("GCOMP_BENCH_LINK");
+  LinkBytes b;
+  if (link == nullptr || *link == '\0') return b;
+  const auto read = [&](const char* what) {
+    const std::string path = std::string("/sys/class/net/") + link + "/statistics/" + what;
+    double v = -1;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      unsigned long long x = 0;
+      if (std::fscanf(f, "%llu", &x) == 1) v = static_cast<double>(x);
+      std::fclose(f);
+    }
+    return v;
+  };
+  b.tx = read("tx_bytes");
+  b.rx = read("rx_bytes");
+  return b;
+}
+
+// Around a benchmark's timed loop: every host's link counters before and after (all ranks lined
+// up by a barrier), and the most any host's link sent or received per iteration, as counters
+// link_tx and link_rx (bytes per call, Ethernet, IP and TCP headers included; the benchmark's own
+// barrier and time reduction, some hundred bytes a call, with them).
+class LinkMeter {
+ public:
+  LinkMeter() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    start_ = link_bytes();
+  }
+  void report(benchmark::State& st) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const LinkBytes end = link_bytes();
+    const double mine[2] = {start_.tx < 0 || end.tx < 0 ? -1 : end.tx - start_.tx,
+                            start_.rx < 0 || end.rx < 0 ? -1 : end.rx - start_.rx};
+    double most[2];
+    MPI_Allreduce(mine, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (most[0] < 0 || st.iterations() == 0) return;
+    st.counters["link_tx"] = most[0] / static_cast<double>(st.iterations());
+    st.counters["link_rx"] = most[1] / static_cast<double>(st.iterations());
+  }
+
+ private:
+  LinkBytes start_;
+};
 
 double slowest(double seconds) {
   double worst = 0;
@@ -162,12 +216,14 @@ void bm_mpi_allreduce(benchmark::State& st, std::size_t n) {
   const auto x = input(n);
   std::vector<float> out(n);
   MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  LinkMeter link;
   for (auto _ : st) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
     MPI_Allreduce(x.data(), out.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     st.SetIterationTime(slowest(MPI_Wtime() - start));
   }
+  link.report(st);
   const double p = world_size;
   const auto pred = comm->predict(gcomp::Codec("none"), n);
   set_common(st, n, 2 * (p - 1) / p * 4.0 * static_cast<double>(n),
@@ -206,18 +262,41 @@ void bm_gcomp(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std:
     }
     return std::span<const float>(in);
   };
+  // A low-rank codec (powersgd) runs on allreduce_buckets with the tensor's shape: one matrix
+  // of 2^ceil(log2(n) / 2) rows (2048 x 2048 at 4M floats), one bucket, in place on out.
+  const bool shaped = codec.properties().needs_shapes;
+  std::size_t rows = 1;
+  while (rows * rows < n) rows *= 2;
+  while (rows > 1 && n % rows != 0) rows /= 2;
+  const gcomp::MatrixShape shape{rows, n / rows};
+  gcomp::BucketOptions bucket;
+  bucket.dense_below = 0;
+  bucket.bucket_bytes = std::max<std::size_t>(bucket.bucket_bytes, 4 * n);
+  const auto call = [&](std::span<const float> x) {
+    if (!shaped) return comm->allreduce(x, out, codec, e, opt);
+    std::copy(x.begin(), x.end(), out.begin());
+    const std::span<float> t[] = {std::span<float>(out)};
+    gcomp::ErrorFeedback* const es[] = {e};
+    bucket.allreduce = opt;
+    comm->allreduce_buckets(
+        t, {&shape, 1}, codec,
+        e ? std::span<gcomp::ErrorFeedback* const>(es) : std::span<gcomp::ErrorFeedback* const>(),
+        bucket);
+  };
   // Warm up: first-use calibration, page faults; for auto, past its exploration.
   const int warm =
       std::max(alg == gcomp::Algorithm::automatic ? kAutoWarmup : 1, ef ? kFeedbackWarmup : 1);
-  for (int i = 0; i < warm; ++i) comm->allreduce(next(), out, codec, e, opt);
+  for (int i = 0; i < warm; ++i) call(next());
+  LinkMeter link;
   for (auto _ : st) {
     opt.seed = seed++;
     const auto x = next();
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    comm->allreduce(x, out, codec, e, opt);
+    call(x);
     st.SetIterationTime(slowest(MPI_Wtime() - start));
   }
+  link.report(st);
   const gcomp::Algorithm ran = comm->last_stats().algorithm;
   const auto pred = comm->predict(codec, n, 0, ef);
   set_common(st, n, static_cast<double>(comm->last_stats().bytes_sent),
@@ -340,13 +419,17 @@ void bm_versus(benchmark::State& st, std::string spec, std::size_t n, bool ef) {
   st.counters["ranks"] = world_size;
 }
 
-// The cluster set's cases at n: codecs none, fp16, QSGD 4-bit and top-k 1% + EF, each with auto
+// The cluster set's cases at n: codecs none, fp16, QSGD 4-bit, top-k 1% + EF and PowerSGD rank 4
+// + EF (a square matrix, bm_gcomp's), each with auto
 // and every algorithm the cost model can predict for it (one that does not apply to the codec is
 // predicted kNotApplicable): f(spec, ef, algorithm).
 template <class F>
 void for_each_cluster_case(std::size_t n, F&& f) {
-  const std::pair<const char*, bool> codecs[] = {
-      {"none", false}, {"fp16", false}, {"qsgd:bits=4", false}, {"topk:ratio=0.01", true}};
+  const std::pair<const char*, bool> codecs[] = {{"none", false},
+                                                 {"fp16", false},
+                                                 {"qsgd:bits=4", false},
+                                                 {"topk:ratio=0.01", true},
+                                                 {"powersgd:rank=4", true}};
   for (const auto& [spec, ef] : codecs) {
     const auto pred = comm->predict(gcomp::Codec(spec), n, 0, ef);
     for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
@@ -432,6 +515,7 @@ void register_transports_set(std::size_t n) {
       ->Iterations(n >= (std::size_t{1} << 22) ? 9 : 31)
       ->Unit(benchmark::kMillisecond);
   for_each_cluster_case(n, [n](const char* spec, bool ef, gcomp::Algorithm alg) {
+    if (gcomp::Codec(spec).properties().needs_shapes) return;  // bm_gcomp's alone
     const std::string name = std::string("transports/") + gcomp::algorithm_name(alg) + "/" +
                              spec + (ef ? "+ef/" : "/") + std::to_string(n);
     benchmark::RegisterBenchmark(name.c_str(), bm_transports, std::string(spec), alg, n, ef)
@@ -576,6 +660,94 @@ void scale_table() {
   }
 }
 
+// The two levels at scale: 8 ranks a host sharing one network card (each rank's share of it when
+// all send: beta = 8 x 8 / rate), the host's own fabric at 2 us and 20 GB/s a rank (shared
+// memory or a GPU link), 2 to 128 hosts; for each codec the best flat algorithm against
+// two_level, its time split into the steps inside the host and the step across hosts, and the
+// bytes each host's link sends per call. With this machine's codec speeds.
+void two_level_table() {
+  const std::size_t n = std::size_t{1} << 24;
+  const int w = 8;
+  std::printf(
+      "%zu floats, 8 ranks a host; each host's link shared by its ranks; inside a host 2 us, 20 "
+      "GB/s a rank\n\n| codec | link | hosts | ranks | best flat | its time | its MB a host's "
+      "link | two_level | inside hosts | across hosts | its MB a host's link | auto |\n",
+      n);
+  std::printf("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|\n");
+  for (const auto& [spec, ef] : std::vector<std::pair<const char*, bool>>{
+           {"topk:ratio=0.01", true}, {"qsgd:bits=4", false}, {"powersgd:rank=4", true}}) {
+    const gcomp::Codec codec(spec);
+    const gcomp::ComputeModel compute = gcomp::measure_compute(codec);
+    const gcomp::ComputeModel shared = gcomp::measure_reduce_and_merge();
+    for (const auto& [name, rate] :
+         std::vector<std::pair<const char*, double>>{{"10 Gbit", 1e10}, {"100 Gbit", 1e11}}) {
+      for (int hosts : {2, 8, 32, 128}) {
+        gcomp::ModelInput in;
+        in.n = static_cast<double>(n);
+        in.ranks = hosts * w;
+        in.network = gcomp::network_for_rate(rate / w, 5e-6);
+        in.host_network = gcomp::network_for_rate(20e9 * 8, 2e-6);
+        in.hosts = hosts;
+        in.ranks_per_host = w;
+        in.compute = {compute.encode, compute.decode, shared.reduce, shared.merge};
+        in.codec = &codec;
+        in.codec_none = codec.kind() == gcomp::CodecKind::none;
+        in.sparse = codec.properties().sparse;
+        in.shared_support = codec.properties().shared_support;
+        in.error_feedback = ef;
+        in.sent = static_cast<double>(codec.selected(n));
+        in.payload_bytes =
+            codec.properties().low_rank ? 0.0 : static_cast<double>(codec.max_bytes(n));
+        const auto t = gcomp::predict(in);
+        const auto b = gcomp::predict_bytes(in);
+        const int two = static_cast<int>(gcomp::Algorithm::two_level);
+        int flat = static_cast<int>(gcomp::Algorithm::dense);
+        for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
+          if (a != two && t[a] < t[flat]) flat = a;
+        }
+        // The step across hosts as two_level runs it: the family's algorithm on n / 8 among
+        // the hosts (for none and PowerSGD, their own on the two-level sum: its allreduces).
+        gcomp::ModelInput across = in;
+        across.n = in.n / w;
+        across.ranks = hosts;
+        across.hosts = 0;
+        across.sent = in.sent / w;
+        across.payload_bytes = in.payload_bytes / w;
+        across.network = gcomp::network_for_rate(rate / w, 5e-6);
+        const auto ta = gcomp::predict(across);
+        const auto ba = gcomp::predict_bytes(across);
+        const int inner =
+            static_cast<int>(in.codec_none                 ? gcomp::Algorithm::dense
+                             : codec.properties().low_rank ? gcomp::Algorithm::low_rank
+                             : in.sparse                   ? gcomp::Algorithm::sparse_allgather
+                                                           : gcomp::Algorithm::allgather);
+        // A host's link: the flat algorithm's bytes of its 8 ranks, (P - 8)/(P - 1) of them to
+        // other hosts where they spread evenly; two_level's 8 owners' bytes across hosts.
+        const double p = in.ranks;
+        const double flat_link = b[flat] * w * (p - w) / (p - 1);
+        const double two_link = ba[inner] * w;
+        const gcomp::Algorithm chose = gcomp::cheapest(in);
+        // PowerSGD's steps are its own with each factor allreduce on two levels: no one step
+        // across hosts to split off (its factors cross each host's link once, 2 (H-1)/H of them).
+        const bool split = !codec.properties().low_rank;
+        char inside[32] = "-", outside[32] = "-";
+        if (split) {
+          std::snprintf(inside, sizeof inside, "%.4f s", t[two] - ta[inner]);
+          std::snprintf(outside, sizeof outside, "%.4f s", ta[inner]);
+        }
+        const double link = split ? two_link
+                                  : b[two] / (2.0 * (w - 1) / w + 2.0 * (hosts - 1) / hosts / w) *
+                                        2.0 * (hosts - 1) / hosts;
+        std::printf("| %s%s | %s | %d | %d | %s | %.4f s | %.1f | %.4f s | %s | %s | %.1f | %s |\n",
+                    spec, ef ? "+ef" : "", name, hosts, hosts * w,
+                    gcomp::algorithm_name(static_cast<gcomp::Algorithm>(flat)), t[flat],
+                    flat_link / 1e6, t[two], inside, outside, link / 1e6,
+                    gcomp::algorithm_name(chose));
+      }
+    }
+  }
+}
+
 class NullReporter : public benchmark::BenchmarkReporter {
  public:
   bool ReportContext(const Context&) override { return true; }
@@ -593,6 +765,7 @@ int main(int argc, char** argv) {
   bool targets_only = false;
   bool table = false;
   bool scale = false;
+  bool two_levels = false;
   bool paired = false;
   bool cluster = false;
   bool versus = false;
@@ -627,6 +800,8 @@ int main(int argc, char** argv) {
       versus = true;
     } else if (a == "--model-table") {
       table = true;
+    } else if (a == "--two-level-table") {
+      two_levels = true;
     } else if (a == "--scale-table") {
       scale = true;
     } else {
@@ -635,8 +810,8 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  if (table || scale) {
-    if (world_rank == 0) table ? model_table() : scale_table();
+  if (table || scale || two_levels) {
+    if (world_rank == 0) table ? model_table() : two_levels ? two_level_table() : scale_table();
     MPI_Finalize();
     return 0;
   }
@@ -687,6 +862,13 @@ int main(int argc, char** argv) {
           c.network().beta * 1e9, c.network().beta > 0 ? 1e-9 / c.network().beta : 0.0,
           c.network().beta_all * 1e9, c.network().beta_one * 1e9, c.network().beta_allreduce * 1e9,
           c.network().beta_allreduce_large * 1e9);
+      if (c.host_network().beta > 0) {
+        std::printf(
+            "inside a host: alpha %.2f us, beta %.3f ns/byte, beta_all %.3f, beta_one %.3f "
+            "ns/byte\n",
+            c.host_network().alpha * 1e6, c.host_network().beta * 1e9,
+            c.host_network().beta_all * 1e9, c.host_network().beta_one * 1e9);
+      }
     }
     for (std::size_t n : sizes) {
       if (paired) {

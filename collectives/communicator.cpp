@@ -40,6 +40,7 @@
 #include "env_setting.hpp"
 #include "fnv.hpp"
 #include "gcomp/cost_model.hpp"
+#include "group_transport.hpp"
 #include "kernels.hpp"
 #include "learner.hpp"
 #include "mpi_util.hpp"
@@ -176,7 +177,22 @@ void Communicator::Impl::init(std::unique_ptr<detail::Transport> net, const Netw
   const detail::Levels levels = detail::levels_of(*net_);
   hosts_ = levels.hosts;
   ranks_per_host_ = levels.width;
+  // The network inside a host, where there are several hosts and some host has several ranks:
+  // each host's ranks measure among themselves at once (a host of one rank measures nothing),
+  // and all agree by MAX. Not where the network was given: that stands for both.
+  if (!given && hosts_ > 1 && ranks_per_host_ > 1) {
+    const std::unique_ptr<detail::Transport> host =
+        detail::make_group_transport(*net_, levels.host_ranks);
+    const NetworkModel h = detail::measure_network(*host, false);
+    const double mine[4] = {h.alpha, h.beta, h.beta_all, h.beta_one};
+    double most[4];
+    net_->allreduce(mine, most, 4, detail::Reduction::max_double);
+    host_network_ = {
+        most[0], most[1], most[2] > 0 ? most[2] : most[1], most[3] > 0 ? most[3] : most[1], 0, 0};
+  }
 }
+
+const NetworkModel& Communicator::host_network() const noexcept { return impl_->host_network_; }
 
 namespace {
 

@@ -57,7 +57,7 @@ std::pair<int, bool> ping_partner(const detail::Transport& net) {
 
 namespace detail {
 
-NetworkModel measure_network(Transport& net) {
+NetworkModel measure_network(Transport& net, bool fit_allreduce) {
   const int rank = net.rank(), size = net.size();
   NetworkModel m;
   if (size == 1) return m;
@@ -111,7 +111,7 @@ NetworkModel measure_network(Transport& net) {
   // beta_allreduce: the transport's own allreduce of 1M floats, fitted to its bandwidth term;
   // and where that is fast (under 40 ms, the slowest rank's), of 8M floats too, since beyond the
   // caches its copies and sums cost more per byte (twice as much on this project's VMs).
-  {
+  if (fit_allreduce) {
     const double p = size;
     const double rounds = 2 * std::ceil(std::log2(p));
     const auto fit = [&](std::size_t floats, int reps) {

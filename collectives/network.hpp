@@ -10,7 +10,9 @@ namespace gcomp::detail {
 
 class Transport;
 // Collective: this rank's measurement of the network (the Communicator agrees them by MAX).
-NetworkModel measure_network(Transport& net);
+// Without fit_allreduce, beta_allreduce stays 0 (the transport's own allreduce not timed: a
+// group transport's gathers every rank's values, too much memory to time at 8M floats).
+NetworkModel measure_network(Transport& net, bool fit_allreduce = true);
 
 // The ranks dealt round-robin over their hosts (host_of[r]: a host's name, a rank number below
 // host_of.size(); hosts in order of their first rank, each host's ranks in order). Paired as

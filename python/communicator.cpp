@@ -549,6 +549,20 @@ void bind_communicator(py::module_& m) {
             return d;
           },
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
+      .def_property_readonly(
+          "host_network",
+          [](const PyCommunicator& c) {
+            const gcomp::NetworkModel& n = c.get().host_network();
+            py::dict d;
+            d["alpha"] = n.alpha;
+            d["beta"] = n.beta;
+            d["beta_all"] = n.beta_all;
+            d["beta_one"] = n.beta_one;
+            return d;
+          },
+          "The network inside a host (alpha, beta, beta_all, beta_one), measured where the ranks\n"
+          "span several hosts and some host has several; zeros otherwise (docs/algorithms.md,\n"
+          "two_level).")
       .def("allreduce", &allreduce, py::arg("x"), py::arg("codec"), py::arg("ef") = py::none(),
            py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("seed") = 0,
            py::arg("allow_uncompressed") = true, py::arg("step") = py::none(), py::arg("index") = 0,

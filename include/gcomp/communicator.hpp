@@ -281,6 +281,10 @@ class Communicator {
   // The duplicated MPI communicator; MPI_COMM_NULL on Gloo.
   MPI_Comm comm() const noexcept;
   const NetworkModel& network() const noexcept;
+  // The network inside a host, measured when it was made where the ranks span several hosts
+  // and some host has several (hosts()); zeros otherwise (the cost model then takes network()
+  // for both levels). alpha and the betas only (beta_allreduce 0).
+  const NetworkModel& host_network() const noexcept;
 
   // out = sum over ranks of decode(encode(in + e)); in and out may be the same memory. A
   // low-rank codec (powersgd) needs shapes: every rank throws Error(invalid_argument) naming

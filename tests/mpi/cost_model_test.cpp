@@ -242,3 +242,57 @@ TEST(LowRankModel, Fp16FactorsCountTwoBytes) {
 
 }  // namespace
 }  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// two_level applies only where the ranks span several hosts and some host has several; there,
+// with a fast network inside the host and a slow one between hosts, it is the model's choice for
+// top-k and QSGD, and it is not where the inside of a host is as slow as the link (the unmeasured
+// host network stands for both). Its bytes: across hosts the family's for n / W among H ranks,
+// inside 2 (W-1)/W 4n.
+TEST(TwoLevelModel, WhereItAppliesAndWhereItWins) {
+  const auto two = static_cast<std::size_t>(Algorithm::two_level);
+  for (const char* spec : {"topk:ratio=0.01", "qsgd:bits=4"}) {
+    const Codec codec(spec);
+    ModelInput in;
+    in.n = 4194304;
+    in.ranks = 4;
+    in.codec = &codec;
+    in.sparse = codec.properties().sparse;
+    in.error_feedback = in.sparse;
+    in.sent = static_cast<double>(codec.selected(4194304));
+    in.payload_bytes = static_cast<double>(codec.max_bytes(4194304));
+    in.compute = {2e-9, 1e-9, 2e-10, 2e-9};
+    in.network = network_for_rate(1e9 / 2, 50e-6);  // 1 Gbit a host, shared by its 2 ranks
+    EXPECT_EQ(predict(in)[two], kNotApplicable) << spec << ": hosts not known";
+    in.hosts = 1;
+    in.ranks_per_host = 4;
+    EXPECT_EQ(predict(in)[two], kNotApplicable) << spec << ": one host";
+    EXPECT_FALSE(auto_candidate(Algorithm::two_level, in));
+    in.hosts = 4;
+    in.ranks_per_host = 1;
+    EXPECT_EQ(predict(in)[two], kNotApplicable) << spec << ": one rank a host";
+    in.hosts = 2;
+    in.ranks_per_host = 2;
+    EXPECT_TRUE(auto_candidate(Algorithm::two_level, in));
+    // Inside the host as slow as between hosts: the flat algorithms' (no step saved).
+    EXPECT_NE(cheapest(in), Algorithm::two_level) << spec;
+    in.host_network = network_for_rate(8 * 5e9, 2e-6);
+    EXPECT_EQ(cheapest(in), Algorithm::two_level) << spec;
+    // Bytes: inside, half the tensor each way; across, one chunk's payload to the other host.
+    ModelInput chunk = in;
+    chunk.n = in.n / 2;
+    chunk.ranks = 2;
+    chunk.hosts = 0;
+    chunk.sent = in.sent / 2;
+    chunk.payload_bytes = in.payload_bytes / 2;
+    chunk.average = false;
+    const Algorithm family = in.sparse ? Algorithm::sparse_allgather : Algorithm::allgather;
+    const double across = predict_bytes(chunk)[static_cast<std::size_t>(family)];
+    EXPECT_DOUBLE_EQ(predict_bytes(in)[two], 2 * 0.5 * 4 * in.n + 2 * 8 + across) << spec;
+  }
+}
+
+}  // namespace
+}  // namespace gcomp
