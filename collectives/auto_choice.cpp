@@ -17,6 +17,7 @@
 #include "learner.hpp"
 #include "sparse_vector.hpp"
 #include "transport.hpp"
+#include "two_level.hpp"
 
 namespace gcomp {
 
@@ -86,6 +87,13 @@ std::uint64_t default_bytes(const Codec& codec, std::size_t n, std::uint64_t sen
 }
 
 }  // namespace detail
+
+void Communicator::Impl::place(ModelInput& in) const {
+  in.hosts = hosts_;
+  in.ranks_per_host = ranks_per_host_;
+  in.host_network = host_network_;
+  in.host_memory = detail::two_level_shares_memory(const_cast<detail::Workspace&>(ws_));
+}
 
 ComputeModel Communicator::Impl::with_shared_speeds(ComputeModel c) const {
   c.reduce = reduce_speed_;

@@ -60,12 +60,8 @@ struct Communicator::Impl {
   int hosts_ = 1;
   int ranks_per_host_ = 1;
   NetworkModel host_network_;
-  // The cost model's input told where the ranks are.
-  void place(ModelInput& in) const {
-    in.hosts = hosts_;
-    in.ranks_per_host = ranks_per_host_;
-    in.host_network = host_network_;
-  }
+  // The cost model's input told where the ranks are (defined in auto_choice.cpp).
+  void place(ModelInput& in) const;
   std::shared_ptr<Timing> timing_;  // where auto's numbers come from
   double reduce_speed_ = 0;         // seconds per float32 element summed
   double merge_speed_ = 0;          // seconds per sparse entry merged

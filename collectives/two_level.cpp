@@ -2,7 +2,10 @@
 #include "two_level.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "algorithm_table.hpp"
@@ -11,6 +14,7 @@
 #include "feedback_slot.hpp"
 #include "gcomp/error.hpp"
 #include "group_transport.hpp"
+#include "host_memory.hpp"
 #include "model_terms.hpp"
 
 namespace gcomp::detail {
@@ -188,27 +192,145 @@ struct TwoLevels {
   std::vector<std::unique_ptr<Transport>> groups;  // per owned chunk, its owners across hosts
 };
 
+// The host's shared memory of a Communicator's two_level calls (its workspace's), made on first
+// use and grown to the largest call; where the host's ranks cannot share memory (agreed among
+// them), never tried again.
+struct HostShared {
+  std::unique_ptr<HostMemory> memory;
+  bool unavailable = false;
+};
+
+// The most shared memory a host's ranks map for two_level (larger calls go by messages).
+constexpr std::size_t kMaxHostMemory = std::size_t{4} << 30;
+
+// GCOMP_HOST_MEMORY=0: the steps inside a host by the engine's messages only (the same bits).
+bool host_memory_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("GCOMP_HOST_MEMORY");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return allowed;
+}
+
+// The steps inside a host for one call of n elements: through the host's shared memory where its
+// ranks have it (each rank writes its values once, each owner sums its chunks from the others'
+// and writes the results once, every rank reads them: no engine copies), else by the engine's
+// messages (host_reduce_scatter, host_allgather). The same bits either way. Collective over the
+// host's ranks.
+class HostStage {
+ public:
+  HostStage(Workspace& ws, TwoLevels& two, std::size_t n) : two_(two), n_(n) {
+    const Levels& l = two.levels;
+    const std::size_t ranks = l.host_ranks.size();
+    HostShared& shared = ws.get<HostShared>();
+    status_bytes_ = (8 * static_cast<std::size_t>(l.width) + 63) / 64 * 64;
+    const std::size_t need = status_bytes_ + 4 * n * (ranks + 1);
+    if (ranks > 1 && !shared.unavailable && need <= kMaxHostMemory && host_memory_allowed()) {
+      if (!shared.memory || shared.memory->bytes() < need) {
+        shared.memory.reset();
+        shared.memory = HostMemory::make(*two.host, std::bit_ceil(need));
+        shared.unavailable = shared.memory == nullptr;
+      }
+      memory_ = shared.memory.get();
+    }
+    if (!memory_) own_ = &ws.get<OwnInput>().y;
+  }
+  // Where this rank writes its n values.
+  std::span<float> input() {
+    if (memory_) return {slot(two_.levels.local), n_};
+    own_->resize(n_);
+    return *own_;
+  }
+  // Per owned chunk, the host's sum (its ranks' values added in host-rank order), once every
+  // rank of the host has written its input.
+  void reduce(std::vector<std::vector<float>>& sums, Traffic& t) {
+    const Levels& l = two_.levels;
+    if (!memory_) return host_reduce_scatter(*two_.host, l, *own_, sums, t);
+    two_.host->barrier();
+    sums.resize(l.owned.size());
+    const auto W = static_cast<std::uint64_t>(l.width);
+    for (std::size_t k = 0; k < l.owned.size(); ++k) {
+      const auto c = static_cast<std::uint64_t>(l.owned[k]);
+      const std::uint64_t b = chunk_bound(n_, c, W), len = chunk_bound(n_, c + 1, W) - b;
+      std::vector<float>& s = sums[k];
+      const float* first = slot(0) + b;
+      s.assign(first, first + len);
+      for (std::size_t j = 1; j < l.host_ranks.size(); ++j) {
+        const float* piece = slot(static_cast<int>(j)) + b;
+        for (std::uint64_t i = 0; i < len; ++i) s[i] = s[i] + piece[i];
+      }
+    }
+  }
+  // Every chunk's result into out from its owner on this host (results[k]: owned chunk k; empty
+  // where its step across hosts failed). False where some owner's is missing, its chunk left.
+  bool gather(const std::vector<std::vector<float>>& results, std::span<float> out, Traffic& t) {
+    const Levels& l = two_.levels;
+    if (!memory_) return host_allgather(*two_.host, l, results, out, t, true);
+    const auto W = static_cast<std::uint64_t>(l.width);
+    float* result = slot(static_cast<int>(l.host_ranks.size()));
+    for (std::size_t k = 0; k < l.owned.size(); ++k) {
+      const auto c = static_cast<std::uint64_t>(l.owned[k]);
+      const std::uint64_t b = chunk_bound(n_, c, W), len = chunk_bound(n_, c + 1, W) - b;
+      const std::uint64_t failed = results[k].size() != len ? 1 : 0;
+      std::memcpy(memory_->data() + 8 * c, &failed, 8);
+      if (!failed && len > 0) std::memcpy(result + b, results[k].data(), 4 * len);
+    }
+    two_.host->barrier();
+    bool complete = true;
+    for (std::uint64_t c = 0; c < W; ++c) {
+      std::uint64_t failed = 0;
+      std::memcpy(&failed, memory_->data() + 8 * c, 8);
+      const std::uint64_t b = chunk_bound(n_, c, W), len = chunk_bound(n_, c + 1, W) - b;
+      if (failed) {
+        complete = false;
+      } else if (len > 0) {
+        std::memcpy(out.data() + b, result + b, 4 * len);
+      }
+    }
+    return complete;
+  }
+
+ private:
+  struct OwnInput {
+    std::vector<float> y;
+  };
+  // Rank j's values (j = L: the results).
+  float* slot(int j) const {
+    return reinterpret_cast<float*>(memory_->data() + status_bytes_) +
+           static_cast<std::size_t>(j) * n_;
+  }
+  TwoLevels& two_;
+  std::size_t n_;
+  std::size_t status_bytes_ = 0;
+  HostMemory* memory_ = nullptr;
+  std::vector<float>* own_ = nullptr;
+};
+
 // A transport whose float sum runs on two levels (the host's reduce-scatter, each chunk summed
 // across hosts by its owners, the host's allgather): the same bits on every rank, the host's
 // ranks summed first. Everything else is the parent's. dense (codec none) and low_rank run on
 // it unchanged.
 class TwoLevelAllreduce final : public Transport {
  public:
-  explicit TwoLevelAllreduce(Transport& parent)
-      : Transport(parent.kind(), parent.rank(), parent.size()), parent_(parent), levels_(parent) {
+  TwoLevelAllreduce(Transport& parent, Workspace& ws)
+      : Transport(parent.kind(), parent.rank(), parent.size()),
+        parent_(parent),
+        ws_(ws),
+        levels_(parent) {
     hosts_ = parent.hosts();
   }
   MPI_Comm mpi_comm() const noexcept override { return parent_.mpi_comm(); }
   void allreduce(const void* send, void* recv, std::size_t count, Reduction op) override {
     if (op != Reduction::sum_float) return parent_.allreduce(send, recv, count, op);
-    const Levels& l = levels_.levels;
-    host_reduce_scatter(*levels_.host, l, {static_cast<const float*>(send), count}, sums_,
-                        traffic_);
+    HostStage stage(ws_, levels_, count);
+    const std::span<float> in = stage.input();
+    if (count > 0) std::memcpy(in.data(), send, 4 * count);
+    stage.reduce(sums_, traffic_);
     for (std::size_t k = 0; k < sums_.size(); ++k) {
       levels_.groups[k]->allreduce(sums_[k].data(), sums_[k].data(), sums_[k].size(),
                                    Reduction::sum_float);
     }
-    host_allgather(*levels_.host, l, sums_, {static_cast<float*>(recv), count}, traffic_);
+    stage.gather(sums_, {static_cast<float*>(recv), count}, traffic_);
   }
   void barrier() override { parent_.barrier(); }
   void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
@@ -243,6 +365,7 @@ class TwoLevelAllreduce final : public Transport {
 
  private:
   Transport& parent_;
+  Workspace& ws_;
   TwoLevels levels_;
   std::vector<std::vector<float>> sums_;
   Traffic traffic_;  // the run's algorithm counts what it sends itself
@@ -269,7 +392,7 @@ void add_meter(Meter& into, const Meter& from) {
 // `none` and the low-rank codecs: their algorithm (dense, low_rank; host or device form) on the
 // two-level sum.
 void on_two_level_allreduce(Job& job, void (*run)(Job&)) {
-  TwoLevelAllreduce net(*job.call.net);
+  TwoLevelAllreduce net(*job.call.net, job.ws);
   CallSpec spec = job.call;
   spec.net = &net;
   Job sub(spec, job.buf, job.ws);
@@ -283,23 +406,28 @@ void on_two_level_allreduce(Job& job, void (*run)(Job&)) {
 }
 
 struct TwoLevelBuffers {
-  std::vector<float> y;                            // x + e
   std::vector<std::vector<float>> sums, sums_out;  // per owned chunk: the host's sum, the result
   ErrorFeedback zero{0};                           // the across-hosts step's residual in: zeros
   std::vector<float> e_next;                       // device tensors: the new residual on the host
 };
 
-// The compressed codecs: y (x + e, n elements) summed in the host, each owned chunk's sum
-// compressed by the one-level algorithm across hosts with its residual into e_next (empty: no
-// error feedback; zeros elsewhere), and the host's chunks gathered into out, averaged.
-void reduce_then_compress(Job& job, std::span<const float> y, std::span<float> e_next,
-                          std::span<float> out) {
+// The compressed codecs: y (x + e, n elements, written by fill where the host's step reads it)
+// summed in the host, each owned chunk's sum compressed by the one-level algorithm across hosts
+// with its residual into e_next (empty: no error feedback; zeros elsewhere), and the host's
+// chunks gathered into out, averaged.
+void reduce_then_compress(Job& job, std::uint64_t n,
+                          const std::function<void(std::span<float>)>& fill,
+                          std::span<float> e_next, std::span<float> out) {
   TwoLevels two(*job.call.net);
   const Levels& l = two.levels;
   auto& b = job.ws.get<TwoLevelBuffers>();
-  host_reduce_scatter(*two.host, l, y, b.sums, job.meter.traffic);
+  HostStage stage(job.ws, two, n);
+  {
+    const auto timed = job.meter.encoding();
+    fill(stage.input());
+  }
+  stage.reduce(b.sums, job.meter.traffic);
   if (!e_next.empty()) std::fill(e_next.begin(), e_next.end(), 0.0f);
-  const std::uint64_t n = y.size();
   const auto W = static_cast<std::uint64_t>(l.width);
   const AlgorithmRow& inner = across_hosts(*job.call.codec);
   b.sums_out.resize(l.owned.size());
@@ -351,7 +479,7 @@ void reduce_then_compress(Job& job, std::span<const float> y, std::span<float> e
     }
     add_meter(job.meter, sub.meter);
   }
-  const bool complete = host_allgather(*two.host, l, b.sums_out, out, job.meter.traffic, true);
+  const bool complete = stage.gather(b.sums_out, out, job.meter.traffic);
   if (!failed.empty()) throw Error(failed_status, failed);
   if (!complete) {
     throw Error(Status::nonfinite,
@@ -368,23 +496,22 @@ void run_two_level(Job& job) {
         job,
         algorithm_row(codec.properties().low_rank ? Algorithm::low_rank : Algorithm::dense).run);
   }
-  const std::size_t n = job.buf.in.size();
-  std::span<const float> y = job.buf.in;
-  if (const auto* sum = std::get_if<prepared::Summed>(&job.input)) {
-    y = sum->values;  // x + e, formed and checked before the agreement
-  } else if (job.buf.ef) {
-    const auto timed = job.meter.encoding();
-    auto& b = job.ws.get<TwoLevelBuffers>();
-    b.y.resize(n);
-    const auto e = job.buf.ef->residual();
-    for (std::size_t i = 0; i < n; ++i) b.y[i] = job.buf.in[i] + e[i];
-    y = b.y;
-  } else if (job.buf.in.data() == job.buf.out.data()) {
-    auto& b = job.ws.get<TwoLevelBuffers>();
-    b.y.assign(job.buf.in.begin(), job.buf.in.end());  // out is written before in is read whole
-    y = b.y;
-  }
-  reduce_then_compress(job, y, job.buf.ef ? job.buf.ef_next : std::span<float>(), job.buf.out);
+  const std::span<const float> x = job.buf.in;
+  const auto* summed = std::get_if<prepared::Summed>(&job.input);  // x + e, formed and checked
+  const std::span<const float> e =
+      job.buf.ef ? std::span<const float>(job.buf.ef->residual()) : std::span<const float>();
+  reduce_then_compress(
+      job, x.size(),
+      [&](std::span<float> y) {
+        if (summed) {
+          std::copy(summed->values.begin(), summed->values.end(), y.begin());
+        } else if (!e.empty()) {
+          for (std::size_t i = 0; i < y.size(); ++i) y[i] = x[i] + e[i];
+        } else {
+          std::copy(x.begin(), x.end(), y.begin());
+        }
+      },
+      job.buf.ef ? job.buf.ef_next : std::span<float>(), job.buf.out);
 }
 
 void run_two_level_device(Job& job) {
@@ -397,19 +524,19 @@ void run_two_level_device(Job& job) {
   // x + e to the host, the host's form, the result and the residual back.
   const std::size_t n = job.buf.out.size();
   auto& b = job.ws.get<TwoLevelBuffers>();
-  b.y.resize(n);
-  {
-    const auto timed = job.meter.encoding();
-    job.buf.dev->copy(b.y.data(), job.buf.d_in, 4 * n, job.buf.stream);
-    if (job.buf.d_e_old) {
-      std::vector<float>& e = job.ws.residual;
-      e.resize(n);
-      job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
-      for (std::size_t i = 0; i < n; ++i) b.y[i] += e[i];
-    }
-  }
   b.e_next.resize(job.buf.d_e_new ? n : 0);
-  reduce_then_compress(job, b.y, b.e_next, job.buf.out);
+  reduce_then_compress(
+      job, n,
+      [&](std::span<float> y) {
+        job.buf.dev->copy(y.data(), job.buf.d_in, 4 * n, job.buf.stream);
+        if (job.buf.d_e_old) {
+          std::vector<float>& e = job.ws.residual;
+          e.resize(n);
+          job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
+          for (std::size_t i = 0; i < n; ++i) y[i] += e[i];
+        }
+      },
+      b.e_next, job.buf.out);
   job.buf.dev->copy(job.buf.d_out, job.buf.out.data(), 4 * n, job.buf.stream);
   if (job.buf.d_e_new) job.buf.dev->copy(job.buf.d_e_new, b.e_next.data(), 4 * n, job.buf.stream);
 }
@@ -464,8 +591,15 @@ double predict_two_level(const ModelInput& in) {
   const ModelInput host = level(in, in.ranks_per_host, inside_host(in));
   const double w = in.ranks_per_host;
   const double reduce = in.compute.reduce;
-  return (in.error_feedback ? in.n * reduce : 0.0) + t_alltoallv(host, 4 * in.n) + in.n * reduce +
-         across_hosts_row(in).predict(chunk_input(in)) + t_allgatherv(host, 4 * in.n / w) +
+  // Inside the host: through shared memory, y written (x + e: one pass either way), the owner's
+  // sums of its chunks (the host's n / W elements of each of its ranks: about n adds) and the
+  // results copied out (a pass), with two barriers of the host's ranks (a ring of W - 1 empty
+  // messages each); by messages, an all-to-all of the tensor and an allgatherv of a chunk.
+  const double inside = in.host_memory ? 3 * in.n * reduce + 2 * (w - 1) * host.network.alpha
+                                       : (in.error_feedback ? in.n * reduce : 0.0) +
+                                             t_alltoallv(host, 4 * in.n) + in.n * reduce +
+                                             t_allgatherv(host, 4 * in.n / w);
+  return inside + across_hosts_row(in).predict(chunk_input(in)) +
          (in.average ? in.n * reduce : 0.0);
 }
 
@@ -488,13 +622,22 @@ bool two_level_candidate(const ModelInput& in) { return applies(in) && !in.codec
 
 }  // namespace
 
+bool two_level_shares_memory(Workspace& ws) {
+  return host_memory_allowed() && !ws.get<HostShared>().unavailable;
+}
+
 double t_two_level_allreduce(const ModelInput& in, double bytes, double elements) {
   const double w = std::max(1, in.ranks_per_host);
   const ModelInput host = level(in, in.ranks_per_host, inside_host(in));
   const ModelInput across = level(in, std::max(1, in.hosts), in.network);
-  // Across hosts each chunk's owners gather their sums and add them (the group's allreduce).
-  return t_alltoallv(host, bytes) + elements * in.compute.reduce + t_allgatherv(across, bytes / w) +
-         (across.ranks - 1) * elements / w * in.compute.reduce + t_allgatherv(host, bytes / w);
+  // Inside the host as in predict_two_level; across hosts each chunk's owners gather their sums
+  // and add them (the group's allreduce).
+  const double inside =
+      in.host_memory
+          ? 3 * elements * in.compute.reduce + 2 * (w - 1) * host.network.alpha
+          : t_alltoallv(host, bytes) + elements * in.compute.reduce + t_allgatherv(host, bytes / w);
+  return inside + t_allgatherv(across, bytes / w) +
+         (across.ranks - 1) * elements / w * in.compute.reduce;
 }
 
 extern const AlgorithmRow kTwoLevelRow = {

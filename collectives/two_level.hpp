@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "transport.hpp"
+#include "workspace.hpp"
 
 namespace gcomp::detail {
 
@@ -61,5 +62,9 @@ void host_reduce_scatter(Transport& host, const Levels& levels, std::span<const 
 bool host_allgather(Transport& host, const Levels& levels,
                     const std::vector<std::vector<float>>& chunks, std::span<float> out, Traffic& t,
                     bool allow_missing = false);
+
+// Whether two_level's steps inside a host go through shared memory on this Communicator (its
+// workspace): unless GCOMP_HOST_MEMORY=0 or its host's ranks found they cannot share it.
+bool two_level_shares_memory(Workspace& ws);
 
 }  // namespace gcomp::detail

@@ -41,6 +41,9 @@ struct ModelInput {
   int hosts = 0;
   int ranks_per_host = 1;
   NetworkModel host_network;
+  // The steps inside a host go through memory the host's ranks share (two_level's, where they
+  // can): passes over memory and two barriers instead of messages at host_network's beta.
+  bool host_memory = false;
   // The model's own: MPI's allreduce in the formulas runs on two levels (two_level's form for
   // `none` and the low-rank codecs, whose one-level algorithms it runs on such an allreduce).
   bool two_level_allreduce = false;

@@ -247,10 +247,10 @@ namespace gcomp {
 namespace {
 
 // two_level applies only where the ranks span several hosts and some host has several; there,
-// with a fast network inside the host and a slow one between hosts, it is the model's choice for
-// top-k and QSGD, and it is not where the inside of a host is as slow as the link (the unmeasured
-// host network stands for both). Its bytes: across hosts the family's for n / W among H ranks,
-// inside 2 (W-1)/W 4n.
+// with shared memory or a fast network inside the host and a slow one between hosts, it is the
+// model's choice for top-k and QSGD, and it is not where its steps inside a host go by messages
+// as slow as the link (the unmeasured host network stands for both). Its bytes: across hosts the
+// family's for n / W among H ranks, inside 2 (W-1)/W 4n.
 TEST(TwoLevelModel, WhereItAppliesAndWhereItWins) {
   const auto two = static_cast<std::size_t>(Algorithm::two_level);
   for (const char* spec : {"topk:ratio=0.01", "qsgd:bits=4"}) {
@@ -276,8 +276,12 @@ TEST(TwoLevelModel, WhereItAppliesAndWhereItWins) {
     in.hosts = 2;
     in.ranks_per_host = 2;
     EXPECT_TRUE(auto_candidate(Algorithm::two_level, in));
-    // Inside the host as slow as between hosts: the flat algorithms' (no step saved).
+    // Inside the host by messages as slow as between hosts: the flat algorithms' (no step saved).
     EXPECT_NE(cheapest(in), Algorithm::two_level) << spec;
+    // Through shared memory, or on a fast network inside the host: two_level.
+    in.host_memory = true;
+    EXPECT_EQ(cheapest(in), Algorithm::two_level) << spec;
+    in.host_memory = false;
     in.host_network = network_for_rate(8 * 5e9, 2e-6);
     EXPECT_EQ(cheapest(in), Algorithm::two_level) << spec;
     // Bytes: inside, half the tensor each way; across, one chunk's payload to the other host.
