@@ -253,6 +253,8 @@ struct Communicator::Impl::Call {
   Algorithm requested = Algorithm::automatic;
   bool choosing = false;          // auto on a codec other than none: the learner decides
   bool known = false;             // the codec's speeds are known (calibrated_)
+  // What auto is likely to run, by this rank's numbers (automatic: not known).
+  Choice likely{Algorithm::automatic, true};
   std::uint64_t calibration = 0;  // keys of this (codec, size) in calibrated_ and the learner
   std::uint64_t group = 0;
   ComputeModel compute;
@@ -461,20 +463,20 @@ bool Communicator::Impl::expect(Call& c) {
     c.compute = self.with_shared_speeds(it->second);
     c.known = true;
   }
-  if (!c.known || !c.opt.allow_uncompressed) return false;
+  if (!c.known) return false;
   const std::uint64_t s0 = default_sent(codec, n);
   // The previous call's time is not agreed yet: count it as this rank measured it.
-  return !self.auto_choice({.codec = codec,
-                            .n = n,
-                            .sent = s0,
-                            .bytes = default_bytes(codec, n, s0),
-                            .compute = c.compute,
-                            .average = c.opt.average,
-                            .error_feedback = c.ef != nullptr,
-                            .allow_uncompressed = true,
-                            .shapes = c.shapes},
-                           true)
-              .compressed;
+  c.likely = self.auto_choice({.codec = codec,
+                               .n = n,
+                               .sent = s0,
+                               .bytes = default_bytes(codec, n, s0),
+                               .compute = c.compute,
+                               .average = c.opt.average,
+                               .error_feedback = c.ef != nullptr,
+                               .allow_uncompressed = c.opt.allow_uncompressed,
+                               .shapes = c.shapes},
+                              true);
+  return !c.likely.compressed;
 }
 
 // 3. The job (make_job), what auto expects (expect), and the local work before the agreement:
@@ -490,8 +492,10 @@ void Communicator::Impl::prepare(Call& c, std::span<const float> in_, std::span<
   const std::span<const float> in = job.buf.in;
   Agreement& mine = c.mine;
   mine.magnitude = detail::kNotMeasured;
-  // two_level encodes each host's sum, after the agreement: nothing to encode now.
-  const bool encode_now = codec->properties().sparse && c.requested != Algorithm::two_level;
+  // two_level encodes each host's sum, after the agreement: nothing to encode now where it was
+  // asked for or is auto's likely choice (if auto runs another, that one encodes).
+  const bool encode_now = codec->properties().sparse && c.requested != Algorithm::two_level &&
+                          c.likely.algorithm != Algorithm::two_level;
   if (device) {
     // As on the host: sparse codecs encode now, the others are checked now and encode
     // later, where the algorithm needs the payload.
