@@ -50,22 +50,21 @@ def params(path, ranks):
 # The hook's rows: top-k on one DDP bucket (one ErrorFeedback for the bucket); top-k per
 # parameter and PowerSGD (one per parameter) on several buckets, which DDP lays out anew after
 # the first step of each job (the resumed job's first step has DDP's first layout, the one run's
-# step N the rebuilt one: the residuals follow the parameters by name).
-# 1-bit Adam (AdamW, sign on compressed_reduce_scatter: each rank's residual and each owner's)
-# saved in its compressed stage through the hook (one DDP bucket, its momentum whole), and 0/1
-# Adam saved between two synchronizations of its local steps (zero_one(2, kappa=1,
-# max_local_steps=2, local_double_every=1): exact step 1, compressed 2, local from 3,
-# synchronized at 3, 4, 6, 8; saved after 5, its anchors in the checkpoint). (DistributedOptimizer's
-# 1-bit Adam, the hook's whole buckets that DDP regroups and per parameter, and a save in the
-# warm-up resume in test_torch.py, in one process.) All under mpiexec: a checkpoint holds the
-# same state whatever the transport, and test_torch.py's resumes run under torchrun (Gloo) too.
+# step N the rebuilt one: the residuals follow the parameters by name). 0/1 Adam (AdamW, sign on
+# compressed_reduce_scatter: each rank's residual and each owner's) saved between two
+# synchronizations of its local steps (zero_one(2, kappa=1, max_local_steps=2,
+# local_double_every=1): exact step 1, compressed 2, local from 3, synchronized at 3, 4, 6, 8;
+# saved after 5, its anchors in the checkpoint). (1-bit Adam's compressed stage through the hook
+# and DistributedOptimizer, the hook's whole buckets that DDP regroups, and a save in the warm-up:
+# test_torch.py's test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint, in one process.) All
+# under mpiexec: a checkpoint holds the same state whatever the transport, and test_torch.py's
+# resumes run under torchrun (Gloo) too.
 @pytest.mark.parametrize("form, codec, more", [
     ("hook", "topk:ratio=0.05", ["--buckets", "one"]),
     ("hook", "topk:ratio=0.05", ["--per-parameter"]),
     ("hook", "powersgd:rank=2,start=2", []),
     ("optimizer", "topk:ratio=0.05", []),
     ("optimizer", "powersgd:rank=2", []),
-    ("hook", "sign", ["--optimizer", "adamw", "--buckets", "one"]),
     ("hook", "sign", ["--optimizer", "adamw", "--zero-one", "2,1,2,1", "--buckets", "one"])])
 def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more):
     ranks, n, m = 2, 5, 3
