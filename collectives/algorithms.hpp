@@ -168,6 +168,9 @@ std::vector<std::vector<std::byte>>& crs_outgoing(Job& job);
 const Gathered& crs_exchange(Job& job, const std::vector<std::uint64_t>& bound);
 void crs_commit(Job& job);
 
+// Device tensors: x (+ e with error feedback) copied to host memory (host: n floats).
+void device_input_to_host(Job& job, std::span<float> host);
+
 // The device forms (device.cpp); allgather's runs majority_vote on the host.
 void run_dense_device(Job& job);
 void run_allgather_device(Job& job);

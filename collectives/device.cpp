@@ -171,20 +171,25 @@ void run_crs_device(Job& job) {
   crs_commit(job);
 }
 
+void device_input_to_host(Job& job, std::span<float> host) {
+  const std::size_t n = host.size();
+  job.buf.dev->copy(host.data(), job.buf.d_in, 4 * n, job.buf.stream);
+  if (job.buf.d_e_old) {
+    std::vector<float>& e = job.ws.residual;
+    e.resize(n);
+    job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
+    for (std::size_t i = 0; i < n; ++i) host[i] += e[i];
+  }
+}
+
 void run_dense_device(Job& job) {
   const std::size_t n = job.buf.out.size();
   std::span<float> host = job.buf.out;  // host staging
   if (job.skip_codec || job.call.codec->kind() == CodecKind::none) {
     // Uncompressed: x + e goes as it is and the residual becomes zero.
     const auto timed = job.meter.encoding();
-    job.buf.dev->copy(host.data(), job.buf.d_in, 4 * n, job.buf.stream);
-    if (job.buf.d_e_old) {
-      std::vector<float>& e = job.ws.residual;
-      e.resize(n);
-      job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
-      for (std::size_t i = 0; i < n; ++i) host[i] += e[i];
-      job.buf.dev->zero(job.buf.d_e_new, n, job.buf.stream);
-    }
+    device_input_to_host(job, host);
+    if (job.buf.d_e_old) job.buf.dev->zero(job.buf.d_e_new, n, job.buf.stream);
     job.input = prepared::Staged{};  // run_dense reduces the staging in place
   }
   run_dense(job);  // with a codec: decodes this rank's payload (host) and sums that; averages

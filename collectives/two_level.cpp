@@ -526,17 +526,7 @@ void run_two_level_device(Job& job) {
   auto& b = job.ws.get<TwoLevelBuffers>();
   b.e_next.resize(job.buf.d_e_new ? n : 0);
   reduce_then_compress(
-      job, n,
-      [&](std::span<float> y) {
-        job.buf.dev->copy(y.data(), job.buf.d_in, 4 * n, job.buf.stream);
-        if (job.buf.d_e_old) {
-          std::vector<float>& e = job.ws.residual;
-          e.resize(n);
-          job.buf.dev->copy(e.data(), job.buf.d_e_old, 4 * n, job.buf.stream);
-          for (std::size_t i = 0; i < n; ++i) y[i] += e[i];
-        }
-      },
-      b.e_next, job.buf.out);
+      job, n, [&](std::span<float> y) { device_input_to_host(job, y); }, b.e_next, job.buf.out);
   job.buf.dev->copy(job.buf.d_out, job.buf.out.data(), 4 * n, job.buf.stream);
   if (job.buf.d_e_new) job.buf.dev->copy(job.buf.d_e_new, b.e_next.data(), 4 * n, job.buf.stream);
 }

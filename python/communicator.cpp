@@ -400,6 +400,20 @@ py::dict stats_dict(const Stats& s) {
 }
 
 // Calls per algorithm, the algorithms used only.
+// A NetworkModel as the module gives it (with the allreduce's fits, or without: a host's).
+py::dict network_dict(const gcomp::NetworkModel& n, bool allreduce) {
+  py::dict d;
+  d["alpha"] = n.alpha;
+  d["beta"] = n.beta;
+  d["beta_all"] = n.beta_all;
+  d["beta_one"] = n.beta_one;
+  if (allreduce) {
+    d["beta_allreduce"] = n.beta_allreduce;
+    d["beta_allreduce_large"] = n.beta_allreduce_large;
+  }
+  return d;
+}
+
 py::dict by_algorithm(const std::array<std::uint64_t, gcomp::kAlgorithmCount>& counts) {
   py::dict by;
   for (int a = 0; a < gcomp::kAlgorithmCount; ++a) {
@@ -536,30 +550,11 @@ void bind_communicator(py::module_& m) {
       .def_property_readonly(
           "size", [](const PyCommunicator& c) { return c.get().size(); }, "The number of ranks.")
       .def_property_readonly(
-          "network",
-          [](const PyCommunicator& c) {
-            const gcomp::NetworkModel& n = c.get().network();
-            py::dict d;
-            d["alpha"] = n.alpha;
-            d["beta"] = n.beta;
-            d["beta_all"] = n.beta_all;
-            d["beta_one"] = n.beta_one;
-            d["beta_allreduce"] = n.beta_allreduce;
-            d["beta_allreduce_large"] = n.beta_allreduce_large;
-            return d;
-          },
+          "network", [](const PyCommunicator& c) { return network_dict(c.get().network(), true); },
           "The network the cost model measured (seconds, seconds per byte; docs/algorithms.md).")
       .def_property_readonly(
           "host_network",
-          [](const PyCommunicator& c) {
-            const gcomp::NetworkModel& n = c.get().host_network();
-            py::dict d;
-            d["alpha"] = n.alpha;
-            d["beta"] = n.beta;
-            d["beta_all"] = n.beta_all;
-            d["beta_one"] = n.beta_one;
-            return d;
-          },
+          [](const PyCommunicator& c) { return network_dict(c.get().host_network(), false); },
           "The network inside a host (alpha, beta, beta_all, beta_one), measured where the ranks\n"
           "span several hosts and some host has several; zeros otherwise (docs/algorithms.md,\n"
           "two_level).")
