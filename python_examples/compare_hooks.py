@@ -26,9 +26,19 @@ the first --powersgd-start steps as torch's; gcomp_powersgd4_auto lets auto send
 uncompressed where that is faster. --network 1gbit shapes the loopback with
 `tc qdisc replace dev lo root tbf rate 1gbit burst 256kb latency 50ms` (root; restored after)
 and puts MPI on TCP (UCX_TLS=tcp,self); gloo is on TCP over loopback either way.
---cluster runs every row on the testbed of scripts/cluster instead (root): --ranks hosts, one
-rank each, each host's own link shaped to --network in both directions, MPI and gloo over it;
-the testbed is brought up once for all rows and taken down after. Row nocomm is the compute
+--cluster runs every row on the testbed of scripts/cluster instead (root): --ranks ranks,
+--ranks-per-host of them on each host (default 1: --ranks hosts), each host's own link shaped to
+--network in both directions, MPI and gloo over it; the testbed is brought up once for all rows
+and taken down after. There each run also reads its hosts' link counters (every frame each
+host's link carried, headers and all, every rank of the host together) after its first step
+(which makes gcomp's Communicator and measures the network) and after its last, and the table
+says what each host's link sent per step in between (the evaluations' barriers included).
+Rows for several ranks a host: gcomp_topk1_two_level (top-k 1% on two_level: summed in the
+host, compressed between hosts), gcomp_topk1_pinned (sparse_allgather: every rank's selection
+over the network) and gcomp_topk1_srs (sparse_reduce_scatter, the flat global top-k), each the
+one line; gcomp_topk1 leaves the algorithm to auto. --seeds 0,1,2 runs every row once per seed
+(a table each, and one across the seeds: each row's accuracies, their mean and range, and its
+link bytes per step), for the run-to-run spread. Row nocomm is the compute
 limit: a hook that returns the bucket as it is, without any communication (the ranks' models
 drift apart, so its accuracy means nothing; its step time is what no communication costs).
 --interleave runs the rows in one job instead of one job each, a step of each row in turn (each
@@ -108,6 +118,12 @@ GCOMP_ROWS = {
     # compressed_reduce_scatter.
     "gcomp_topk1_pinned": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather", **APPLIED,
                                **ONE_LINE),
+    # Several ranks a host (--ranks-per-host): two_level (each host's sum, compressed between
+    # hosts) and the flat global top-k, against the pinned sparse_allgather above.
+    "gcomp_topk1_two_level": dict(codec="topk:ratio=0.01", algorithm="two_level", **APPLIED,
+                                  **ONE_LINE),
+    "gcomp_topk1_srs": dict(codec="topk:ratio=0.01", algorithm="sparse_reduce_scatter",
+                            **APPLIED, **ONE_LINE),
     "gcomp_qsgd8_crs": dict(codec="qsgd:bits=8", algorithm="compressed_reduce_scatter",
                             **APPLIED),
     "gcomp_sign_crs": dict(codec="sign", algorithm="compressed_reduce_scatter", **APPLIED),
@@ -149,6 +165,26 @@ KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
 
 
 # ---- one run (every rank) ----
+
+def link_counters():
+    """On the testbed (scripts/cluster run sets GCOMP_CLUSTER): this rank's network namespace
+    (its host) and the bytes its host's link has sent and received so far; None elsewhere."""
+    if not os.environ.get("GCOMP_CLUSTER"):
+        return None
+    stats = "/sys/class/net/eth0/statistics/"
+    return (os.stat("/proc/self/ns/net").st_ino, int(open(stats + "tx_bytes").read()),
+            int(open(stats + "rx_bytes").read()))
+
+
+def link_per_step(before, after, steps):
+    """Each host's link bytes per step between two readings of every rank's link_counters()
+    (lists by rank), a host's read by its lowest rank; hosts in the order of their lowest rank."""
+    hosts = {}
+    for b, e in zip(before, after):
+        hosts.setdefault(b[0], (e[1] - b[1], e[2] - b[2]))
+    return {"steps": steps, "tx_per_step": [tx / steps for tx, _ in hosts.values()],
+            "rx_per_step": [rx / steps for _, rx in hosts.values()]}
+
 
 class Row:
     """One row's model, optimizer, hook state and measurements, in one worker process."""
@@ -224,6 +260,7 @@ class Row:
         self.wall, self.steps, self.step_times, self.evals = 0.0, 0, [], []
         self.phases = []  # (forward, backward, optimizer) seconds of each step
         self.failed = None
+        self.link_from, self.link = None, None  # every rank's link_counters() after step 1
 
 
 def worker(a):
@@ -247,6 +284,14 @@ def worker(a):
     rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, model_of)
             for name in a.worker.split(",")]
     results = a.result.split(",")
+    # The hosts' links are counted where a job runs one row (interleaved rows share the links).
+    counting = len(rows) == 1 and link_counters() is not None
+
+    def read_links():
+        dist.barrier()  # every rank past its step's communication
+        every = [None] * size
+        dist.all_gather_object(every, link_counters())
+        return every
 
     def evaluate(r):
         # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
@@ -267,6 +312,10 @@ def worker(a):
         r.wall += dt
         r.step_times.append(dt)
         r.steps += 1
+        if counting and r.steps == 1:
+            # From the end of the first step: it made gcomp's Communicator (and measured the
+            # network), which a long run does once.
+            r.link_from = read_links()
         if r.steps % a.eval_every == 0:
             evaluate(r)
 
@@ -296,6 +345,8 @@ def worker(a):
             continue
         if r.steps % a.eval_every != 0:  # the same test on every rank: each joins the barrier
             evaluate(r)
+        if r.link_from is not None and r.steps > 1:
+            r.link = link_per_step(r.link_from, read_links(), r.steps - 1)
         record(a, r, result, rank, size)
     dist.barrier()
 
@@ -340,7 +391,8 @@ def record(a, r, result, rank, size):
                    "bytes_how": how, "step_median": statistics.median(r.step_times),
                    "phase_medians": [statistics.median(p[i] for p in r.phases) for i in range(3)],
                    "final_accuracy": r.evals[-1][2], "parameters": n, "ranks": size,
-                   "interleaved": a.worker if "," in a.worker else None, **extra},
+                   "interleaved": a.worker if "," in a.worker else None, "link": r.link,
+                   **extra},
                   open(result, "w"))
 
 
@@ -349,7 +401,7 @@ def record(a, r, result, rank, size):
 def config(a):
     """The settings that make two rows' results comparable."""
     keys = ["model", "network", "epochs", "eval_every", "max_steps", "batch", "lr", "seed", "ranks",
-            "powersgd_start", "cluster", "interleave", "launcher", "optimizer"]
+            "powersgd_start", "cluster", "interleave", "launcher", "optimizer", "ranks_per_host"]
     if a.optimizer == "adamw":
         keys += ["weight_decay", "warmup_steps", "zero_one"]
     return {k: getattr(a, k) for k in keys}
@@ -393,6 +445,7 @@ def run_row(a, row, result):
            "--model", a.model, "--epochs", str(a.epochs), "--eval-every", str(a.eval_every),
            "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(a.seed),
            "--max-steps", str(a.max_steps), "--network", a.network, "--ranks", str(a.ranks),
+           "--ranks-per-host", str(a.ranks_per_host),
            "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher,
            "--optimizer", a.optimizer, "--weight-decay", str(a.weight_decay),
            "--warmup-steps", str(a.warmup_steps),
@@ -441,7 +494,10 @@ def main():
                          "local_double_every=DOUBLE)")
     ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
     ap.add_argument("--cluster", action="store_true",
-                    help="run on scripts/cluster's testbed: --ranks hosts, each link --network")
+                    help="run on scripts/cluster's testbed: --ranks ranks, --ranks-per-host a "
+                         "host, each host's link --network")
+    ap.add_argument("--ranks-per-host", type=int, default=1,
+                    help="with --cluster: ranks on each host (it must divide --ranks)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--interleave", action="store_true",
                     help="run the rows in one job, a step of each in turn (step times side by "
@@ -452,6 +508,9 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=lambda x: [int(v) for v in x.split(",")],
+                    help="run every row once per seed (comma-separated; instead of --seed): a "
+                         "table each, and one across them (_seeds.md)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--target", type=float, default=0.85)
     ap.add_argument("--powersgd-start", type=int, default=10)
@@ -468,41 +527,87 @@ def main():
     if a.worker:
         return worker(a)
 
+    if a.ranks_per_host < 1 or a.ranks % a.ranks_per_host:
+        raise SystemExit(f"--ranks-per-host {a.ranks_per_host} does not divide --ranks {a.ranks}")
+    if a.ranks_per_host > 1 and not a.cluster:
+        raise SystemExit("--ranks-per-host needs --cluster (the testbed's hosts)")
+    hosts = a.ranks // a.ranks_per_host
     os.makedirs(a.out, exist_ok=True)
-    where = f"cluster{a.ranks}_{a.network}" if a.cluster else a.network
+    where = a.network
+    if a.cluster:
+        where = (f"cluster{hosts}x{a.ranks_per_host}_{a.network}" if a.ranks_per_host > 1
+                 else f"cluster{a.ranks}_{a.network}")
     if a.launcher == "torchrun":
         where += "_torchrun"
     if a.optimizer != "sgd":
         where += f"_{a.optimizer}"
     base = os.path.join(a.out, f"compare_{a.model}_{where}")
-    results = []
+    todo = [] if a.report else a.rows.split(",")
+    for row in todo:
+        if row not in KNOWN:
+            raise SystemExit(f"unknown row {row} (known: {', '.join(KNOWN)})")
     if a.cluster and not a.report:
-        subprocess.run([CLUSTER, "up", "--hosts", str(a.ranks), "--rate", a.network], check=True)
+        subprocess.run([CLUSTER, "up", "--hosts", str(hosts), "--rate", a.network,
+                        "--ranks-per-host", str(a.ranks_per_host)], check=True)
         was_shaped = False
     else:
         was_shaped = not a.report and shaped(a.network)
+    by_seed = {}
     try:
-        todo = [] if a.report else a.rows.split(",")
-        for row in todo:
-            if row not in KNOWN:
-                raise SystemExit(f"unknown row {row} (known: {', '.join(KNOWN)})")
-        for group in ([todo] if a.interleave and todo else [[row] for row in todo]):
-            print(f"{','.join(group)} ...", file=sys.stderr, flush=True)
-            results += run_row(a, ",".join(group), ",".join(f"{base}.{r}.json" for r in group))
+        for seed in a.seeds or [a.seed]:
+            a.seed = seed
+            at = base + (f"_seed{seed}" if a.seeds else "")
+            results = []
+            for group in ([todo] if a.interleave and todo else [[row] for row in todo]):
+                print(f"{','.join(group)} (seed {seed}) ...", file=sys.stderr, flush=True)
+                results += run_row(a, ",".join(group), ",".join(f"{at}.{r}.json" for r in group))
+            # This invocation's rows, and those of earlier ones with the same settings.
+            ran = {r["row"]: r for r in results}
+            for row in KNOWN:
+                path = f"{at}.{row}.json"
+                if row not in ran and os.path.exists(path):
+                    earlier = json.load(open(path))
+                    if earlier.get("config") == config(a):
+                        ran[row] = earlier
+            by_seed[seed] = [ran[r] for r in KNOWN if r in ran]
+            write(a, at, by_seed[seed])
     finally:
         if was_shaped:
             subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"])
         if a.cluster and not a.report:
             subprocess.run([CLUSTER, "down"])
-    # This invocation's rows, and those of earlier ones with the same settings.
-    ran = {r["row"]: r for r in results}
-    for row in KNOWN:
-        path = f"{base}.{row}.json"
-        if row not in ran and os.path.exists(path):
-            earlier = json.load(open(path))
-            if earlier.get("config") == config(a):
-                ran[row] = earlier
-    write(a, base, [ran[r] for r in KNOWN if r in ran])
+    if a.seeds:
+        write_seeds(a, base, by_seed)
+
+
+def write_seeds(a, base, by_seed):
+    """The table across the seeds (--seeds): each row's test accuracy at the end for every seed,
+    their mean and range, the mean over the second half, and each host's link bytes per step
+    (the largest host's, the mean over the seeds)."""
+    seeds = list(by_seed)
+    names = [r for r in KNOWN if any(x["row"] == r for rs in by_seed.values() for x in rs)]
+    lines = [f"{a.ranks} ranks, {'ViT' if a.model == 'vit' else a.model + ' MLP'}, "
+             f"{testbed(a)}, seeds {', '.join(map(str, seeds))}", "",
+             "| row | test accuracy by seed | mean | range | second half (mean) | each host's "
+             "link: sent per step (largest host, mean) | bytes sent per rank (mean) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name in names:
+        got = [next((x for x in by_seed[s] if x["row"] == name), None) for s in seeds]
+        ok = [g for g in got if g and "failed" not in g]
+        cells = ", ".join("-" if not g or "failed" in g else f"{g['final_accuracy']:.4f}"
+                          for g in got)
+        if not ok:
+            lines.append(f"| {name} | {cells} | | | | | |")
+            continue
+        acc = [g["final_accuracy"] for g in ok]
+        links = [max(g["link"]["tx_per_step"]) for g in ok if g.get("link")]
+        lines.append(f"| {name} | {cells} | {statistics.mean(acc):.4f} | "
+                     f"{max(acc) - min(acc):.4f} | "
+                     f"{statistics.mean(second_half(g) for g in ok):.4f} | " +
+                     (f"{statistics.mean(links) / 1e3:.1f} kB" if links else "") + " | "
+                     f"{statistics.mean(g['bytes_sent'] for g in ok) / 1e6:.1f} MB |")
+    open(base + "_seeds.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def split_table(results):
@@ -567,39 +672,61 @@ def ring_bytes(r):
     return 2 * (p - 1) / p * 4 * r["parameters"] * r["steps"]
 
 
+def testbed(a):
+    """Where the runs ran, in words."""
+    if not a.cluster:
+        return f"network {a.network}"
+    if a.ranks_per_host > 1:
+        return (f"testbed: {a.ranks // a.ranks_per_host} hosts x {a.ranks_per_host} ranks, each "
+                f"host's link {a.network}")
+    return f"testbed: {a.ranks} hosts, each link {a.network}"
+
+
+def link_cell(r):
+    """What each host's link sent per step (kB, host by host), or empty where not counted."""
+    link = r.get("link")
+    return " / ".join(f"{tx / 1e3:.1f}" for tx in link["tx_per_step"]) + " kB" if link else ""
+
+
 def write(a, base, results):
     import csv
-    where = (f"testbed: {a.ranks} hosts, each link {a.network}" if a.cluster
-             else f"network {a.network}")
+    where = testbed(a)
     what = "ViT" if a.model == "vit" else f"{a.model} MLP"
     how = (f"AdamW lr {a.lr} weight decay {a.weight_decay} (gcomp's rows: 1-bit Adam, warm-up "
            f"{a.warmup_steps} steps)" if a.optimizer == "adamw" else f"SGD lr {a.lr} momentum 0.9")
     steps = f"{a.max_steps} steps" if a.max_steps else f"{a.epochs} epochs"
+    linked = any(r.get("link") for r in results)
     lines = [f"{a.ranks} ranks, {what}, {how}, {where}, {steps}, global batch "
              f"{a.ranks * a.batch}", "",
              f"| row | test accuracy | mean over the second half | bytes sent per rank | fewer "
-             f"than a ring | step time (median) | time to {a.target:.0%} |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"than a ring | step time (median) | time to {a.target:.0%} |" +
+             (" each host's link: sent per step |" if linked else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if linked else "")]
     with open(base + ".csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["row", "accuracy", "second_half_accuracy", "bytes_sent", "bytes_how",
-                    "ring_ratio", "step_median_s", "seconds_to_target", "failed"])
+                    "ring_ratio", "step_median_s", "seconds_to_target", "failed",
+                    "link_tx_per_step_max"])
         for r in results:
             if "failed" in r:
                 best = max((acc for _, _, acc in r.get("evals", [])), default=None)
                 seen = "" if best is None else f" (best accuracy before: {best:.4f})"
-                lines.append(f"| {r['row']} | failed: {r['failed']}{seen} | | | | | |")
-                w.writerow([r["row"], "", "", "", "", "", "", "", r["failed"]])
+                lines.append(f"| {r['row']} | failed: {r['failed']}{seen} | | | | | |" +
+                             (" |" if linked else ""))
+                w.writerow([r["row"], "", "", "", "", "", "", "", r["failed"], ""])
                 continue
             reach = next((t for s, t, acc in r["evals"] if acc >= a.target), None)
             lines.append(f"| {r['row']} | {r['final_accuracy']:.4f} | {second_half(r):.4f} | "
                          f"{r['bytes_sent'] / 1e6:.1f} MB{' (model)' if r['bytes_how'] == 'model' else ''} | "
                          f"{ring_bytes(r) / max(1, r['bytes_sent']):.1f}x | "
                          f"{r['step_median'] * 1e3:.1f} ms | "
-                         f"{'not reached' if reach is None else f'{reach:.1f} s'} |")
+                         f"{'not reached' if reach is None else f'{reach:.1f} s'} |" +
+                         (f" {link_cell(r)} |" if linked else ""))
+            link = r.get("link")
             w.writerow([r["row"], r["final_accuracy"], second_half(r), r["bytes_sent"],
                         r["bytes_how"], ring_bytes(r) / max(1, r["bytes_sent"]), r["step_median"],
-                        reach if reach is not None else "", ""])
+                        reach if reach is not None else "", "",
+                        max(link["tx_per_step"]) if link else ""])
     one_line = [r["row"] for r in results if r.get("form") == "register"]
     by_hand = [r["row"] for r in results if r.get("form") == "hook"]
     if one_line and a.optimizer == "adamw":
@@ -625,6 +752,10 @@ def write(a, base, results):
                       "...), gt.compression_hook)`, SGD keeping its momentum 0.9 (the _mc rows: "
                       "momentum=0.9 given to the state, SGD without it): " +
                       ", ".join(by_hand) + "."]
+    if linked:
+        lines += ["", "Each host's link: every frame it sent (headers and all, every rank of the "
+                      "host together) from the end of the first step to the end of the run, per "
+                      "step, host by host (the links' counters, read by a rank of each host)."]
     lines += split_table(results)
     lines += calls_table(results)
     open(base + ".md", "w").write("\n".join(lines) + "\n")
