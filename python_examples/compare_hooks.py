@@ -124,6 +124,12 @@ GCOMP_ROWS = {
                                   **ONE_LINE),
     "gcomp_topk1_srs": dict(codec="topk:ratio=0.01", algorithm="sparse_reduce_scatter",
                             **APPLIED, **ONE_LINE),
+    # The same two registered by hand (SGD keeping its momentum: no momentum correction, so no
+    # velocity masked by the residual's zeros).
+    "gcomp_topk1_two_level_by_hand": dict(codec="topk:ratio=0.01", algorithm="two_level",
+                                          **APPLIED),
+    "gcomp_topk1_pinned_by_hand": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                       **APPLIED),
     "gcomp_qsgd8_crs": dict(codec="qsgd:bits=8", algorithm="compressed_reduce_scatter",
                             **APPLIED),
     "gcomp_sign_crs": dict(codec="sign", algorithm="compressed_reduce_scatter", **APPLIED),

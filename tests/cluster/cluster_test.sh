@@ -5,7 +5,8 @@
 # as torchrun starts one (one agent per host, no mpiexec; with the Python module) runs gcomp on
 # Gloo over each host's link, two hosts told apart, the sum exact, the link as measured within
 # 25%; each host's link counters during a run (--link-bytes) hold the allreduces' bytes, what
-# one host's link sent the other's received; a run that is interrupted ends what it started, and
+# one host's link sent the other's received; compare_hooks.py on 2 hosts x 2 ranks counts each
+# host's link per step, and top-k on two_level sends at most 0.6x the flat sparse allgather's; a run that is interrupted ends what it started, and
 # nothing is left behind: no namespace, link, qdisc, process or state. Bad input is refused with
 # status 2. Skips (77) where namespaces can't be made.
 #   cluster_test.sh SOURCE_DIR PROBE [PYTHON PYTHONPATH]
@@ -109,6 +110,37 @@ if [ -n "$python" ] && PYTHONPATH=$pythonpath "$python" -c "import gcomp.torch" 
   done
   echo "torchrun-style run: gcomp on Gloo, link as measured $(grep -o 'link_mbit=[0-9.]*' <<<"$lines" | head -1)"
   left_behind "after the torchrun-style run"
+
+  # compare_hooks.py on 2 hosts x 2 ranks: each host's link counted per step. Top-k 1% on
+  # two_level sends each host's sum once (its two owners' halves, n/100 elements in all), the
+  # flat sparse allgather both ranks' selections (2 n/100) at least once: at most 0.5x, 0.6x with
+  # the frames' headers and the barriers.
+  hooks=$(mktemp -d)
+  PYTHONPATH=$pythonpath timeout -k 10 300 "$python" "$src/python_examples/compare_hooks.py" \
+    --cluster --ranks 4 --ranks-per-host 2 --network 1gbit --model mlp --epochs 1 \
+    --max-steps 10 --eval-every 10 --rows gcomp_topk1_two_level,gcomp_topk1_pinned \
+    --timeout 200 --port 29731 --out "$hooks" >"$hooks/log" 2>&1; rc=$?
+  [ "$rc" = 0 ] || { cat "$hooks/log"; fail "compare_hooks.py on 2 hosts x 2 ranks exited $rc"; }
+  "$python" - "$hooks"/compare_mlp_cluster2x2_1gbit <<'PY' || { cat "$hooks/log"; fail "compare_hooks.py's link bytes"; }
+import json, sys
+got = {}
+for row, alg in (("gcomp_topk1_two_level", "two_level"), ("gcomp_topk1_pinned", "sparse_allgather")):
+    r = json.load(open(f"{sys.argv[1]}.{row}.json"))
+    assert r["ranks"] == 4 and r["config"]["ranks_per_host"] == 2, r
+    assert list(r["algorithm"]) == [alg], r["algorithm"]
+    link = r["link"]
+    assert link["steps"] == 9 and len(link["tx_per_step"]) == 2, link
+    assert all(tx > 0 for tx in link["tx_per_step"] + link["rx_per_step"]), link
+    got[alg] = max(link["tx_per_step"])
+ratio = got["two_level"] / got["sparse_allgather"]
+print(f"each host's link per step: two_level {got['two_level']:.0f} B, sparse_allgather "
+      f"{got['sparse_allgather']:.0f} B ({ratio:.2f}x)")
+assert ratio <= 0.6, got
+PY
+  grep -q "each host's link: sent per step" "$hooks"/compare_mlp_cluster2x2_1gbit.md \
+    || fail "the table has no link column"
+  rm -rf "$hooks"
+  left_behind "after compare_hooks.py on 2 hosts x 2 ranks"
 else
   echo "note: no Python module with torch: the torchrun-style run is not tried"
 fi
