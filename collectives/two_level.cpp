@@ -224,7 +224,7 @@ class HostStage {
     const std::size_t ranks = l.host_ranks.size();
     HostShared& shared = ws.get<HostShared>();
     status_bytes_ = (8 * static_cast<std::size_t>(l.width) + 63) / 64 * 64;
-    const std::size_t need = status_bytes_ + 4 * n * (ranks + 1);
+    const std::size_t need = status_bytes_ + 4 * n * (ranks + 2);
     if (ranks > 1 && !shared.unavailable && need <= kMaxHostMemory && host_memory_allowed()) {
       if (!shared.memory || shared.memory->bytes() < need) {
         shared.memory.reset();
@@ -262,18 +262,31 @@ class HostStage {
     }
   }
   // Every chunk's result into out from its owner on this host (results[k]: owned chunk k; empty
-  // where its step across hosts failed). False where some owner's is missing, its chunk left.
-  bool gather(const std::vector<std::vector<float>>& results, std::span<float> out, Traffic& t) {
+  // where its step across hosts failed), and where shares is given (error feedback) every
+  // chunk's residual share into e_next (shares[k]: what each rank of the host keeps of owned
+  // chunk k's residual). False where some owner's is missing, its chunk left.
+  bool gather(const std::vector<std::vector<float>>& results, std::span<float> out,
+              const std::vector<std::vector<float>>* shares, std::span<float> e_next, Traffic& t) {
     const Levels& l = two_.levels;
-    if (!memory_) return host_allgather(*two_.host, l, results, out, t, true);
+    if (!memory_) {
+      const bool complete = host_allgather(*two_.host, l, results, out, t, true);
+      // Every rank of the host has error feedback or none (the call's agreement), so all
+      // take part in this one or none does.
+      if (shares) host_allgather(*two_.host, l, *shares, e_next, t, true);
+      return complete;
+    }
     const auto W = static_cast<std::uint64_t>(l.width);
-    float* result = slot(static_cast<int>(l.host_ranks.size()));
+    const int L = static_cast<int>(l.host_ranks.size());
+    float* result = slot(L);
+    float* share = slot(L + 1);
     for (std::size_t k = 0; k < l.owned.size(); ++k) {
       const auto c = static_cast<std::uint64_t>(l.owned[k]);
       const std::uint64_t b = chunk_bound(n_, c, W), len = chunk_bound(n_, c + 1, W) - b;
       const std::uint64_t failed = results[k].size() != len ? 1 : 0;
       std::memcpy(memory_->data() + 8 * c, &failed, 8);
-      if (!failed && len > 0) std::memcpy(result + b, results[k].data(), 4 * len);
+      if (failed || len == 0) continue;
+      std::memcpy(result + b, results[k].data(), 4 * len);
+      if (shares) std::memcpy(share + b, (*shares)[k].data(), 4 * len);
     }
     two_.host->barrier();
     bool complete = true;
@@ -285,6 +298,7 @@ class HostStage {
         complete = false;
       } else if (len > 0) {
         std::memcpy(out.data() + b, result + b, 4 * len);
+        if (shares) std::memcpy(e_next.data() + b, share + b, 4 * len);
       }
     }
     return complete;
@@ -294,7 +308,7 @@ class HostStage {
   struct OwnInput {
     std::vector<float> y;
   };
-  // Rank j's values (j = L: the results).
+  // Rank j's values (j = L: the results; L + 1: the residual shares).
   float* slot(int j) const {
     return reinterpret_cast<float*>(memory_->data() + status_bytes_) +
            static_cast<std::size_t>(j) * n_;
@@ -330,7 +344,7 @@ class TwoLevelAllreduce final : public Transport {
       levels_.groups[k]->allreduce(sums_[k].data(), sums_[k].data(), sums_[k].size(),
                                    Reduction::sum_float);
     }
-    stage.gather(sums_, {static_cast<float*>(recv), count}, traffic_);
+    stage.gather(sums_, {static_cast<float*>(recv), count}, nullptr, {}, traffic_);
   }
   void barrier() override { parent_.barrier(); }
   void allgatherv_bytes(std::span<const std::byte> mine, Gathered& out, Traffic& t) override {
@@ -407,14 +421,17 @@ void on_two_level_allreduce(Job& job, void (*run)(Job&)) {
 
 struct TwoLevelBuffers {
   std::vector<std::vector<float>> sums, sums_out;  // per owned chunk: the host's sum, the result
+  // Per owned chunk, of its residual: the share each other rank of the host keeps, and this
+  // rank's own.
+  std::vector<std::vector<float>> shares, own;
   ErrorFeedback zero{0};                           // the across-hosts step's residual in: zeros
   std::vector<float> e_next;                       // device tensors: the new residual on the host
 };
 
 // The compressed codecs: y (x + e, n elements, written by fill where the host's step reads it)
 // summed in the host, each owned chunk's sum compressed by the one-level algorithm across hosts
-// with its residual into e_next (empty: no error feedback; zeros elsewhere), and the host's
-// chunks gathered into out, averaged.
+// with its residual split among the host's ranks into e_next (empty: no error feedback), and
+// the host's chunks gathered into out, averaged.
 void reduce_then_compress(Job& job, std::uint64_t n,
                           const std::function<void(std::span<float>)>& fill,
                           std::span<float> e_next, std::span<float> out) {
@@ -479,7 +496,49 @@ void reduce_then_compress(Job& job, std::uint64_t n,
     }
     add_meter(job.meter, sub.meter);
   }
-  const bool complete = stage.gather(b.sums_out, out, job.meter.traffic);
+  // Each owned chunk's residual (the host's sum less what was sent) split among the host's L
+  // ranks: each other rank keeps q = r / L, the owner r - (L - 1) q, so that the host's shares
+  // add up to r (exactly where L - 1 is a power of two: (L - 1) q is exact and the subtraction
+  // too, by Sterbenz's lemma; within a rounding of r otherwise) and every rank's
+  // residual is zero where its host sent the value and not where it did not, as a rank's own
+  // residual is under the one-level algorithms: momentum factor masking (mask_momentum) then
+  // zeroes each rank's velocity where its host sent, and the next call, whatever its
+  // algorithm, adds each rank's share once.
+  const bool feedback = !e_next.empty();
+  if (feedback) {
+    const auto L = static_cast<float>(l.host_ranks.size());
+    b.shares.resize(l.owned.size());
+    b.own.resize(l.owned.size());
+    for (std::size_t k = 0; k < l.owned.size(); ++k) {
+      const auto c = static_cast<std::uint64_t>(l.owned[k]);
+      const std::uint64_t begin = chunk_bound(n, c, W);
+      const std::uint64_t len = chunk_bound(n, c + 1, W) - begin;
+      std::vector<float>& q = b.shares[k];
+      std::vector<float>& own = b.own[k];
+      if (b.sums_out[k].size() != len) {  // failed: nothing from this chunk
+        q.clear();
+        own.clear();
+        continue;
+      }
+      q.resize(len);
+      own.resize(len);
+      const float* r = e_next.data() + begin;
+      for (std::uint64_t i = 0; i < len; ++i) {
+        q[i] = r[i] / L;
+        own[i] = r[i] - (L - 1.0f) * q[i];
+      }
+    }
+  }
+  const bool complete =
+      stage.gather(b.sums_out, out, feedback ? &b.shares : nullptr, e_next, job.meter.traffic);
+  if (feedback) {
+    for (std::size_t k = 0; k < l.owned.size(); ++k) {
+      const auto c = static_cast<std::uint64_t>(l.owned[k]);
+      if (!b.own[k].empty())
+        std::copy(b.own[k].begin(), b.own[k].end(),
+                  e_next.begin() + static_cast<std::ptrdiff_t>(chunk_bound(n, c, W)));
+    }
+  }
   if (!failed.empty()) throw Error(failed_status, failed);
   if (!complete) {
     throw Error(Status::nonfinite,

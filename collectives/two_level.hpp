@@ -12,8 +12,10 @@
 //   host_reduce_scatter: each rank's elements of chunk c go to c's owner on its host (one
 //     all-to-all over the host's ranks), which sums them in host-rank order: the host's sum of
 //     its chunks, the same bits whichever rank computes them;
-//   (across hosts: chunk c's owners reduce it, each with its own residual)
-//   host_allgather: the owners' reduced chunks to every rank of the host (one allgatherv).
+//   (across hosts: chunk c's owners reduce it, each compressing its host's sum; what it leaves
+//    out is split among the host's ranks, an L-th each)
+//   host_allgather: the owners' reduced chunks (and the residual shares) to every rank of the
+//     host (one allgatherv each).
 //
 // Bytes inside a host per rank: (L - 1) / L of the tensor each way in each step (as a ring's
 // reduce-scatter and allgather); across hosts, each chunk's owners move what the one-level

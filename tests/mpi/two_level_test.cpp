@@ -3,9 +3,10 @@
 // them (the ctest layouts: one rank a host, two, and uneven hosts, on MPI and Gloo). The
 // result is each host's sum of each chunk, compressed by its owner and summed across hosts in
 // rank order, the same bits on every rank, computed here from every rank's input; the residual
-// of what a rank compressed stays in its ErrorFeedback (zeros elsewhere), so nothing is lost and
-// a copy of the ErrorFeedback resumes bit for bit; `none` and the low-rank codecs run on a
-// two-level sum.
+// of what a host compressed stays with the host's ranks, an L-th each (the owner the rest), zero
+// exactly where the host sent the value, so nothing is lost, momentum factor masking sees what
+// each rank's host sent, and a copy of the ErrorFeedback resumes bit for bit; `none` and the
+// low-rank codecs run on a two-level sum.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -92,7 +93,15 @@ Expected expected_of(const Codec& codec, const std::vector<float>& all_y, std::s
       std::vector<std::byte> payload(codec.max_bytes(len));
       payload.resize(codec.encode_ef(s, zeros, e_new, 0, payload));
       const int owner = l.owner(c, h);
-      if (owner == rank()) std::copy(e_new.begin(), e_new.end(), want.residual.begin() + begin);
+      // The host's residual split among its L ranks: r / L each, the owner r - (L - 1) (r / L).
+      const auto& ranks = l.hosts[h];
+      if (std::find(ranks.begin(), ranks.end(), rank()) != ranks.end()) {
+        const auto L = static_cast<float>(ranks.size());
+        for (std::size_t i = 0; i < len; ++i) {
+          const float q = e_new[i] / L;
+          want.residual[begin + i] = owner == rank() ? e_new[i] - (L - 1.0f) * q : q;
+        }
+      }
       payloads.emplace_back(owner, std::move(payload));
     }
     // Decoded in the owners' rank order.
@@ -143,6 +152,48 @@ TEST(TwoLevelAlgorithm, TheHostsSumsCompressedAcrossHosts) {
           EXPECT_TRUE(test::same_on_all_ranks(out)) << spec;
         }
       }
+    }
+  }
+}
+
+// Momentum factor masking (mask_momentum) zeroes a rank's velocity where its residual is zero:
+// under two_level every rank of a host must have its zeros exactly where the host sent the value
+// (top-k: the chunks' selections of the host's sum), its share of what was not sent elsewhere.
+TEST(TwoLevelAlgorithm, EveryRankOfAHostIsZeroWhereItsHostSent) {
+  const Layout l = layout_of(world().hosts());
+  const std::vector<int> host_of = world().hosts();
+  const Codec codec("topk:ratio=0.1");
+  const std::size_t n = 1001;
+  ErrorFeedback ef(n);
+  for (std::uint32_t call = 0; call < 3; ++call) {
+    // Every value nonzero and no two alike: only what was sent can leave a zero residual.
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>((i * 7919 + 13 * call + 1) % 10007 + 1) *
+             (i % 3 == 0 ? -1.0f : 1.0f) * (1.0f + static_cast<float>(rank()) * 1e-3f);
+    }
+    std::vector<float> out(n);
+    world().allreduce(x, out, codec, &ef, two_level());
+    std::vector<float> zero(n);
+    std::size_t zeros = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      zero[i] = ef.residual()[i] == 0.0f ? 1.0f : 0.0f;
+      zeros += ef.residual()[i] == 0.0f ? 1 : 0;
+    }
+    std::size_t sent = 0;
+    const auto w = static_cast<std::uint64_t>(l.width);
+    for (std::uint64_t c = 0; c < w; ++c) {
+      sent += codec.selected(detail::chunk_bound(n, c + 1, w) - detail::chunk_bound(n, c, w));
+    }
+    EXPECT_EQ(zeros, sent) << "call " << call;
+    const std::vector<float> all = gathered(zero);
+    for (int r = 0; r < size(); ++r) {
+      if (host_of[static_cast<std::size_t>(r)] != host_of[static_cast<std::size_t>(rank())]) {
+        continue;
+      }
+      EXPECT_TRUE(
+          std::equal(zero.begin(), zero.end(), all.begin() + static_cast<std::ptrdiff_t>(n) * r))
+          << "rank " << rank() << " and rank " << r << " of its host, call " << call;
     }
   }
 }
