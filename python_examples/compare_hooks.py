@@ -36,7 +36,8 @@ says what each host's link sent per step in between (the evaluations' barriers i
 Rows for several ranks a host: gcomp_topk1_two_level (top-k 1% on two_level: summed in the
 host, compressed between hosts), gcomp_topk1_pinned (sparse_allgather: every rank's selection
 over the network) and gcomp_topk1_srs (sparse_reduce_scatter, the flat global top-k), each the
-one line; gcomp_topk1 leaves the algorithm to auto. --seeds 0,1,2 runs every row once per seed
+one line; gcomp_topk1 leaves the algorithm to auto; gcomp_topk1_two_level_by_hand and
+gcomp_topk1_pinned_by_hand register the first two by hand (SGD keeping its momentum). --seeds 0,1,2 runs every row once per seed
 (a table each, and one across the seeds: each row's accuracies, their mean and range, and its
 link bytes per step), for the run-to-run spread. Row nocomm is the compute
 limit: a hook that returns the bucket as it is, without any communication (the ranks' models
