@@ -447,8 +447,9 @@ void reduce_then_compress(Job& job, std::uint64_t n,
     const auto timed = job.meter.encoding();
     fill(stage.input());
   }
+  // e_next needs no clearing: each owned chunk's residual is written across hosts, and every
+  // chunk's share by the gather below (or the call throws and nothing is committed).
   stage.reduce(b.sums, job.meter.traffic);
-  if (!e_next.empty()) std::fill(e_next.begin(), e_next.end(), 0.0f);
   const auto W = static_cast<std::uint64_t>(l.width);
   const AlgorithmRow& inner = across_hosts(*job.call.codec);
   b.sums_out.resize(l.owned.size());
