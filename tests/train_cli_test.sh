@@ -2,9 +2,10 @@
 # End-to-end test of gcomp-train under MPI: usage:
 #   train_cli_test.sh GCOMP_TRAIN MPIEXEC SCRATCH_DIR
 # A one-epoch run on a subset of Fashion-MNIST with 2 ranks (its JSON record checked field by
-# field), then bad flags, a missing and a corrupt data set, an unwritable record and a run that
-# diverges: each must exit non-zero with a message that names the problem, within a time limit
-# (a hang fails). Exits 77 (skipped) when Fashion-MNIST is not installed and no --data is given.
+# field) and the same with periodic averaging (--period 8: its averages and bytes), then bad
+# flags, a missing and a corrupt data set, an unwritable record and a run that diverges: each
+# must exit non-zero with a message that names the problem, within a time limit (a hang fails).
+# Exits 77 (skipped) when Fashion-MNIST is not installed and no --data is given.
 # Needs bash, timeout and python3 (standard library only, to read the JSON).
 set -u
 
@@ -52,6 +53,10 @@ bad 2 "--warmup-steps" --optimizer adamw
 bad 2 "unknown optimizer" --optimizer lamb --warmup-steps 10
 bad 2 "--zero-one must be" --optimizer adamw --zero-one 90,x
 bad 2 "--zero-one is Adam's" --zero-one 90
+bad 2 "--period must be at least 1" --period 0
+bad 2 "--period: a count" --period -1
+bad 2 "--outer-lr means nothing without --period" --outer-lr 0.5
+bad 2 "--period > 1 with dgc" --period 4 --codec dgc:ratio=0.01
 bad 2 "no such directory" --data "$S/not-there"
 mkdir -p corrupt
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
@@ -93,5 +98,27 @@ for k in ("wall", "compute", "encode", "communicate", "decode"):
     assert s[k] >= 0, (k, s)
 assert s["encode"] > 0 and s["compute"] > 0, s
 assert s["compute"] + s["encode"] + s["communicate"] + s["decode"] <= 1.05 * s["wall"] + 0.05, s
+assert c["period"] == 1 and c["momentum_at_average"] == "local" and e["averages"] == 0, (c, e)
+EOF
+
+# ---- the same, averaged every 8 steps: 62 local steps, averages after 8, 16, ..., 56 and at
+# the epoch's end ----
+train 2 --data "$DATA" --codec topk:ratio=0.01 --epochs 1 --subset 4000 --test-subset 1000 \
+  --period 8 --out periodic.json
+rc=$?
+[ "$rc" -eq 0 ] || fail "the periodic run exited $rc: $(head -c 2000 err.txt)"
+grep -q "averaged every 8 steps" out.txt || fail "no period in the first line: $(cat out.txt)"
+python3 - run.json periodic.json <<'EOF' || fail "the periodic run's record is not what it should be"
+import json, sys
+(e,) = json.load(open(sys.argv[1]))["epochs"]
+r = json.load(open(sys.argv[2]))
+c = r["config"]
+assert (c["period"], c["period_from"], c["outer_lr"], c["outer_momentum"],
+        c["momentum_at_average"]) == (8, 0, 1.0, 0.0, "local"), c
+(p,) = r["epochs"]
+assert p["averages"] == 8, p
+assert p["test_accuracy"] > 0.5, p
+# 8 collectives against 62: about 62 / 8 times fewer bytes than the synchronized run.
+assert 5 < e["bytes_sent_per_rank"] / p["bytes_sent_per_rank"] < 10, (e, p)
 EOF
 echo "train_cli_test: all passed"

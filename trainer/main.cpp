@@ -47,6 +47,15 @@ std::string algorithm_help() {
   return s + " (docs/algorithms.md)";
 }
 
+// A check for an unsigned option, which CLI11 would otherwise read "-1" into as 2^64 - 1.
+CLI::Validator a_count() {
+  return CLI::Validator(
+      [](std::string& s) {
+        return s.find('-') == std::string::npos ? std::string() : "a count >= 0, not " + s;
+      },
+      "");
+}
+
 // Whether error feedback keeps anything: not where the codec loses nothing (variance bound 0).
 bool feedback_kept(const Config& c) {
   return c.error_feedback && (gcomp::train::parse_dgc(c.codec).on ||
@@ -82,6 +91,11 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"seed", c.seed},
           {"algorithm", gcomp::algorithm_name(c.algorithm.value_or(
                             gcomp::train::fewest_bytes_algorithm(c.codec, ranks)))},
+          {"period", c.period},
+          {"period_from", c.period_from},
+          {"outer_lr", c.outer_lr},
+          {"outer_momentum", c.outer_momentum},
+          {"momentum_at_average", c.momentum_at_average},
           {"data", data}};
 }
 
@@ -94,6 +108,7 @@ nlohmann::json epoch_json(const EpochRecord& r) {
           {"reduction_vs_dense",
            r.bytes_sent_per_rank > 0 ? r.dense_bytes_per_rank / r.bytes_sent_per_rank : 0.0},
           {"sparsity", r.sparsity},
+          {"averages", r.averages},
           {"seconds",
            {{"wall", r.wall_seconds},
             {"compute", r.compute_seconds},
@@ -170,6 +185,27 @@ int run(int argc, char** argv) {
   app.add_option("--seed", c.seed, "seed of the initialisation and the sample order")
       ->capture_default_str();
   app.add_option("--algorithm", algorithm, algorithm_help())->capture_default_str();
+  app.add_option("--period", c.period,
+                 "periodic model averaging (local SGD): from step --period-from on, each rank "
+                 "steps on its own gradients, sending nothing, and every H steps the ranks "
+                 "average their models through the codec (1: every step synchronized)")
+      ->check(a_count())
+      ->capture_default_str();
+  app.add_option("--period-from", c.period_from,
+                 "with --period: the steps synchronized first (post-local SGD), counted from 0")
+      ->check(a_count())
+      ->capture_default_str();
+  app.add_option("--outer-lr", c.outer_lr,
+                 "with --period: an average moves the models by X times the ranks' mean change "
+                 "(1: plain averaging; DiLoCo's outer learning rate)")
+      ->capture_default_str();
+  app.add_option("--outer-momentum", c.outer_momentum,
+                 "with --period: Nesterov momentum over the averages' changes (DiLoCo: 0.9)")
+      ->capture_default_str();
+  app.add_option("--momentum-at-average", c.momentum_at_average,
+                 "with --period: each rank's momentum at an average: local (kept), reset "
+                 "(zeroed) or average (averaged over the ranks through the codec)")
+      ->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");
@@ -222,9 +258,15 @@ int run(int argc, char** argv) {
                            {"parameters", model.parameter_count()},
                            {"epochs", nlohmann::json::array()}};
   if (rank == 0 && !quiet) {
-    std::printf("gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs\n",
-                c.model.c_str(), model.parameter_count(), c.codec.c_str(),
-                feedback_kept(c) ? " + EF" : "", ranks, c.batch, c.epochs);
+    std::string periodic;
+    if (c.period > 1) {
+      periodic = ", averaged every " + std::to_string(c.period) + " steps from step " +
+                 std::to_string(c.period_from);
+    }
+    std::printf(
+        "gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs%s\n",
+        c.model.c_str(), model.parameter_count(), c.codec.c_str(), feedback_kept(c) ? " + EF" : "",
+        ranks, c.batch, c.epochs, periodic.c_str());
     std::fflush(stdout);
   }
   if (const std::string w = gcomp::train::feedback_warning(c); rank == 0 && !w.empty()) {
@@ -244,9 +286,12 @@ int run(int argc, char** argv) {
     if (rank == 0 && !quiet) {
       if (bar) std::printf("\r%*s\r", 80, "");
       const double ratio = r.bytes_sent_per_rank > 0 ? r.dense_bytes_per_rank / r.bytes_sent_per_rank : 0;
-      std::printf("epoch %d/%d  loss %.4f  test %.2f%%  sent %s/rank (%.1fx less than dense)  %.1f s\n",
-                  r.epoch, c.epochs, r.train_loss, 100 * r.test_accuracy,
-                  megabytes(r.bytes_sent_per_rank).c_str(), ratio, r.wall_seconds);
+      const std::string averages =
+          c.period > 1 ? "  " + std::to_string(r.averages) + " averages" : "";
+      std::printf(
+          "epoch %d/%d  loss %.4f  test %.2f%%  sent %s/rank (%.1fx less than dense)%s  %.1f s\n",
+          r.epoch, c.epochs, r.train_loss, 100 * r.test_accuracy,
+          megabytes(r.bytes_sent_per_rank).c_str(), ratio, averages.c_str(), r.wall_seconds);
       std::fflush(stdout);
     }
     ++epoch_now;

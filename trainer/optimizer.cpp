@@ -85,6 +85,12 @@ void Optimizer::momentum_update(std::size_t i, float lr) {
 
 void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dgc_density,
                      std::uint64_t step_index, EpochRecord& total) {
+  taken_ = step_index + 1;
+  compress_ = compress;
+  if (local(step_index)) {
+    local_step(static_cast<float>(lr_now), total);
+    return;
+  }
   // The algorithm is resolved here, not at construction: it depends on the communicator's size.
   BucketOptions bo = bucket_;
   bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
@@ -159,7 +165,160 @@ void Optimizer::adam_step(Communicator& comm, double lr, const BucketOptions& bu
       std::max(0.0, now() - t0 - st.encode_seconds - st.comm_seconds - st.decode_seconds);
 }
 
+bool Optimizer::local(std::uint64_t step_index) const noexcept {
+  return c_.period > 1 && step_index >= c_.period_from;
+}
+
+// Momentum SGD on this rank's own gradient: v = mu v + g, value -= lr v. The first local step
+// makes the anchors (the values, the same on every rank after the synchronized steps or at the
+// start) and spends what the gradients' error feedback still holds once, where it would have
+// gone had it been sent: into the gradient (EF on the gradient), or into this step's update (EF
+// on the velocity: times lr; on the update: as it is), not into the velocity, where momentum
+// would apply it again at every step.
+void Optimizer::local_step(float lr, EpochRecord& total) {
+  const double t0 = now();
+  Periodic& s = periodic_;
+  const bool first = !s.started;
+  if (first) {
+    s.started = true;
+    s.anchors.clear();
+    for (Param* q : params_) s.anchors.push_back(q->value);
+  }
+  const auto mu = static_cast<float>(c_.momentum);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Param& q = *params_[i];
+    std::vector<float>& m = velocity_[i];
+    std::span<float> e;
+    if (first && !memories_.empty()) e = memories_[i].residual();
+    if (e.empty()) {
+      momentum_update(i, lr);
+      continue;
+    }
+    if (!velocity_ef_) {
+      for (std::size_t k = 0; k < m.size(); ++k) q.grad[k] += e[k];
+      momentum_update(i, lr);
+    } else if (c_.ef_scaled_by_lr) {
+      for (std::size_t k = 0; k < m.size(); ++k) {
+        m[k] = mu * m[k] + q.grad[k];
+        q.value[k] -= lr * m[k] + e[k];
+      }
+    } else {
+      for (std::size_t k = 0; k < m.size(); ++k) {
+        m[k] = mu * m[k] + q.grad[k];
+        q.value[k] -= lr * (m[k] + e[k]);
+      }
+    }
+    std::fill(e.begin(), e.end(), 0.0f);
+  }
+  total.compute_seconds += now() - t0;
+}
+
+bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
+  const std::uint64_t h = c_.period, from = c_.period_from;
+  if (h <= 1 || taken_ <= from || (taken_ - from) % h != 0) return false;
+  if (periodic_.averaged_after == taken_) return false;
+  average(comm, total);
+  return true;
+}
+
+// x = anchor - value for every parameter (with "average", velocity_anchor - velocity after
+// them), averaged over the ranks in one allreduce_buckets; then the outer step, the same on every
+// rank: d = avg (Nesterov: b = mu b + avg, d = avg + mu b), anchor -= outer_lr d, value = anchor.
+// Called only after a local step, so the anchors exist.
+void Optimizer::average(Communicator& comm, EpochRecord& total) {
+  Periodic& s = periodic_;
+  const std::size_t n = params_.size();
+  const bool velocities = c_.momentum_at_average == "average";
+  const std::size_t tensors = velocities ? 2 * n : n;
+  double t0 = now();
+  if (s.changes.size() != tensors) {
+    s.changes.resize(tensors);
+    for (std::size_t i = 0; i < tensors; ++i) s.changes[i].resize(params_[i % n]->value.size());
+  }
+  if (velocities && s.velocity_anchors.empty()) {
+    for (Param* q : params_) s.velocity_anchors.emplace_back(q->value.size(), 0.0f);
+  }
+  std::vector<std::span<float>> xs;
+  std::vector<MatrixShape> shapes;
+  for (std::size_t i = 0; i < tensors; ++i) {
+    const std::vector<float>& a = i < n ? s.anchors[i] : s.velocity_anchors[i - n];
+    const std::vector<float>& v = i < n ? params_[i]->value : velocity_[i - n];
+    std::vector<float>& x = s.changes[i];
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = a[k] - v[k];
+    xs.emplace_back(x);
+    shapes.push_back(shapes_[i % n]);
+  }
+  total.compute_seconds += now() - t0;
+
+  // The gradients' codec and algorithm; float32 and dense after a warm-up epoch's step. The
+  // seed's tensor 1 keeps the averages' draws apart from the steps' (tensor 0).
+  BucketOptions bo = bucket_;
+  bo.allreduce.seed = derive_seed(c_.seed, 1, taken_, 0);
+  if (compress_) {
+    bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
+    std::vector<ErrorFeedback*> efs;
+    if (c_.error_feedback) {
+      if (s.memories.empty()) {
+        for (Param* q : params_) s.memories.emplace_back(q->value.size());
+      }
+      if (velocities && s.velocity_memories.empty()) {
+        for (Param* q : params_) s.velocity_memories.emplace_back(q->value.size());
+      }
+      for (std::size_t i = 0; i < tensors; ++i) {
+        efs.push_back(i < n ? &s.memories[i] : &s.velocity_memories[i - n]);
+      }
+    }
+    comm.allreduce_buckets(xs, shapes, codec_, efs, bo);
+  } else {
+    bo.allreduce.algorithm = Algorithm::dense;
+    comm.allreduce_buckets(xs, none_, {}, bo);
+  }
+  add_stats(total, comm.last_stats());
+
+  t0 = now();
+  const auto lr = static_cast<float>(c_.outer_lr);
+  const auto mu = static_cast<float>(c_.outer_momentum);
+  if (mu > 0 && s.outer.empty()) {
+    for (Param* q : params_) s.outer.emplace_back(q->value.size(), 0.0f);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<float>& a = s.anchors[i];
+    std::vector<float>& value = params_[i]->value;
+    const std::vector<float>& x = s.changes[i];
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      float d = x[k];
+      if (mu > 0) {
+        float& b = s.outer[i][k];
+        b = mu * b + x[k];
+        d = x[k] + mu * b;  // Nesterov: the step looks ahead along b
+      }
+      a[k] -= lr * d;
+      value[k] = a[k];
+    }
+  }
+  if (velocities) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<float>& a = s.velocity_anchors[i];
+      const std::vector<float>& x = s.changes[n + i];
+      for (std::size_t k = 0; k < a.size(); ++k) {
+        a[k] -= x[k];
+        velocity_[i][k] = a[k];
+      }
+    }
+  } else if (c_.momentum_at_average == "reset") {
+    for (std::vector<float>& m : velocity_) std::fill(m.begin(), m.end(), 0.0f);
+  }
+  s.averaged_after = taken_;
+  ++total.averages;
+  total.compute_seconds += now() - t0;
+}
+
 void Optimizer::synchronize(Communicator& comm, EpochRecord& total) {
+  if (c_.period > 1) {
+    // Local steps since the last average (or since the local phase began): one more.
+    if (taken_ > c_.period_from && periodic_.averaged_after != taken_) average(comm, total);
+    return;
+  }
   if (!adam_) return;
   std::vector<std::span<float>> values;
   for (Param* q : params_) values.emplace_back(q->value);

@@ -1,12 +1,14 @@
 // The second half of a data-parallel SGD step (train.hpp describes the whole): once every rank
 // holds its local gradients in its parameters' grad, they are exchanged through gcomp (codec,
 // error feedback on the velocity or on the gradient, or DGC), momentum is applied, and the values
-// move. Separate from the training loop so that the update rules can be tested on gradients a
-// test chooses.
+// move. With periodic averaging (Config::period > 1) the local steps send nothing and the models
+// are averaged on a schedule instead. Separate from the training loop so that the update rules
+// can be tested on gradients a test chooses.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,20 +36,43 @@ class Optimizer {
 
   // One step, collective over comm: the params' grad (consumed) averaged over ranks as the
   // configuration says, then values -= lr * step. compress: false in warm-up epochs (float32,
-  // dense); dgc_density: the fraction DGC sends this epoch (dgc_ratio()); step_index seeds the
-  // codec's draws. Adds the bytes sent and the seconds spent to stats.
+  // dense); dgc_density: the fraction DGC sends this epoch (dgc_ratio()); step_index (counted
+  // from 0 over the run) seeds the codec's draws. Adds the bytes sent and the seconds spent to
+  // stats. A local step (local(step_index)) is this rank's alone, not collective: momentum SGD
+  // on its own grad, nothing sent.
   void step(Communicator& comm, double lr, bool compress, double dgc_density,
             std::uint64_t step_index, EpochRecord& stats);
 
-  // 0/1 Adam's local steps: averages the ranks' parameters now (CompressedAdam::synchronize),
-  // collective, so that every rank evaluates the same model; nothing where they agree.
+  // Periodic averaging, after step(): where the schedule has an average after it (steps taken -
+  // period_from a positive multiple of period), the ranks' models averaged, collective; returns
+  // whether it averaged. An average sends each parameter's change since its anchor, anchor -
+  // value, through the codec (float32 and dense after a step in a warm-up epoch) with error
+  // feedback of its own, then anchor -= outer_lr * d (d the average; with outer momentum
+  // b = mu b + avg, d = avg + mu b) and value = anchor, the same bits on every rank; the
+  // velocities as momentum_at_average says. Adds its bytes and seconds to stats and counts it
+  // in stats.averages. Nothing with period 1.
+  bool average_if_due(Communicator& comm, EpochRecord& stats);
+
+  // The ranks agree now, collective, so that every rank evaluates the same model: 0/1 Adam's
+  // local steps averaged (CompressedAdam::synchronize), periodic averaging's local steps since
+  // the last average averaged by one more (the schedule's averages keep their steps); nothing
+  // where they agree.
   void synchronize(Communicator& comm, EpochRecord& stats);
+
+  // Whether step step_index (from 0) is a local one: period > 1 and step_index >= period_from.
+  bool local(std::uint64_t step_index) const noexcept;
+
+  // The averages' error-feedback memories of the parameters' changes, one per parameter (empty
+  // without error feedback, or before the first compressed average). For tests.
+  std::span<const ErrorFeedback> average_feedback() const noexcept { return periodic_.memories; }
 
  private:
   void dgc_step(Communicator& comm, double lr, double density, const AllreduceOptions& opt,
                 EpochRecord& stats);
   void adam_step(Communicator& comm, double lr, const BucketOptions& bucket, EpochRecord& stats);
   void momentum_update(std::size_t i, float lr);
+  void local_step(float lr, EpochRecord& stats);
+  void average(Communicator& comm, EpochRecord& stats);
 
   Config c_;
   Dgc dgc_;
@@ -66,6 +91,22 @@ class Optimizer {
   BucketOptions bucket_;
   // adam, adamw: 1-bit Adam, made at the first step (its algorithm depends on the ranks).
   std::optional<CompressedAdam> adam_;
+  // The last step(): the steps taken (its step_index + 1) and whether it compressed.
+  std::uint64_t taken_ = 0;
+  bool compress_ = true;
+  // Periodic averaging's state (Config::period > 1), per parameter; the anchors, the outer
+  // momentum and the velocities' anchors are the same on every rank.
+  struct Periodic {
+    bool started = false;              // the first local step ran: anchors made, residuals folded
+    std::uint64_t averaged_after = 0;  // the steps taken at the last average (0: none yet)
+    std::vector<std::vector<float>> anchors;  // the values at the last average
+    std::vector<std::vector<float>> outer;    // the outer Nesterov momentum b (outer_momentum)
+    std::vector<std::vector<float>> velocity_anchors;  // "average": the velocities' anchors
+    std::vector<std::vector<float>> changes;       // the collective's buffer: anchor - value, ...
+    std::vector<ErrorFeedback> memories;           // the changes' residuals (error feedback)
+    std::vector<ErrorFeedback> velocity_memories;  // "average": the velocities' changes'
+  };
+  Periodic periodic_;
 };
 
 }  // namespace gcomp::train

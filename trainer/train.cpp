@@ -105,6 +105,52 @@ std::span<const std::size_t> local_batch(const Config& c, std::span<const std::s
   return order.subspan(step * global + static_cast<std::size_t>(rank) * c.batch, c.batch);
 }
 
+namespace {
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// Periodic averaging's settings (Config::period and the four after it).
+void validate_periodic(const Config& c) {
+  const auto bad = [](const std::string& why) { throw Error(Status::invalid_argument, why); };
+  if (c.period < 1) bad("--period must be at least 1 (1: every step synchronized), not 0");
+  if (!(c.outer_lr > 0) || !std::isfinite(c.outer_lr)) {
+    bad("--outer-lr must be finite and > 0, not " + number(c.outer_lr));
+  }
+  if (!(c.outer_momentum >= 0 && c.outer_momentum < 1)) {
+    bad("--outer-momentum must be in [0, 1), not " + number(c.outer_momentum));
+  }
+  const std::string& m = c.momentum_at_average;
+  if (m != "local" && m != "reset" && m != "average") {
+    bad("--momentum-at-average must be local, reset or average, not '" + m + "'");
+  }
+  if (c.period == 1) {
+    std::vector<std::string> set;
+    if (c.period_from != 0) set.push_back("--period-from");
+    if (c.outer_lr != 1.0) set.push_back("--outer-lr");
+    if (c.outer_momentum != 0.0) set.push_back("--outer-momentum");
+    if (m != "local") set.push_back("--momentum-at-average");
+    if (set.empty()) return;
+    std::string names = set[0];
+    for (std::size_t i = 1; i < set.size(); ++i) names += ", " + set[i];
+    bad(names + (set.size() == 1 ? " means" : " mean") +
+        " nothing without --period > 1 (every step synchronized)");
+  }
+  if (c.optimizer != "sgd") {
+    bad("--period > 1 averages momentum SGD's local steps, not " + c.optimizer +
+        "'s (0/1 Adam's local steps are --zero-one)");
+  }
+  if (parse_dgc(c.codec).on) {
+    bad("--period > 1 with dgc: DGC's momentum correction is the synchronized steps' (a top-k "
+        "codec with error feedback averages the local steps)");
+  }
+}
+
+}  // namespace
+
 void validate(const Config& c) {
   const auto bad = [](const std::string& why) { throw Error(Status::invalid_argument, why); };
   if (c.model != "mlp" && c.model != "cnn") bad("unknown model '" + c.model + "' (mlp or cnn)");
@@ -144,6 +190,7 @@ void validate(const Config& c) {
   } else if (!c.zero_one.empty()) {
     bad("--zero-one is Adam's");
   }
+  validate_periodic(c);
 }
 
 AdamSchedule adam_schedule(const Config& c) {
@@ -224,6 +271,7 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         total.compute_seconds += now() - t0;
 
         optimizer.step(comm, lr_now, compress, ratio, step_counter, total);
+        optimizer.average_if_due(comm, total);  // periodic averaging's schedule
         ++step_counter;
         if (on_step) on_step(s + 1, steps);
       } catch (const Error& e) {
@@ -238,7 +286,8 @@ History run(const Config& c, const Dataset& train, const Dataset& test, Communic
         throw Error(e.code(), where + e.what());
       }
     }
-    // 0/1 Adam between two synchronizations: the ranks agree before the evaluation.
+    // 0/1 Adam between two synchronizations, or local steps since the last periodic average:
+    // the ranks agree before the evaluation, which splits the test set over them.
     optimizer.synchronize(comm, total);
     total.wall_seconds += now() - epoch_start;
     total.dense_bytes_per_rank += dense_step_bytes * static_cast<double>(steps);

@@ -2,7 +2,9 @@
 // whole model; each step, the global batch (ranks x local batch samples of a shuffled epoch
 // order shared by all ranks) is split so that rank r takes its r-th slice; the local gradients
 // are averaged over ranks by Communicator::allreduce_buckets with the chosen codec and per-tensor
-// error feedback, and every rank applies the same update, so the replicas stay identical.
+// error feedback, and every rank applies the same update, so the replicas stay identical. With
+// periodic averaging (Config::period > 1) the ranks step on their own instead and their models
+// are averaged every period steps (and at each epoch's end, before the evaluation).
 //
 // DGC (Lin et al., ICLR 2018) lives here because it needs the optimizer's momentum: the local
 // gradient is clipped to clip / sqrt(ranks) in norm, momentum is corrected (u = m u + g,
@@ -11,6 +13,7 @@
 // 98.4375%, 99.6%, then the target.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
@@ -66,6 +69,21 @@ struct Config {
   // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
   // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
   std::optional<Algorithm> algorithm;
+  // Periodic model averaging (local SGD; post-local SGD with period_from; DiLoCo's outer step
+  // with outer_lr and outer_momentum). Steps are counted from 0 over the run. Steps before
+  // period_from are synchronized as above; from period_from on each rank takes momentum SGD
+  // steps on its own gradients, sending nothing, and after every period-th local step the ranks
+  // average their models: each parameter's change since the last average (its anchor) goes
+  // through the codec with error feedback of its own, then anchor -= outer_lr * d (d the
+  // average, or with outer_momentum Nesterov's avg + mu b, b = mu b + avg) and every rank takes
+  // the anchor. period 1 (the default): every step synchronized.
+  std::uint64_t period = 1;
+  std::uint64_t period_from = 0;
+  double outer_lr = 1.0;
+  double outer_momentum = 0.0;
+  // What each rank's momentum velocity does at an average: local (kept), reset (zeroed) or
+  // average (its change since its own anchor averaged through the same collective).
+  std::string momentum_at_average = "local";
 };
 
 struct EpochRecord {
@@ -80,6 +98,7 @@ struct EpochRecord {
   double decode_seconds = 0;
   double wall_seconds = 0;          // cumulative, training only (not evaluation)
   double sparsity = 0;              // DGC: the fraction not sent this epoch
+  std::uint64_t averages = 0;       // cumulative: periodic model averages (Config::period)
 };
 
 struct History {

@@ -1,12 +1,15 @@
 // The trainer under MPI: each rank takes its slice of the global batch, the two placements of
 // error feedback agree within their rounding bound, the bytes it reports are the bytes handed to
-// MPI, and a short run on Fashion-MNIST learns (when Debian's dataset-fashion-mnist is installed,
-// as scripts/deps does).
+// MPI, periodic averaging leaves the ranks' models apart between averages and the same mean on
+// every rank after each, and a short run on Fashion-MNIST learns (when Debian's
+// dataset-fashion-mnist is installed, as scripts/deps does).
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
+#include <span>
 #include <utility>
 
 #include "mpi_util.hpp"
@@ -390,6 +393,207 @@ TEST(Trainer, DgcWarmsUpItsSparsity) {
   EXPECT_THROW(validate(Config{.codec = "dgc:ratio=2"}), Error);
   EXPECT_THROW(validate(Config{.codec = "dgc:rate=0.1"}), Error);
   EXPECT_THROW(validate(Config{.codec = "dgc"}), Error);
+}
+
+// Periodic averaging with period 1, or with every step before period_from, is the synchronized
+// run bit for bit: the same parameters and bytes as the defaults, and no average.
+TEST(Trainer, PeriodOneIsTheSynchronizedRunBitForBit) {
+  const Dataset train = synthetic(32 * static_cast<std::size_t>(size()), 30);
+  const Dataset test = synthetic(50, 31);
+  Config c;
+  c.codec = "topk:ratio=0.01";  // with error feedback: the residuals stay the gradients'
+  c.epochs = 1;
+  c.batch = 8;  // 4 steps
+  Config one = c;
+  one.period = 1;
+  Config never = c;  // local from step 4: after the run
+  never.period = 3;
+  never.period_from = 4;
+  std::vector<float> first;
+  double bytes = 0;
+  for (const Config* k : {&c, &one, &never}) {
+    Model m(k->model, 28, 28, 8);
+    const History h = run(*k, train, test, test::world(), m);
+    EXPECT_EQ(h.epochs.back().averages, 0u);
+    if (k == &c) {
+      first = flat(m);
+      bytes = h.epochs.back().bytes_sent_per_rank;
+      continue;
+    }
+    EXPECT_TRUE(flat(m) == first) << "period " << k->period;
+    EXPECT_EQ(h.epochs.back().bytes_sent_per_rank, bytes) << "period " << k->period;
+  }
+}
+
+// Period 3 from step 2, without compression: steps 0 and 1 synchronized, 2..4 local, an average
+// after 5 steps, 5..7 local, an average after 8, then step 8 local and the epoch's end averages
+// ahead of the schedule. Local steps send nothing and leave the ranks' parameters apart; after
+// an average they are the same bits on every rank and the mean of the ranks' parameters before
+// it, p' = fl(a - avg), avg the allreduce's average of x_r = fl(a - p_r), a the anchor (the
+// parameters at the last synchronization, the same on every rank). The bound:
+// |x_r - (a - p_r)| <= u |a - p_r| (the change rounded once), so u S with S = mean_r |a - p_r|;
+// the average, P - 1 additions in MPI's order and the product with fl(1/P), is within
+// gamma_{P+1} (1/P) sum_r |x_r| <= gamma_{P+1} (1 + u) S of (1/P) sum_r x_r (gamma_k =
+// k u / (1 - k u), u = 2^-24); the final subtraction adds u |a - avg| <= u |p'| / (1 - u). As
+// a - (1/P) sum_r (a - p_r) is mean_r p_r exactly, |p' - mean_r p_r| is at most their sum (and
+// the reference's own double rounding, P 2^-53 mean_r |p_r|).
+TEST(Trainer, PeriodicAveragesAreTheMeanOfTheRanksModels) {
+  const std::size_t sizes[2] = {3000, 10};  // a weight (its own bucket) and a bias (dense)
+  Config c;
+  c.codec = "none";
+  c.momentum = 0.9;
+  c.period = 3;
+  c.period_from = 2;
+  validate(c);
+  Param w[2];
+  std::mt19937 init(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < 2; ++i) {
+    w[i].value.resize(sizes[i]);
+    for (float& v : w[i].value) v = normal(init);
+    w[i].grad.assign(sizes[i], 0.0f);
+  }
+  Optimizer opt(c, {&w[0], &w[1]});
+  const auto values = [&] {
+    std::vector<float> all = w[0].value;
+    all.insert(all.end(), w[1].value.begin(), w[1].value.end());
+    return all;
+  };
+  const bool several = size() > 1;
+  const double u = 0x1p-24, p = size();
+  const double gamma = (p + 1) * u / (1 - (p + 1) * u);
+  std::mt19937 g(40 + static_cast<std::uint32_t>(rank()));
+  EpochRecord stats;
+  double step_bytes = 0;
+  std::vector<float> anchor;
+  // An average just ran: the same bits everywhere, within the bound of the mean of before.
+  const auto check_average = [&](const std::vector<float>& before, std::uint64_t taken) {
+    const std::vector<float> after = values();
+    EXPECT_TRUE(test::same_on_all_ranks(after)) << "after " << taken << " steps";
+    const std::size_t n = after.size();
+    std::vector<double> mine(2 * n), sum(2 * n);
+    for (std::size_t k = 0; k < n; ++k) {
+      mine[k] = before[k];
+      mine[n + k] = std::fabs(static_cast<double>(anchor[k]) - before[k]);
+    }
+    MPI_Allreduce(mine.data(), sum.data(), static_cast<int>(2 * n), MPI_DOUBLE, MPI_SUM,
+                  MPI_COMM_WORLD);
+    std::size_t bad = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      const double mean = sum[k] / p, s = sum[n + k] / p;
+      const double bound = u * s + gamma * (1 + u) * s + u * std::fabs(after[k]) / (1 - u) +
+                           p * 0x1p-53 * (std::fabs(mean) + s);
+      bad += !(std::fabs(after[k] - mean) <= bound);
+    }
+    EXPECT_EQ(bad, 0u) << "after " << taken << " steps";
+    anchor = after;
+  };
+  for (std::uint64_t step = 0; step < 9; ++step) {
+    for (int i = 0; i < 2; ++i) {
+      for (float& x : w[i].grad) x = normal(g);
+    }
+    const double bytes = stats.bytes_sent_per_rank;
+    opt.step(test::world(), 0.05, true, 1.0, step, stats);
+    EXPECT_EQ(opt.local(step), step >= 2) << "step " << step;
+    if (step < 2) {
+      if (several) EXPECT_GT(stats.bytes_sent_per_rank, bytes) << "step " << step;
+      step_bytes = stats.bytes_sent_per_rank - bytes;
+      EXPECT_TRUE(test::same_on_all_ranks(values())) << "step " << step;
+      anchor = values();
+      EXPECT_FALSE(opt.average_if_due(test::world(), stats));
+      continue;
+    }
+    EXPECT_EQ(stats.bytes_sent_per_rank, bytes) << "local step " << step << " sent";
+    if (several) EXPECT_FALSE(test::same_on_all_ranks(values())) << "step " << step;
+    const std::vector<float> before = values();
+    const bool due = step == 4 || step == 7;
+    EXPECT_EQ(opt.average_if_due(test::world(), stats), due) << "after step " << step;
+    if (!due) continue;
+    // The same collective as a synchronized step's: the same tensors, codec and algorithm.
+    EXPECT_EQ(stats.bytes_sent_per_rank - bytes, step_bytes) << "the average after " << step;
+    check_average(before, step + 1);
+  }
+  EXPECT_EQ(stats.averages, 2u);
+  // Step 8 was local: the epoch's end averages (once).
+  const std::vector<float> before = values();
+  opt.synchronize(test::world(), stats);
+  EXPECT_EQ(stats.averages, 3u);
+  check_average(before, 9);
+  opt.synchronize(test::world(), stats);
+  EXPECT_EQ(stats.averages, 3u) << "the ranks agreed already";
+}
+
+// Top-k 1% with error feedback, averaging every 2 steps from step 1 with DiLoCo's outer step and
+// the velocities averaged: the ranks agree after every average, and the averages' residuals hold
+// what top-k left. Then gcomp-train's loop: averages at their steps and the epoch's end, and
+// the same model on every rank at the end.
+TEST(Trainer, PeriodicAveragingThroughTopkKeepsResiduals) {
+  Config c;
+  c.codec = "topk:ratio=0.01";
+  c.period = 2;
+  c.period_from = 1;
+  c.outer_lr = 0.7;
+  c.outer_momentum = 0.9;
+  c.momentum_at_average = "average";
+  Param w;
+  std::mt19937 g(60 + static_cast<std::uint32_t>(rank()));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  w.value.assign(4000, 0.5f);
+  w.grad.resize(w.value.size());
+  Optimizer opt(c, {&w});
+  EpochRecord stats;
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    for (float& x : w.grad) x = normal(g);
+    opt.step(test::world(), 0.05, true, 1.0, step, stats);
+    if (opt.average_if_due(test::world(), stats)) {
+      EXPECT_TRUE(test::same_on_all_ranks(w.value)) << "after step " << step;
+    }
+  }
+  EXPECT_EQ(stats.averages, 2u);  // after 3 and 5 steps
+  ASSERT_EQ(opt.average_feedback().size(), 1u);
+  const std::span<const float> e = opt.average_feedback()[0].residual();
+  EXPECT_TRUE(std::any_of(e.begin(), e.end(), [](float x) { return x != 0.0f; }));
+
+  const Dataset train = synthetic(64 * static_cast<std::size_t>(size()), 32);
+  const Dataset test = synthetic(100, 33);
+  Config t;
+  t.codec = "topk:ratio=0.01";
+  t.epochs = 1;
+  t.batch = 8;  // 8 steps: averages after 3 and 6, and at the epoch's end
+  t.period = 3;
+  Model m(t.model, 28, 28, 4);
+  const History h = run(t, train, test, test::world(), m);
+  EXPECT_EQ(h.epochs.back().averages, 3u);
+  EXPECT_TRUE(test::same_on_all_ranks(flat(m)));
+  EXPECT_GT(h.epochs.back().test_accuracy, 0.2);  // chance is 0.1
+}
+
+TEST(Trainer, PeriodicOptionsAreChecked) {
+  const auto rejects = [](const Config& c, const std::string& flag) {
+    std::string message;
+    EXPECT_EQ(test::status_of([&] { validate(c); }, &message), Status::invalid_argument) << flag;
+    EXPECT_NE(message.find(flag), std::string::npos) << message;
+  };
+  validate(Config{.period = 4});
+  validate(Config{.period = 4,
+                  .period_from = 100,
+                  .outer_lr = 0.7,
+                  .outer_momentum = 0.9,
+                  .momentum_at_average = "average"});
+  rejects(Config{.period = 0}, "--period");
+  rejects(Config{.period = 4, .outer_lr = 0}, "--outer-lr");
+  rejects(Config{.period = 4, .outer_lr = std::numeric_limits<double>::infinity()}, "--outer-lr");
+  rejects(Config{.period = 4, .outer_momentum = 1}, "--outer-momentum");
+  rejects(Config{.period = 4, .outer_momentum = -0.1}, "--outer-momentum");
+  rejects(Config{.period = 4, .momentum_at_average = "keep"}, "--momentum-at-average");
+  // Settings of the averages without averages.
+  rejects(Config{.period_from = 5}, "--period-from");
+  rejects(Config{.outer_lr = 0.5}, "--outer-lr");
+  rejects(Config{.outer_momentum = 0.9}, "--outer-momentum");
+  rejects(Config{.momentum_at_average = "reset"}, "--momentum-at-average");
+  // Local steps are momentum SGD's, and DGC's correction is the synchronized steps'.
+  rejects(Config{.optimizer = "adamw", .warmup_steps = 4, .period = 4}, "--period");
+  rejects(Config{.codec = "dgc:ratio=0.01", .period = 4}, "--period");
 }
 
 }  // namespace
