@@ -1159,3 +1159,230 @@ def test_one_bit_adam_resumes_bit_for_bit_from_a_checkpoint(way, n, tmp_path):
         return m, opt, opt
 
     check_resume(make, backward, n, 3, tmp_path / f"ckpt.{rank()}.pt", way.startswith("hook"))
+
+
+# ---- periodic model averaging (period=H from period_from=S): local steps, an average every H ----
+
+
+def recorded(opt, params):
+    """Wraps opt.step (before register or DistributedOptimizer wraps it) so that the parameters
+    right after the optimizer's own step, before any average, are kept in a list (one entry a
+    step)."""
+    own, seen = opt.step, []
+
+    def step(closure=None):
+        loss = own(closure)
+        seen.append([p.detach().clone() for p in params])
+        return loss
+
+    opt.step = step
+    return seen
+
+
+def average_bound(x_abs_mean, result, p):
+    """How far p' = fl(a - fl(mean_r fl(a - p_r))) lies from mean_r p_r: the changes rounded
+    once each (u S, S = mean_r |a - p_r|), their float32 mean (mean_bound of the rounded ones),
+    the subtraction (u |p'| / (1 - u))."""
+    return U * x_abs_mean + mean_bound(x_abs_mean * (1 + U), p) + U * result.abs() / (1 - U)
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_periodic_averaging_steps_locally_then_averages_to_the_mean_on_every_rank(way):
+    # period 3 from step 2: steps 0, 1 synchronized, 2..7 local, averages after 5 and 8 steps.
+    # An average leaves every rank with the mean of the ranks' models (within average_bound of
+    # the exact mean), the same bits on every rank; a local step leaves the ranks apart (each
+    # its own batch); nothing is sent in the local steps.
+    p = size()
+    if way == "hook":
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        seen = recorded(opt, list(m.parameters()))
+        state = gt.register(m, opt, "none", period=3, period_from=2)
+    else:
+        m = model()
+        inner = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        seen = recorded(inner, list(m.parameters()))
+        state = opt = gt.DistributedOptimizer(inner, named_parameters=m.named_parameters(),
+                                              codec="none", period=3, period_from=2)
+    anchor = [q.detach().clone() for q in m.parameters()]
+    for s in range(8):
+        opt.zero_grad()
+        backward(m, s)
+        opt.step()
+        if s == 1:
+            synchronized = state.stats()["calls"]  # the synchronized steps' collectives
+        now = list(m.parameters())
+        if s + 1 in (5, 8):
+            for q, mine, a in zip(now, seen[-1], anchor):
+                every = gathered(mine)
+                exact = sum(t.double() for t in every) / p
+                s_abs = sum((a.double() - t.double()).abs() for t in every) / p
+                assert torch.all((q.double() - exact).abs()
+                                 <= average_bound(s_abs, q.double(), p)), s
+            same_on_every_rank(now)
+            anchor = [q.detach().clone() for q in now]
+        elif s >= 2 and p > 1:
+            assert any(not torch.equal(t, now[0].detach()) for t in gathered(now[0].detach()))
+        else:
+            same_on_every_rank(now)
+    st = state.stats()
+    assert st["steps"] == 8 and st["local_steps"] == 6 and st["averages"] == 2
+    # The local steps call nothing; an average is one collective.
+    assert synchronized >= 2 and st["calls"] == synchronized + 2
+    assert st["bytes_per_average"] == st["average_bytes_sent"] / 2
+    assert 0 < st["average_bytes_sent"] < st["bytes_sent"] or p == 1
+
+
+def test_periodic_options_are_checked():
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    for bad, words in [(dict(period=0), "period must"), (dict(period=2.5), "period must"),
+                       (dict(period=2, period_from=-1), "period_from"),
+                       (dict(period=2, outer_momentum=1.0), "outer_momentum"),
+                       (dict(period=2, outer_lr=0.0), "outer_lr"),
+                       (dict(period=2, momentum_at_average="mean"), "momentum_at_average"),
+                       (dict(outer_lr=0.5), "without period")]:
+        with pytest.raises(ValueError, match=words):
+            gt.register(m, opt, "none", **bad)
+    with pytest.raises(ValueError, match="needs the optimizer"):
+        gt.register(m, None, "none", period=2)
+    adam = torch.optim.Adam(m.parameters())
+    with pytest.raises(ValueError, match="variance=None"):
+        gt.register(m, adam, "sign", period=2, warmup_steps=1)
+    with pytest.raises(ValueError, match="period must"):
+        gt.DistributedOptimizer(opt, codec="none", period=-3)
+    # A checkpoint of a periodic job goes to a periodic one with the same settings only.
+    a = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=2)
+    b = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=4)
+    c = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none")
+    with pytest.raises(ValueError, match="periodic averaging"):
+        b.load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="with periodic averaging"):
+        c.load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize("codec", ["none", "topk:ratio=0.1"])
+def test_the_optimizer_and_the_hook_average_periodically_alike(codec):
+    # Both paths: the same synchronized steps (an element-wise or whole-model codec, summed in
+    # rank order), the same local steps, the same averages: the same parameters, bit for bit.
+    kw = dict(algorithm="allgather" if codec == "none" else "sparse_allgather", dense_below=0,
+              seed=5, allow_uncompressed=False, period=2, period_from=1, per_parameter=False)
+    a = DDP(model(), bucket_cap_mb=1)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    sa = gt.register(a, opt_a, codec, **kw)
+    b = model()
+    opt_b = gt.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=b.named_parameters(), codec=codec, **kw)
+    train(a, opt_a, 5)  # step 0 synchronized, 1..4 local, averages after 3 and 5
+    train(b, opt_b, 5)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    same_on_every_rank(list(b.parameters()))
+    assert sa.stats()["averages"] == opt_b.stats()["averages"] == 2
+    if codec != "none":  # error feedback of the changes: a residual where top-k left values
+        assert any(np.any(sa._periodic.feedback[id(q)].residual != 0) for q in a.parameters())
+
+
+@pytest.mark.parametrize("momentum_at_average", ["local", "reset", "average"])
+def test_what_the_momentum_does_at_an_average(momentum_at_average):
+    # SGD's momentum buffers (codec none: nothing moves into the hook) after an average: each
+    # rank's own (local: apart), zeros (reset), or the mean of the ranks' (average: the same on
+    # every rank, within mean_bound of the mean of the ranks' buffers before it).
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    own = opt.step
+    before = []
+
+    def step(closure=None):
+        loss = own(closure)
+        before[:] = [opt.state[q]["momentum_buffer"].clone() for q in m.parameters()]
+        return loss
+
+    opt.step = step
+    gt.register(m, opt, "none", period=2, period_from=1, momentum_at_average=momentum_at_average)
+    train(m, opt, 3)  # step 0 synchronized, 1 and 2 local, the average after 3
+    bufs = [opt.state[q]["momentum_buffer"] for q in m.parameters()]
+    if momentum_at_average == "reset":
+        assert all(not torch.any(b != 0) for b in bufs)
+    elif momentum_at_average == "average":
+        same_on_every_rank(bufs)
+        for b, mine in zip(bufs, before):
+            every = gathered(mine)
+            exact = sum(t.double() for t in every) / size()
+            s_abs = sum(t.double().abs() for t in every) / size()
+            # The buffers' anchors start at 0: the mean of 0 - u_r, subtracted from 0 (exact).
+            assert torch.all((b.double() - exact).abs() <= U * s_abs + mean_bound(
+                s_abs * (1 + U), size())), momentum_at_average
+    elif size() > 1:
+        assert any(not torch.equal(t, bufs[0]) for t in gathered(bufs[0]))
+
+
+def test_the_outer_nesterov_step_on_the_averaged_change():
+    # DiLoCo's outer step: b = mu b + avg, d = avg + mu b, p = a - lr_o d, avg the mean of the
+    # ranks' changes a - p_r (codec none). With parameters on a grid of 1/8, integer gradients,
+    # lr 1/8 (SGD without momentum), lr_o = mu = 1/2 and P a power of two, every value is exact
+    # in float32 and the parameters are the reference's bit for bit; for other P, the same bits
+    # on every rank.
+    p = size()
+    m = int_model()
+    with torch.no_grad():
+        for q in m.parameters():
+            q.copy_(torch.round(q * 8) / 8)
+    m = DDP(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.125)
+    seen = recorded(opt, list(m.parameters()))
+    gt.register(m, opt, "none", period=2, period_from=0, outer_lr=0.5, outer_momentum=0.5)
+    anchor = [q.detach().double().clone() for q in m.parameters()]
+    b = [torch.zeros_like(a) for a in anchor]
+    for s in range(6):
+        opt.zero_grad()
+        int_backward(m, s)
+        opt.step()
+        if (s + 1) % 2:
+            continue
+        for i, mine in enumerate(seen[-1]):
+            avg = sum(anchor[i] - t.double() for t in gathered(mine)) / p
+            b[i] = 0.5 * b[i] + avg
+            anchor[i] = anchor[i] - 0.5 * (avg + 0.5 * b[i])
+        same_on_every_rank(list(m.parameters()))
+        if p & (p - 1) == 0:
+            for q, a in zip(m.parameters(), anchor):
+                assert torch.equal(q.detach().double(), a), s
+
+
+@pytest.mark.parametrize("codec, extra", [("topk:ratio=0.1", {}),
+                                          ("none", dict(momentum_at_average="average",
+                                                        outer_lr=0.7, outer_momentum=0.5))])
+def test_periodic_averaging_resumes_bit_for_bit(codec, extra, tmp_path):
+    # Saved in a period (after 5 steps: 2 synchronized, 3 local, an average after 4), resumed
+    # across the next average (after 6) and into the next period: the anchors, the changes' and
+    # the gradients' residuals, the velocities, the momenta's anchors and the outer momentum all
+    # come back.
+    def make():
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        state = gt.register(m, opt, codec, period=2, period_from=2, allow_uncompressed=False,
+                            **extra)
+        return m, opt, state
+
+    check_resume(make, backward, 5, 4, tmp_path / f"ckpt.{rank()}.pt", True)
+
+
+def test_periodic_averaging_under_join_with_uneven_inputs():
+    # DDP's join(): the ranks that run out of data shadow the others' steps and take part in
+    # their averages, so every rank ends with the same parameters and the same count of
+    # averages. Rank r takes 3 + 2 r steps; period 2 from step 1.
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    state = gt.register(m, opt, "topk:ratio=0.1", period=2, period_from=1)
+    with m.join():
+        for s in range(uneven_steps(rank())):
+            opt.zero_grad()
+            backward(m, s)
+            opt.step()
+    longest = uneven_steps(size() - 1)
+    assert state.step == longest
+    assert state.stats()["averages"] == (longest - 1) // 2
+    same_on_every_rank(list(m.parameters()))

@@ -20,6 +20,7 @@ class _PerParameterFeedback:
 
     _format = None  # the checkpoint's "format" (set by each subclass)
     _adam = None  # 1-bit Adam's stages (_adam._Adam), where the optimizer is Adam or AdamW
+    _periodic = None  # periodic averaging (_periodic._Periodic), where a period > 1 was given
 
     def _init_feedback(self, names=None):
         self._velocity = {}  # parameter id -> its velocity (momentum correction)
@@ -41,14 +42,28 @@ class _PerParameterFeedback:
                 self._params[id(p)] = p
 
     def average_parameters(self):
-        """0/1 Adam's local steps (variance=gcomp.AdamSchedule with max_local_steps > 1):
-        averages the ranks' parameters now, a synchronization ahead of the schedule, so that
-        every rank has the same model to evaluate or save; the schedule's synchronizations go
-        on as before. Collective: every rank calls it between the same two steps. Nothing is
-        sent where the ranks already agree (before the local stage, or right after a
-        synchronization) or without 0/1 Adam."""
-        if self._adam is not None:
-            self._adam.average_now(self._steps_taken())
+        """Local steps (a period > 1, or 0/1 Adam's variance=gcomp.AdamSchedule with
+        max_local_steps > 1): averages the ranks' parameters now, an average ahead of the
+        schedule, so that every rank has the same model to evaluate or save; the schedule's
+        averages go on as before (a period's counted from its start, not from this one).
+        Collective: every rank calls it between the same two steps. Nothing is sent where the
+        ranks already agree (before the local steps, or right after an average) or without
+        local steps."""
+        taken = self._steps_taken()
+        periodic = self._periodic
+        if periodic is not None:
+            if taken > periodic.period_from and periodic.averaged_after != taken:
+                periodic.average(taken, index=4)
+        elif self._adam is not None:
+            self._adam.average_now(taken)
+
+    def _check_periodic(self, sd):
+        """A checkpoint of periodic averaging goes to a state or optimizer with a period, and
+        only such a checkpoint."""
+        if (self._periodic is None) != (sd.get("periodic") is None):
+            raise ValueError("load_state_dict: the checkpoint is of a job " + (
+                "with" if self._periodic is None else "without") + " periodic averaging "
+                "(period=), this one " + ("without" if self._periodic is None else "with"))
 
     def _label(self, kind, index, step, params):
         """A call's name in a stall report: "DDP bucket 2 of step 17 (fc.weight, fc.bias)"."""

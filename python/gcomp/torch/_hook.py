@@ -2,14 +2,17 @@
 compression_hook, and register (the one line)."""
 
 import time
+import types
 
 import torch
+from torch.distributed.algorithms.join import Join, _JoinConfig
 
 
 from . import _cuda, _options, _step_check
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
+from ._periodic import _JoinHook, _Periodic, _periodic_allowed, _periodic_of
 from ._pipeline import _MASK, Bucket, Collective
 from ._step_check import _StepCheck, _start_steps
 
@@ -78,6 +81,9 @@ class CompressionState(_PerParameterFeedback):
         self._new_step = True  # the next hook call is a step's first
         self._world_ok = False  # gcomp's world checked against torch's (the first call)
         self._adam = None  # register() with Adam or AdamW: 1-bit Adam's stages (_adam._Adam)
+        self._periodic = None  # register(period=H > 1): periodic averaging (_periodic._Periodic)
+        self._join_config = _JoinConfig.construct_disabled_join_config()  # torch's Joinable
+        self._join_group = None  # the DDP model's process group (register() with a period)
         # 1-bit Adam with whole buckets: this step's (parameter, momentum view) pairs held
         # until its last bucket (_whole_model).
         self._held, self._held_step = [], None
@@ -96,8 +102,12 @@ class CompressionState(_PerParameterFeedback):
         (from each step's last bucket handed over to its result: what the end of backward
         waits for), cpu_seconds (the communication thread's CPU time in the jobs), jobs; for a
         low-rank codec under auto (whole steps compared, docs/python.md), step_checks,
-        step_switches, step_aborts and uncompressed_steps."""
+        step_switches, step_aborts and uncompressed_steps; with a period (register(period=H)),
+        local_steps, averages, average_bytes_sent, average_bytes_received (the averages' part
+        of bytes_sent and bytes_received), bytes_per_average and average_seconds."""
         extra = self._check.stats() if self._check else {}
+        if self._periodic is not None:
+            extra.update(self._periodic.stats())
         return self._stats.snapshot(steps=self.step, **extra)
 
     def _steps_taken(self):
@@ -192,6 +202,20 @@ class CompressionState(_PerParameterFeedback):
         self._layout[bucket.index()] = (key, ef)
         return ef
 
+    # torch's Joinable (DDP's join with uneven inputs, where register() made a period): a
+    # joined rank takes part in the averages the others run.
+
+    def join_hook(self, **kwargs):
+        return _JoinHook(self)
+
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+
+    @property
+    def join_process_group(self):
+        return self._join_group
+
     def _bucket_key(self, entries):
         return tuple((self._keys.get(pid), off, numel) for pid, off, numel in entries)
 
@@ -210,7 +234,10 @@ class CompressionState(_PerParameterFeedback):
             kept = ef.kept
             if kept.size:
                 fb["buckets"][self._bucket_key(layout)] = torch.from_numpy(kept)
-        return self._checkpoint("step", self.step, fb)
+        out = self._checkpoint("step", self.step, fb)
+        if self._periodic is not None:
+            out["periodic"] = self._periodic.state_dict()
+        return out
 
     def load_state_dict(self, state_dict):
         """load_state_dict(state_dict): goes on from a state_dict() of a state with the same
@@ -218,10 +245,13 @@ class CompressionState(_PerParameterFeedback):
         steps: the step count as saved, and each parameter's residual and velocity when the hook
         next meets it (by its key), whatever buckets DDP has laid it out in."""
         self._check_format(state_dict)
+        self._check_periodic(state_dict)
         self._load_feedback(state_dict)
         self._layout.clear()
         self.step = int(state_dict["step"])
         self._new_step = True
+        if self._periodic is not None:
+            self._periodic.load_state_dict(state_dict["periodic"], "load_state_dict")
         if self._check is not None:  # the whole-step check measures afresh
             self._check = _StepCheck(max(self.warmup_steps + _start_steps(self.codec),
                                          self.step) + _StepCheck.window)
@@ -257,6 +287,15 @@ def compression_hook(state, bucket):
     warm = adam.schedule.refreshes(step + 1) if adam is not None else step < state.warmup_steps
     dense = warm or (not state._split and not state._shaped and tensor.numel() < state.dense_below)
     first_call, state._new_step = state._new_step, last
+    periodic = state._periodic
+    if periodic is not None and periodic.local(step):
+        # A local step (register(period=H)): this rank's gradients, its own momentum; the
+        # optimizer's step() averages the models where a period ends.
+        periodic.local_step(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)],
+                            last)
+        if last:
+            state.step += 1
+        return _done(tensor)
     if adam is not None and adam.schedule.local(step + 1):
         # 0/1 Adam's local step: this rank's momentum stays here (the optimizer's step() moves
         # on it, and synchronizes where an interval ends).
@@ -362,14 +401,27 @@ def register(model, optimizer, codec, **options):
     gcomp.AdamSchedule.zero_one(freeze_step, ...) runs 0/1 Adam instead: the variance refreshed
     on the schedule (exact steps on gradients averaged uncompressed) until freeze_step, then
     local steps, each rank on its own momentum, synchronized on the schedule by optimizer.step()
-    (docs/python.md, "0/1 Adam")."""
+    (docs/python.md, "0/1 Adam").
+
+    period=H (> 1), period_from=S: periodic model averaging (docs/python.md, "Periodic
+    averaging"). Steps before S are synchronized as above; from S on each rank steps on its own
+    (the hook sends nothing) and optimizer.step() averages the models after every H-th local
+    step: each parameter's change since the last average through the codec, with error
+    feedback of its own, so that every rank ends the average with the same parameters.
+    outer_lr, outer_momentum: an outer Nesterov step on the averaged change (DiLoCo's; 1.0 and
+    0.0, the defaults, are plain averaging). momentum_at_average: "local" (each rank keeps its
+    optimizer's momentum, as torch's post-local SGD), "reset" or "average" (averaged with the
+    parameters, through the codec). model.join() then joins the state too (uneven inputs)."""
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
                         f"model (it has register_comm_hook), not {type(model).__name__}")
     options = dict(options)
     who = "gcomp.torch.register"
     variance = options.pop("variance", "frozen")
+    periodic = _periodic_of(options, who)
     adam = _options._adam_of(optimizer, variance, options, who)
+    if periodic is not None:
+        _periodic_allowed(optimizer, adam, who)
     moved = {} if adam else _options._take_momentum(optimizer, codec, options, who)
     if adam and options.get("per_parameter") is None:
         options["per_parameter"] = False  # 1-bit Adam: the momentum of a bucket whole
@@ -383,5 +435,37 @@ def register(model, optimizer, codec, **options):
         # The optimizer's step() after a backward (the hook has counted it in state.step) is
         # the schedule's: the optimizer's own in the warm-up.
         state._adam.take_step(lambda: state.step)
+    if periodic is not None:
+        state._periodic = _Periodic(state, optimizer, options["names"], **periodic)
+        state._join_group = model.process_group
+        _average_after_step(optimizer, state._periodic, lambda: state.step)
+        _join_with(model, state)
     model.register_comm_hook(state, compression_hook)
     return state
+
+
+def _average_after_step(optimizer, periodic, taken):
+    """Makes optimizer.step() average the models after the steps where a period ends (taken()
+    says how many steps the owner has counted, this one's included). A learning-rate scheduler
+    keeps its count, whether it wrapped step() before this or after (as _Adam.take_step)."""
+    own = optimizer.step
+    counted = getattr(own, "_with_counter", False)
+
+    def step(self, closure=None):
+        loss = own(closure)
+        periodic.maybe_average(taken())
+        return loss
+
+    step._with_counter = counted
+    optimizer.step = types.MethodType(step, optimizer)
+
+
+def _join_with(model, state):
+    """Makes model.join() (DDP's uneven inputs) join state too, so that a rank that has run
+    out of data takes part in the averages the others run."""
+    def join(self, divide_by_initial_world_size=True, enable=True,
+             throw_on_early_termination=False):
+        return Join([self, state], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    model.join = types.MethodType(join, model)

@@ -6,6 +6,7 @@ from . import _options
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
+from ._periodic import _Periodic, _periodic_allowed, _periodic_of
 from ._pipeline import _MASK, Bucket, Collective
 
 
@@ -13,7 +14,8 @@ class DistributedOptimizer(_PerParameterFeedback):
     """DistributedOptimizer(optimizer, named_parameters=None, codec="none", error_feedback=True,
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
     synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=None,
-    weight_decay=None, stall_seconds=None, timeout_seconds=None, variance="frozen")
+    weight_decay=None, stall_seconds=None, timeout_seconds=None, variance="frozen", period=1,
+    period_from=0, outer_lr=1.0, outer_momentum=0.0, momentum_at_average="local")
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
@@ -33,14 +35,18 @@ class DistributedOptimizer(_PerParameterFeedback):
     (variance="frozen"; warmup_steps at least 1): its warm-up's steps are its own on the
     averaged gradients, then each rank's momentum is what is sent and step() applies the
     averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW");
-    variance=gcomp.AdamSchedule.zero_one(...) runs 0/1 Adam, as register() does.
+    variance=gcomp.AdamSchedule.zero_one(...) runs 0/1 Adam, as register() does. period,
+    period_from, outer_lr, outer_momentum, momentum_at_average: periodic model averaging, as
+    register()'s (docs/python.md, "Periodic averaging"): from step period_from on, step() takes
+    each rank's own step and averages the models after every period-th.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
                  warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20,
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
-                 variance="frozen"):
+                 variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
+                 momentum_at_average="local"):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -53,8 +59,13 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"parameter {name} is given twice in named_parameters")
             seen.add(id(p))
         who = "gcomp.torch.DistributedOptimizer"
+        periodic = _periodic_of({"period": period, "period_from": period_from,
+                                 "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+                                 "momentum_at_average": momentum_at_average}, who)
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
+        if periodic is not None:
+            _periodic_allowed(optimizer, adam, who)
         if adam:  # nothing of SGD's to move; the momentum of a bucket whole (per_parameter)
             momentum, weight_decay = 0.0, 0.0
             per_parameter = False if per_parameter is None else per_parameter
@@ -71,6 +82,7 @@ class DistributedOptimizer(_PerParameterFeedback):
         if adam:
             self.warmup_steps = self._adam.warmup_steps
         self.steps = 0
+        self._periodic = _Periodic(self, optimizer, named, **periodic) if periodic else None
         self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
         self._meet(p for _, p in named)
         self._ready, self._ready_bytes = [], 0
@@ -91,8 +103,10 @@ class DistributedOptimizer(_PerParameterFeedback):
 
     def stats(self):
         """stats() -> dict, as CompressionState.stats(), with steps (tail_seconds: what
-        step() waited for, from handing over the last bucket to every result)."""
-        return self._stats.snapshot(steps=self.steps)
+        step() waited for, from handing over the last bucket to every result); with a period,
+        the averages' keys as CompressionState's."""
+        extra = self._periodic.stats() if self._periodic is not None else {}
+        return self._stats.snapshot(steps=self.steps, **extra)
 
     def _ready_hook(self, p):
         def hook(*_):
@@ -117,6 +131,9 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
                                  f"{'missing' if g is None else 'not contiguous'}")
             grads.append(g.view(-1))
+        if self._periodic is not None and self._periodic.local(self.steps):
+            self._periodic.local_step(params, grads, False)  # a local step: nothing is sent
+            return
         if adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
             adam.local_momentum(params, grads)
             if adam.schedule.local(t):  # 0/1 Adam's local step: it stays here (step() moves on it)
@@ -174,7 +191,13 @@ class DistributedOptimizer(_PerParameterFeedback):
             self.steps += 1
         adam, t = self._adam, self.steps
         if adam is None or (adam.schedule.refreshes(t) and adam.schedule.variance_steps(t) == t):
-            return self.optimizer.step(closure)
+            loss = self.optimizer.step(closure)
+            periodic = self._periodic
+            if periodic is not None:
+                if periodic.local(t - 1):
+                    periodic.local_steps += 1
+                periodic.maybe_average(t)
+            return loss
         return adam.refresh(closure, t) if adam.schedule.refreshes(t) else adam.step(closure, t)
 
     def _steps_taken(self):
@@ -192,8 +215,10 @@ class DistributedOptimizer(_PerParameterFeedback):
         load_state_dict and goes on exactly. Call it between steps."""
         fb = self._feedback_state()
         fb.pop("buckets")
-        return {"optimizer": self.optimizer.state_dict(),
-                "gcomp": self._checkpoint("steps", self.steps, fb)}
+        ours = self._checkpoint("steps", self.steps, fb)
+        if self._periodic is not None:
+            ours["periodic"] = self._periodic.state_dict()
+        return {"optimizer": self.optimizer.state_dict(), "gcomp": ours}
 
     def load_state_dict(self, state_dict):
         """load_state_dict(state_dict): the wrapped optimizer's part into it, gcomp's (same
@@ -204,6 +229,9 @@ class DistributedOptimizer(_PerParameterFeedback):
             return
         ours = state_dict["gcomp"]
         self._check_format(ours)
+        self._check_periodic(ours)
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._load_feedback(ours)
         self.steps = int(ours["steps"])
+        if self._periodic is not None:
+            self._periodic.load_state_dict(ours["periodic"], "load_state_dict")

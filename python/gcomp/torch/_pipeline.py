@@ -29,14 +29,17 @@ class Bucket:
     tensors the job reads or writes, the first of which says where they are (host or a CUDA
     device), kept for the caching allocator with the velocities until the side stream is done;
     dense: the bucket is sent uncompressed (warm-up, small), so no velocity is masked; entered:
-    when the caller began (perf_counter), for the statistics' hook time. submit() hands it on."""
+    when the caller began (perf_counter), for the statistics' hook time; plain: no weight decay
+    or momentum correction (the tensors are not gradients: a model average's changes). submit()
+    hands it on."""
 
-    def __init__(self, owner, kind, step, index, params, grads, keep, dense, entered):
+    def __init__(self, owner, kind, step, index, params, grads, keep, dense, entered,
+                 plain=False):
         self.owner, self.dense, self.entered = owner, dense, entered
         self.velocities = None
-        if owner.weight_decay:
+        if owner.weight_decay and not plain:
             owner._decay(params, grads)
-        if owner.momentum:
+        if owner.momentum and not plain:
             self.velocities = owner._accumulate_momentum(params, grads)
         self.waits = _Waits(owner)
         self.label = owner._label(kind, index, step, params)
