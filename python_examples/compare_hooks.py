@@ -39,7 +39,16 @@ over the network) and gcomp_topk1_srs (sparse_reduce_scatter, the flat global to
 one line; gcomp_topk1 leaves the algorithm to auto; gcomp_topk1_two_level_by_hand and
 gcomp_topk1_pinned_by_hand register the first two by hand (SGD keeping its momentum). --seeds 0,1,2 runs every row once per seed
 (a table each, and one across the seeds: each row's accuracies, their mean and range, and its
-link bytes per step), for the run-to-run spread. Row nocomm is the compute
+link bytes per step), for the run-to-run spread.
+Periodic averaging (--period H, --period-from S; default 8 from 96): torch_post_local is torch's
+post-local SGD (post_localSGD_hook with one subgroup per rank until S, then local steps, and
+PostLocalSGDOptimizer with PeriodicModelAverager(period=H, warmup_steps=S)); the _period rows
+are the one line with period=H, period_from=S: gcomp_none_period, gcomp_fp16_period,
+gcomp_topk1_period (top-k 1% on sparse_allgather, every synchronized step and every average),
+gcomp_sign_period; _reset and _avgmom rows set momentum_at_average to "reset" and "average"
+(each rank's momentum zeroed, or averaged through the codec, at an average); _outer rows add an
+outer Nesterov step (outer_lr=0.7, outer_momentum=0.5). Their evaluations are rank 0's model,
+as every row's: between averages, that rank's own. Row nocomm is the compute
 limit: a hook that returns the bucket as it is, without any communication (the ranks' models
 drift apart, so its accuracy means nothing; its step time is what no communication costs).
 --interleave runs the rows in one job instead of one job each, a step of each row in turn (each
@@ -167,8 +176,50 @@ GCOMP_ROWS = {
     "gcomp_powersgd4_alt": dict(codec="powersgd:rank=4,alternate=true", **APPLIED),
     # Auto may send a bucket uncompressed where that is faster (the row's algorithm counts say).
     "gcomp_powersgd4_auto": dict(codec="powersgd:rank=4"),
+    # Periodic model averaging (--period H from --period-from S), the one line with period=H:
+    # every step synchronized until S, then local steps and an average every H (the change
+    # since the last through the codec, with error feedback). Beside torch's post-local SGD
+    # (row torch_post_local, the same H and S).
+    "gcomp_none_period": dict(codec="none", periodic={}, **ONE_LINE),
+    "gcomp_fp16_period": dict(codec="fp16", periodic={}, **APPLIED, **ONE_LINE),
+    "gcomp_topk1_period": dict(codec="topk:ratio=0.01", periodic={}, algorithm="sparse_allgather",
+                               **APPLIED, **ONE_LINE),
+    "gcomp_sign_period": dict(codec="sign", periodic={}, **APPLIED, **ONE_LINE),
+    # What happens to the optimizer's momentum at an average (momentum_at_average), and an
+    # outer Nesterov step on the averaged change (DiLoCo's: outer_lr, outer_momentum).
+    "gcomp_none_period_reset": dict(codec="none", periodic=dict(momentum_at_average="reset"),
+                                    **ONE_LINE),
+    "gcomp_none_period_avgmom": dict(codec="none",
+                                     periodic=dict(momentum_at_average="average"), **ONE_LINE),
+    "gcomp_none_period_outer": dict(codec="none",
+                                    periodic=dict(outer_lr=0.7, outer_momentum=0.5), **ONE_LINE),
+    "gcomp_topk1_period_outer": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                     periodic=dict(outer_lr=0.7, outer_momentum=0.5),
+                                     **APPLIED, **ONE_LINE),
+    "gcomp_topk1_period_avgmom": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                      periodic=dict(momentum_at_average="average"), **APPLIED,
+                                      **ONE_LINE),
+    "gcomp_sign_period_avgmom": dict(codec="sign", periodic=dict(momentum_at_average="average"),
+                                     **APPLIED, **ONE_LINE),
+    "gcomp_topk10_period_avgmom": dict(codec="topk:ratio=0.1", algorithm="sparse_allgather",
+                                       periodic=dict(momentum_at_average="average"), **APPLIED,
+                                       **ONE_LINE),
+    "gcomp_topk10_period_avgmom_outer": dict(
+        codec="topk:ratio=0.1", algorithm="sparse_allgather", periodic=dict(
+            momentum_at_average="average", outer_lr=0.7, outer_momentum=0.5), **APPLIED,
+        **ONE_LINE),
+    "gcomp_none_period_avgmom_outer": dict(codec="none", periodic=dict(
+        momentum_at_average="average", outer_lr=0.7, outer_momentum=0.5), **ONE_LINE),
+    "gcomp_topk1_period_avgmom_outer": dict(
+        codec="topk:ratio=0.01", algorithm="sparse_allgather", periodic=dict(
+            momentum_at_average="average", outer_lr=0.7, outer_momentum=0.5), **APPLIED,
+        **ONE_LINE),
+    "gcomp_sign_period_avgmom_outer": dict(codec="sign", periodic=dict(
+        momentum_at_average="average", outer_lr=0.7, outer_momentum=0.5), **APPLIED, **ONE_LINE),
+    "gcomp_fp16_period_outer": dict(codec="fp16", periodic=dict(outer_lr=0.7, outer_momentum=0.5),
+                                    **APPLIED, **ONE_LINE),
 }
-KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS]
+KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS] + ["torch_post_local"]
 
 
 # ---- one run (every rank) ----
@@ -196,7 +247,8 @@ def link_per_step(before, after, steps):
 class Row:
     """One row's model, optimizer, hook state and measurements, in one worker process."""
 
-    def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, make_model):
+    def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, post_localSGD_hook,
+                 gt, make_model):
         self.name = name
         if name.startswith("powersgd"):
             # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
@@ -222,6 +274,16 @@ class Row:
             self.model.register_comm_hook(None, no_communication)
         elif name == "torch_fp16":
             self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name == "torch_post_local":
+            # torch's post-local SGD: its hook allreduces every step until start_localSGD_iter,
+            # then reduces over the subgroup (one group per rank: local steps; torch's subgroup
+            # helpers ask for CUDA), and PeriodicModelAverager averages the parameters every
+            # period from warmup_steps on.
+            groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+            self.state = post_localSGD_hook.PostLocalSGDState(
+                process_group=None, subgroup=groups[dist.get_rank()],
+                start_localSGD_iter=a.period_from)
+            self.model.register_comm_hook(self.state, post_localSGD_hook.post_localSGD_hook)
         elif name.startswith("powersgd"):
             self.state = powerSGD_hook.PowerSGDState(process_group=None,
                                                      matrix_approximation_rank=int(name[8:]),
@@ -238,10 +300,19 @@ class Row:
         else:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=a.lr,
                                        momentum=0.0 if in_hook else 0.9)
+        if name == "torch_post_local":
+            from torch.distributed.algorithms.model_averaging import averagers
+            from torch.distributed.optim import PostLocalSGDOptimizer
+            self.averager = averagers.PeriodicModelAverager(period=a.period,
+                                                            warmup_steps=a.period_from)
+            self.opt = PostLocalSGDOptimizer(optim=self.opt, averager=self.averager)
         if name in GCOMP_ROWS:
             kw = dict(GCOMP_ROWS[name])
             self.form = kw.pop("form", "hook")
             schedule = kw.pop("schedule", None)
+            periodic = kw.pop("periodic", None)
+            if periodic is not None:
+                kw.update(period=a.period, period_from=a.period_from, **periodic)
             if a.optimizer == "adamw":
                 # 1-bit Adam: the one line with the optimizer, its warm-up exact; or 0/1 Adam's
                 # schedule.
@@ -265,6 +336,9 @@ class Row:
                 self.state = gt.CompressionState(**kw, seed=a.seed)
                 self.model.register_comm_hook(self.state, gt.compression_hook)
         self.wall, self.steps, self.step_times, self.evals = 0.0, 0, [], []
+        self.periodic = name == "torch_post_local" or "periodic" in GCOMP_ROWS.get(name, {})
+        self.avg_evals = []  # periodic rows: (step, accuracy of the ranks' average model)
+        self.eval_link = (0, 0)  # the link bytes (sent, received) of those evaluations
         self.phases = []  # (forward, backward, optimizer) seconds of each step
         self.failed = None
         self.link_from, self.link = None, None  # every rank's link_counters() after step 1
@@ -273,7 +347,8 @@ class Row:
 def worker(a):
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import (default_hooks, post_localSGD_hook,
+                                                             powerSGD_hook)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     sys.path.insert(0, HERE)
@@ -288,7 +363,8 @@ def worker(a):
     def model_of(a):
         return vit(seed=a.seed) if a.model == "vit" else mlp(a.model == "wide", seed=a.seed)
 
-    rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, gt, model_of)
+    rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, post_localSGD_hook, gt,
+                model_of)
             for name in a.worker.split(",")]
     results = a.result.split(",")
     # The hosts' links are counted where a job runs one row (interleaved rows share the links).
@@ -300,10 +376,38 @@ def worker(a):
         dist.all_gather_object(every, link_counters())
         return every
 
+    def all_eval_links(r):
+        every = [None] * size
+        dist.all_gather_object(every, r.eval_link)
+        return every
+
     def evaluate(r):
         # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
         if rank == 0:
             r.evals.append((r.steps, r.wall, accuracy(r.model.module, test_x, test_y)))
+        if r.periodic:
+            # Periodic rows: between averages the ranks' models differ; the ranks' average (what
+            # average_parameters() would make) evaluated too, on a copy, through torch's
+            # allreduce: neither counted nor changing the training.
+            params = list(r.model.module.parameters())
+            flat = torch.cat([q.detach().reshape(-1) for q in params])
+            if counting:  # this evaluation's traffic is not the row's: counted apart
+                dist.barrier()
+                before = link_counters()
+            dist.all_reduce(flat)
+            if counting:
+                dist.barrier()
+                after = link_counters()
+                r.eval_link = (r.eval_link[0] + after[1] - before[1],
+                               r.eval_link[1] + after[2] - before[2])
+            flat /= size
+            if rank == 0:
+                saved = [q.detach().clone() for q in params]
+                with torch.no_grad():
+                    torch.nn.utils.vector_to_parameters(flat, params)
+                    r.avg_evals.append((r.steps, accuracy(r.model.module, test_x, test_y)))
+                    for q, v in zip(params, saved):
+                        q.copy_(v)
         dist.barrier()
 
     def one_step(r, idx):
@@ -353,7 +457,10 @@ def worker(a):
         if r.steps % a.eval_every != 0:  # the same test on every rank: each joins the barrier
             evaluate(r)
         if r.link_from is not None and r.steps > 1:
-            r.link = link_per_step(r.link_from, read_links(), r.steps - 1)
+            # Less what this rank's link carried in the evaluations of the ranks' average.
+            ended = [(ns, tx - etx, rx - erx) for (ns, tx, rx), (etx, erx) in
+                     zip(read_links(), all_eval_links(r))]
+            r.link = link_per_step(r.link_from, ended, r.steps - 1)
         record(a, r, result, rank, size)
     dist.barrier()
 
@@ -375,10 +482,19 @@ def record(a, r, result, rank, size):
                      r.state, "_check", None) else [],
                  # Means per step of where the communication's time went (state.stats()).
                  "split": {k[:-len("_seconds")]: st[k] / max(1, st["steps"]) for k in st
-                           if k.endswith("_seconds")}}
+                           if k.endswith("_seconds")},
+                 # Periodic averaging: local steps, averages and what each sent.
+                 "periodic": {k: st[k] for k in ("local_steps", "averages", "average_bytes_sent",
+                                                 "bytes_per_average") if k in st}}
     else:
         ring = 2 * (size - 1) / size
-        if r.name in ("nocomm", "nocomm_sync"):
+        if r.name == "torch_post_local":
+            # DDP's allreduce until --period-from, then the averager's allreduce of the
+            # parameters at its steps S, S + H, ... (counted from 0).
+            averages = (r.steps - 1 - a.period_from) // a.period + 1 if r.steps > a.period_from \
+                else 0
+            per_step, r.steps_sent = 4 * n, min(r.steps, a.period_from) + averages
+        elif r.name in ("nocomm", "nocomm_sync"):
             per_step = 0
         elif r.name == "ddp":
             per_step = 4 * n
@@ -390,7 +506,7 @@ def record(a, r, result, rank, size):
                            for p in r.model.parameters())
         dense = min(r.steps, a.powersgd_start) if r.name.startswith("powersgd") else 0
         # torch's PowerSGD rows: their first --powersgd-start steps are DDP's dense allreduce.
-        sent = int(ring * (per_step * (r.steps - dense) + 4 * n * dense))
+        sent = int(ring * (per_step * (getattr(r, "steps_sent", r.steps) - dense) + 4 * n * dense))
         how, extra = "model", {}
     if rank == 0:
         json.dump({"row": r.name, "config": config(a), "steps": r.steps, "evals": r.evals,
@@ -399,6 +515,7 @@ def record(a, r, result, rank, size):
                    "phase_medians": [statistics.median(p[i] for p in r.phases) for i in range(3)],
                    "final_accuracy": r.evals[-1][2], "parameters": n, "ranks": size,
                    "interleaved": a.worker if "," in a.worker else None, "link": r.link,
+                   "avg_evals": r.avg_evals,
                    **extra},
                   open(result, "w"))
 
@@ -408,7 +525,8 @@ def record(a, r, result, rank, size):
 def config(a):
     """The settings that make two rows' results comparable."""
     keys = ["model", "network", "epochs", "eval_every", "max_steps", "batch", "lr", "seed", "ranks",
-            "powersgd_start", "cluster", "interleave", "launcher", "optimizer", "ranks_per_host"]
+            "powersgd_start", "cluster", "interleave", "launcher", "optimizer", "ranks_per_host",
+            "period", "period_from"]
     if a.optimizer == "adamw":
         keys += ["weight_decay", "warmup_steps", "zero_one"]
     return {k: getattr(a, k) for k in keys}
@@ -455,7 +573,8 @@ def run_row(a, row, result):
            "--ranks-per-host", str(a.ranks_per_host),
            "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher,
            "--optimizer", a.optimizer, "--weight-decay", str(a.weight_decay),
-           "--warmup-steps", str(a.warmup_steps),
+           "--warmup-steps", str(a.warmup_steps), "--period", str(a.period),
+           "--period-from", str(a.period_from),
            "--zero-one", ",".join(str(x) for x in a.zero_one)] + (
            ["--cluster"] if a.cluster else []) + (
            ["--interleave"] if a.interleave else [])
@@ -499,6 +618,10 @@ def main():
                     help="the _zero_one rows' schedule: FREEZE,KAPPA,H,DOUBLE, "
                          "gcomp.AdamSchedule.zero_one(FREEZE, kappa=KAPPA, max_local_steps=H, "
                          "local_double_every=DOUBLE)")
+    ap.add_argument("--period", type=int, default=8,
+                    help="the periodic rows (_period, torch_post_local): average every H steps")
+    ap.add_argument("--period-from", type=int, default=96,
+                    help="the periodic rows: every step synchronized before this one")
     ap.add_argument("--network", default="none", help="none, or a tc rate such as 1gbit")
     ap.add_argument("--cluster", action="store_true",
                     help="run on scripts/cluster's testbed: --ranks ranks, --ranks-per-host a "
@@ -595,22 +718,24 @@ def write_seeds(a, base, by_seed):
     names = [r for r in KNOWN if any(x["row"] == r for rs in by_seed.values() for x in rs)]
     lines = [f"{a.ranks} ranks, {'ViT' if a.model == 'vit' else a.model + ' MLP'}, "
              f"{testbed(a)}, seeds {', '.join(map(str, seeds))}", "",
-             "| row | test accuracy by seed | mean | range | second half (mean) | each host's "
-             "link: sent per step (largest host, mean) | bytes sent per rank (mean) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| row | test accuracy by seed | mean | range | second half (mean) | second half, "
+             "the ranks' average model (mean) | each host's link: sent per step (largest host, "
+             "mean) | bytes sent per rank (mean) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name in names:
         got = [next((x for x in by_seed[s] if x["row"] == name), None) for s in seeds]
         ok = [g for g in got if g and "failed" not in g]
         cells = ", ".join("-" if not g or "failed" in g else f"{g['final_accuracy']:.4f}"
                           for g in got)
         if not ok:
-            lines.append(f"| {name} | {cells} | | | | | |")
+            lines.append(f"| {name} | {cells} | | | | | | |")
             continue
         acc = [g["final_accuracy"] for g in ok]
         links = [max(g["link"]["tx_per_step"]) for g in ok if g.get("link")]
         lines.append(f"| {name} | {cells} | {statistics.mean(acc):.4f} | "
                      f"{max(acc) - min(acc):.4f} | "
-                     f"{statistics.mean(second_half(g) for g in ok):.4f} | " +
+                     f"{statistics.mean(second_half(g) for g in ok):.4f} | "
+                     f"{statistics.mean(second_half_averaged(g) for g in ok):.4f} | " +
                      (f"{statistics.mean(links) / 1e3:.1f} kB" if links else "") + " | "
                      f"{statistics.mean(g['bytes_sent'] for g in ok) / 1e6:.1f} MB |")
     open(base + "_seeds.md", "w").write("\n".join(lines) + "\n")
@@ -671,6 +796,13 @@ def second_half(r):
     """The mean test accuracy of the evaluations in the run's second half of steps."""
     late = [acc for s, _, acc in r["evals"] if s > r["steps"] / 2] or [r["final_accuracy"]]
     return sum(late) / len(late)
+
+
+def second_half_averaged(r):
+    """second_half of the ranks' average model (periodic rows; the others: second_half, their
+    ranks' models being the same)."""
+    late = [acc for s, acc in r.get("avg_evals") or [] if s > r["steps"] / 2]
+    return sum(late) / len(late) if late else second_half(r)
 
 
 def ring_bytes(r):
@@ -751,9 +883,28 @@ def write(a, base, results):
                           f", local_double_every={double}), ...)` (_refresh: max_local_steps=1, "
                           "no local steps): " + ", ".join(zero_one) + "."]
     elif one_line:
-        lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, ...)` "
-                      "(SGD's momentum 0.9 moved into the hook as momentum correction, the "
-                      "optimizer's set to 0): " + ", ".join(one_line) + "."]
+        moved = [r["row"] for r in results if r.get("form") == "register" and r.get("moved")]
+        kept = [r for r in one_line if r not in moved]
+        if moved:
+            lines += ["", "Registered with the one line, `gt.register(model, optimizer, codec, "
+                          "...)`, SGD's momentum 0.9 moved into the hook as momentum correction "
+                          "(the optimizer's set to 0): " + ", ".join(moved) + "."]
+        if kept:
+            lines += ["", "Registered with the one line, SGD keeping its momentum (a codec that "
+                          "does not delay: nothing moves): " + ", ".join(kept) + "."]
+    periodic = [r for r in results if r.get("periodic")]
+    if periodic or any(r["row"] == "torch_post_local" for r in results):
+        lines += ["", f"Periodic rows: every step synchronized until step {a.period_from}, then "
+                      f"local steps and an average every {a.period} (_period: "
+                      f"`period={a.period}, period_from={a.period_from}`; torch_post_local: "
+                      "post_localSGD_hook and PeriodicModelAverager). Averages made and bytes "
+                      "each: " + ", ".join(
+                          f"{r['row']} {r['periodic']['averages']} x "
+                          f"{r['periodic']['bytes_per_average'] / 1e6:.2f} MB" for r in periodic) +
+                  ". Mean over the second half of the ranks' average model (evaluated on a "
+                  "copy; between averages the ranks differ): " + ", ".join(
+                      f"{r['row']} {second_half_averaged(r):.4f}" for r in results
+                      if r.get("avg_evals")) + "."]
     if by_hand:
         lines += ["", "Registered by hand, `model.register_comm_hook(gt.CompressionState(codec, "
                       "...), gt.compression_hook)`, SGD keeping its momentum 0.9 (the _mc rows: "
