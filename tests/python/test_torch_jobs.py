@@ -144,6 +144,23 @@ def test_a_rank_late_past_the_stall_time_is_named_and_the_job_completes(form, ho
             assert re.search(r"bucket \d+ of step 2 \(\d\.(weight|bias)", line), line
 
 
+def test_a_rank_late_at_a_periodic_average_is_named():
+    # Period 2 from step 1: steps 1..3 local, the models averaged after step 3 (index 2). Rank 1
+    # sleeps before step 2; the others, whose local steps wait for nobody, wait at the average,
+    # and name it and rank 1.
+    ranks = 3
+    rc, out, err = job(ranks, "stall", "--form", "hook", "--late-rank", "1", "--sleep", "2.5",
+                       "--stall", "1", "--period", "2")
+    assert rc == 0, err
+    assert out.count("completed") == ranks, out
+    reports = [l for l in err.splitlines() if l.startswith("gcomp: rank ")]
+    waiting = sorted(int(re.match(r"gcomp: rank (\d+)", l).group(1)) for l in reports)
+    assert waiting == [0, 2], err
+    for line in reports:
+        assert "not there: rank 1 (at no gcomp call)" in line, line
+        assert re.search(r"model average 2 of step 3 \(module\.", line), line
+
+
 @pytest.mark.parametrize("sleep, launcher", [(0, "mpiexec"), (4, "mpiexec"), (0, "torchrun"),
                                              (4, "torchrun")])
 def test_a_rank_that_skips_a_call_under_a_timeout_makes_every_rank_raise(sleep, launcher):

@@ -64,6 +64,8 @@ def build(a, rank):
                 freeze, kappa=kappa, max_local_steps=local, local_double_every=double)}
     else:
         sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    # --period H: periodic averaging from step 1 (step 0 synchronized).
+    periodic = dict(period=a.period, period_from=1) if a.period > 1 else {}
     pinned = "sparse_allgather"
     if a.codec.startswith("powersgd"):
         pinned = "low_rank"
@@ -73,7 +75,8 @@ def build(a, rank):
         net = ddp(net) if a.buckets == "several" else DDP(net)
         state = gt.register(net, sgd, a.codec, algorithm=pinned, allow_uncompressed=False,
                             seed=7, stall_seconds=a.stall,
-                            per_parameter=True if a.per_parameter else None, **adam)
+                            per_parameter=True if a.per_parameter else None, **adam,
+                            **periodic)
         return net, sgd, state
     opt = gt.DistributedOptimizer(sgd, named_parameters=net.named_parameters(), codec=a.codec,
                                   algorithm=pinned, allow_uncompressed=False, seed=7,
@@ -198,6 +201,7 @@ def main():
     ap.add_argument("--save")
     ap.add_argument("--out")
     ap.add_argument("--late-rank", type=int, default=1)
+    ap.add_argument("--period", type=int, default=1, help="the hook's period (from step 1)")
     ap.add_argument("--sleep", type=float, default=2.5)
     ap.add_argument("--stall", type=float, default=None, help="the hook state's stall_seconds")
     ap.add_argument("--entry", choices=["register", "hook", "optimizer", "init"],
