@@ -64,6 +64,8 @@ class _PerParameterFeedback:
             raise ValueError("load_state_dict: the checkpoint is of a job " + (
                 "with" if self._periodic is None else "without") + " periodic averaging "
                 "(period=), this one " + ("without" if self._periodic is None else "with"))
+        if self._periodic is not None:  # before anything is loaded: the same settings
+            self._periodic.check_settings(sd["periodic"], "load_state_dict")
 
     def _label(self, kind, index, step, params):
         """A call's name in a stall report: "DDP bucket 2 of step 17 (fc.weight, fc.bias)"."""
@@ -184,6 +186,8 @@ class _PerParameterFeedback:
             local = self._adam.local_state()
             if local is not None:  # 0/1 Adam's local steps: the anchors
                 out["adam_local"] = local
+        if self._periodic is not None:  # the anchors, residuals and counts of the averages
+            out["periodic"] = self._periodic.state_dict()
         return out
 
     def _check_format(self, sd):
@@ -201,6 +205,7 @@ class _PerParameterFeedback:
         if sd.get("adam") != mine:
             raise ValueError(f"load_state_dict: the checkpoint's 1-bit Adam {sd.get('adam')} is "
                              f"not this one's {mine}")
+        self._check_periodic(sd)
         if float(sd.get("momentum", 0.0)) != self.momentum:
             raise ValueError(f"load_state_dict: the checkpoint's momentum {sd.get('momentum')} "
                              f"is not this state's {self.momentum}")
@@ -212,6 +217,8 @@ class _PerParameterFeedback:
         self._home.clear()
         if self._adam is not None:
             self._adam.load_local_state(sd.get("adam_local"))
+        if self._periodic is not None:
+            self._periodic.load_state_dict(sd["periodic"], "load_state_dict")
         self._loaded = {part: {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
                                 if part != "buckets" else v
                                 for k, v in dict(sd.get(part, {})).items()}

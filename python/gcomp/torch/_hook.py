@@ -234,10 +234,7 @@ class CompressionState(_PerParameterFeedback):
             kept = ef.kept
             if kept.size:
                 fb["buckets"][self._bucket_key(layout)] = torch.from_numpy(kept)
-        out = self._checkpoint("step", self.step, fb)
-        if self._periodic is not None:
-            out["periodic"] = self._periodic.state_dict()
-        return out
+        return self._checkpoint("step", self.step, fb)
 
     def load_state_dict(self, state_dict):
         """load_state_dict(state_dict): goes on from a state_dict() of a state with the same
@@ -245,13 +242,10 @@ class CompressionState(_PerParameterFeedback):
         steps: the step count as saved, and each parameter's residual and velocity when the hook
         next meets it (by its key), whatever buckets DDP has laid it out in."""
         self._check_format(state_dict)
-        self._check_periodic(state_dict)
         self._load_feedback(state_dict)
         self._layout.clear()
         self.step = int(state_dict["step"])
         self._new_step = True
-        if self._periodic is not None:
-            self._periodic.load_state_dict(state_dict["periodic"], "load_state_dict")
         if self._check is not None:  # the whole-step check measures afresh
             self._check = _StepCheck(max(self.warmup_steps + _start_steps(self.codec),
                                          self.step) + _StepCheck.window)

@@ -215,10 +215,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         load_state_dict and goes on exactly. Call it between steps."""
         fb = self._feedback_state()
         fb.pop("buckets")
-        ours = self._checkpoint("steps", self.steps, fb)
-        if self._periodic is not None:
-            ours["periodic"] = self._periodic.state_dict()
-        return {"optimizer": self.optimizer.state_dict(), "gcomp": ours}
+        return {"optimizer": self.optimizer.state_dict(),
+                "gcomp": self._checkpoint("steps", self.steps, fb)}
 
     def load_state_dict(self, state_dict):
         """load_state_dict(state_dict): the wrapped optimizer's part into it, gcomp's (same
@@ -229,9 +227,6 @@ class DistributedOptimizer(_PerParameterFeedback):
             return
         ours = state_dict["gcomp"]
         self._check_format(ours)
-        self._check_periodic(ours)
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._load_feedback(ours)
         self.steps = int(ours["steps"])
-        if self._periodic is not None:
-            self._periodic.load_state_dict(ours["periodic"], "load_state_dict")

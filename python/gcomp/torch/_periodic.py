@@ -318,12 +318,16 @@ class _Periodic:
                 out[part].setdefault(k, v)
         return out
 
-    def load_state_dict(self, sd, who):
-        """Goes on from a state_dict() of the same settings (ValueError otherwise)."""
+    def check_settings(self, sd, who):
+        """ValueError unless sd (a state_dict()) has this schedule's settings."""
         if sd is None or sd.get("settings") != self.settings():
             theirs = None if sd is None else sd.get("settings")
             raise ValueError(f"{who}: the checkpoint's periodic averaging {theirs} is not this "
                              f"one's {self.settings()}")
+
+    def load_state_dict(self, sd, who):
+        """Goes on from a state_dict() of the same settings (ValueError otherwise)."""
+        self.check_settings(sd, who)
         for _, table, _ in self._tables():
             table.clear()
         self._loaded = {part: {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
