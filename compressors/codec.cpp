@@ -21,8 +21,9 @@ Codec::Codec(std::string_view spec) {
   const detail::CodecEntry* e = detail::find_codec(reader.name());
   if (!e) {
     std::string names;
-    for (const detail::CodecEntry* r : detail::codec_entries())
-      names += std::string(names.empty() ? "" : ", ") + r->name;
+    for (const detail::CodecEntry* r : detail::codec_entries()) {
+      if (!r->wire_only) names += std::string(names.empty() ? "" : ", ") + r->name;
+    }
     reader.fail("unknown codec '" + reader.name() + "' (known: " + names + ")");
   }
   impl_ = e->make(reader);

@@ -15,12 +15,13 @@ namespace gcomp::detail {
 
 // A codec's parameters as plain numbers, for the CUDA backend (0 where a codec has none).
 struct CodecParams {
-  int bits = 0;               // qsgd
+  int bits = 0;               // qsgd; topk_chunked's code bits (0: values as f32 or f16)
   std::uint64_t bucket = 0;   // qsgd
   double clip = 0;            // terngrad
   double tau = 0;             // threshold
   bool scale = false;         // randomk: values times n / k
-  bool fp16_values = false;   // topk, randomk, threshold
+  bool fp16_values = false;   // topk, randomk, threshold, topk_chunked
+  std::uint64_t chunk = 0;    // topk_chunked: the elements of a chunk
 };
 
 class CodecImpl {
@@ -37,6 +38,8 @@ class CodecImpl {
     return max_bytes(n);
   }
   virtual CodecParams params() const { return {}; }
+  // topk_chunked: the entries a chunk of len elements keeps (1 <= len <= its chunk).
+  virtual std::uint64_t chunk_entries(std::uint64_t /*len*/) const { return 0; }
 
   // Writes the payload of x[0..n) into out[0..cap) and returns its size. Throws Error.
   // With error feedback (e_old != nullptr) it encodes v = x + e_old instead and writes
@@ -69,12 +72,21 @@ struct CodecEntry {
   // would repeat (packed sparse indices are unpacked once); nullptr where the two are separate.
   // The layout is checked first; nothing is added to acc unless all of the payload is valid.
   void (*validate_decode_add)(const Payload& p, float* acc, float alpha) = nullptr;
+  // A payload's name that no spec spells (topk_chunked: top-k's own spec with chunk=): its
+  // `make` refuses, saying how to write it, and the catalog leaves it out.
+  bool wire_only = false;
 };
 
 // Every codec's entry, in wire-id order (registry.cpp).
 const std::vector<const CodecEntry*>& codec_entries();
 const CodecEntry* find_codec(CodecKind kind) noexcept;
 const CodecEntry* find_codec(std::string_view name) noexcept;
+
+// topk with chunk= or bits= (topk_chunked.cpp): its parser, its payloads' entry count (the layout
+// checked) and entries (as read_sparse_entries).
+std::unique_ptr<CodecImpl> make_topk_chunked(SpecReader& spec);
+std::uint64_t chunked_nnz(const Payload& p);
+void read_chunked_entries(const Payload& p, SparseEntries& out, bool own);
 
 // The entries of a parsed sparse payload (sparse.cpp); throws for other codecs or bad payloads.
 // own: a payload this process just encoded, whose values need no second check.

@@ -27,6 +27,21 @@ std::size_t packed_indices_bound(std::uint64_t count, std::uint64_t n) noexcept 
   return static_cast<std::size_t>(blocks + block_bytes(count, w) + blocks);  // + rounding
 }
 
+std::size_t packed_indices_size(const std::uint64_t* idx, std::size_t count) noexcept {
+  std::size_t bytes = 0;
+  std::uint64_t prev_plus_one = 0;
+  for (std::size_t b = 0; b < count; b += kIndexBlock) {
+    const std::size_t m = std::min(kIndexBlock, count - b);
+    std::uint64_t any = 0;
+    for (std::size_t j = 0; j < m; ++j) {
+      any |= idx[b + j] - prev_plus_one;
+      prev_plus_one = idx[b + j] + 1;
+    }
+    bytes += 1 + static_cast<std::size_t>(block_bytes(m, static_cast<unsigned>(std::bit_width(any))));
+  }
+  return bytes;
+}
+
 std::size_t pack_indices(const std::uint64_t* idx, std::size_t count, std::byte* out) noexcept {
   std::byte* p = out;
   std::uint64_t prev_plus_one = 0;  // idx_{j-1} + 1, 0 before the first

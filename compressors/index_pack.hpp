@@ -31,6 +31,9 @@ std::size_t packed_indices_bound(std::uint64_t count, std::uint64_t n) noexcept;
 // cost model's figure for the streams; a support with clustered gaps packs tighter.
 double expected_packed_index_bytes(double density) noexcept;
 
+// The bytes pack_indices writes for idx[0..count) (strictly increasing), without writing them.
+std::size_t packed_indices_size(const std::uint64_t* idx, std::size_t count) noexcept;
+
 // Writes idx[0..count) (strictly increasing) to out, which holds at least
 // packed_indices_bound(count, n) bytes; returns the bytes written.
 std::size_t pack_indices(const std::uint64_t* idx, std::size_t count, std::byte* out) noexcept;

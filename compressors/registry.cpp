@@ -21,11 +21,13 @@ const CodecEntry& qsgd_entry();
 const CodecEntry& terngrad_entry();
 const CodecEntry& sign_entry();
 const CodecEntry& powersgd_entry();
+const CodecEntry& topk_chunked_entry();
 
 const std::vector<const CodecEntry*>& codec_entries() {
   static const std::vector<const CodecEntry*> r = {
       &cast_none_entry(), &cast_fp16_entry(), &cast_bf16_entry(), &topk_entry(), &randomk_entry(),
-      &threshold_entry(), &qsgd_entry(),      &terngrad_entry(),  &sign_entry(), &powersgd_entry()};
+      &threshold_entry(), &qsgd_entry(),      &terngrad_entry(),  &sign_entry(), &powersgd_entry(),
+      &topk_chunked_entry()};
   return r;
 }
 
@@ -90,7 +92,7 @@ const std::vector<CodecDescription>& codec_catalog() {
   static const std::vector<CodecDescription> c = [] {
     std::vector<CodecDescription> out;
     for (const detail::CodecEntry* e : detail::codec_entries()) {
-      out.push_back({e->name, e->summary, e->keys});
+      if (!e->wire_only) out.push_back({e->name, e->summary, e->keys});
     }
     return out;
   }();

@@ -442,6 +442,8 @@ std::string describe_sparse(const Payload& p) {
 }
 
 std::unique_ptr<CodecImpl> make_topk(SpecReader& s) {
+  // Per chunk (with codes, or values of each chunk's own): topk_chunked.cpp.
+  if (s.has("chunk") || s.has("bits")) return make_topk_chunked(s);
   return make_sparse(s, Mode::topk, CodecKind::topk);
 }
 std::unique_ptr<CodecImpl> make_randomk(SpecReader& s) {
@@ -455,10 +457,16 @@ const std::vector<SpecKey> kRatioKeys = {
     {"ratio", "", "fraction of elements to send, 0 < R <= 1 (k = max(1, round(R n)))"},
     {"k", "", "number of elements to send (instead of ratio)"},
     {"values", "fp32", "value type on the wire: fp32 or fp16"}};
+// top-k's keys for the chunked form (topk_chunked.cpp).
+const std::vector<SpecKey> kChunkKeys = {
+    {"chunk", "", "per chunk of C elements (1..2^32): the k or round(R C) largest of each, "
+                  "indices relative to the chunk"},
+    {"bits", "", "the kept values as B-bit codes (1..8) with a scale per chunk (needs chunk)"}};
 
 }  // namespace
 
 std::uint64_t sparse_nnz(const Payload& p) {
+  if (p.kind == CodecKind::topk_chunked) return chunked_nnz(p);
   if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk && p.kind != CodecKind::threshold) {
     throw Error(Status::invalid_argument,
                 std::string("sparse_nnz: a ") + codec_name(p.kind) + " payload is not sparse");
@@ -468,6 +476,7 @@ std::uint64_t sparse_nnz(const Payload& p) {
 }
 
 void read_sparse_entries(const Payload& p, SparseEntries& out, bool own) {
+  if (p.kind == CodecKind::topk_chunked) return read_chunked_entries(p, out, own);
   if (p.kind != CodecKind::topk && p.kind != CodecKind::randomk && p.kind != CodecKind::threshold) {
     throw Error(Status::invalid_argument,
                 std::string("sparse_entries: a ") + codec_name(p.kind) + " payload is not sparse");
@@ -493,7 +502,8 @@ const CodecEntry& topk_entry() {
   static const CodecEntry e{CodecKind::topk,
                             "topk",
                             "the k largest |x| exactly; indices ascending, ties to the lower index",
-                            kRatioKeys,
+                            {kRatioKeys[0], kRatioKeys[1], kRatioKeys[2], kChunkKeys[0],
+                             kChunkKeys[1]},
                             kSparsePayload,
                             make_topk,
                             validate_sparse,

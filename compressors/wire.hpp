@@ -31,7 +31,7 @@ namespace gcomp::detail {
 inline constexpr std::uint8_t kWireVersion = 2;
 inline constexpr std::uint8_t kOldestWireVersion = 1;
 inline constexpr std::size_t kFixedHeader = 16;
-inline constexpr std::size_t kMaxSections = 2;
+inline constexpr std::size_t kMaxSections = 3;
 
 struct Section {
   const std::byte* data = nullptr;
@@ -74,8 +74,8 @@ std::byte* write_header(std::byte* out, CodecKind kind, std::uint64_t n, const s
 // add up to the payload's size exactly. Throws Error(bad_payload). Reads only the header bytes.
 Payload parse_payload(std::span<const std::byte> bytes);
 
-// The longest header of any codec (topk: 16 + 16 parameter bytes + 2 sections + CRC).
-inline constexpr std::size_t kMaxHeaderBytes = 52;
+// The longest header of any codec (topk_chunked: 16 + 32 parameter bytes + 3 sections + CRC).
+inline constexpr std::size_t kMaxHeaderBytes = 76;
 
 // parse_payload for a payload of `size` bytes of which only the first min(size, kMaxHeaderBytes)
 // are at `head` (a host copy of a device payload's start); section pointers point into head's

@@ -85,9 +85,16 @@ double error_ratio(const Codec& c, const std::vector<float>& x, std::uint64_t se
   return squared(e) / squared(x);
 }
 
+// The chunk of a top-k per chunk, from its payload's description ("chunk=C,...").
+std::uint64_t chunk_of(const Codec& c) {
+  const std::string params = inspect(c.encode(test::normal(10, 1), 1)).params;
+  return std::stoull(params.substr(params.find("chunk=") + 6));
+}
+
 // Element-wise codecs send the same values for a tensor whole or in parts (so gcomp.torch never
 // splits them); the deterministic ones that are not (top-k's selection, sign's one scale per
-// call) send different ones.
+// call) send different ones, but for top-k per chunk split where a chunk ends (each chunk's
+// selection and scale are its own).
 TEST(Spec, ElementwiseCodecsSendTheSameValuesWholeOrInParts) {
   const std::vector<float> x = test::normal(1000, 3);
   const std::span<const float> all(x);
@@ -98,8 +105,8 @@ TEST(Spec, ElementwiseCodecsSendTheSameValuesWholeOrInParts) {
     std::vector<float> parts = test::decode(c.encode(all.first(400), 5), 400);
     const std::vector<float> rest = test::decode(c.encode(all.subspan(400), 5), 600);
     parts.insert(parts.end(), rest.begin(), rest.end());
-    if (p.elementwise) {
-      EXPECT_EQ(whole, parts) << s;
+    if (p.elementwise || (c.kind() == CodecKind::topk_chunked && 400 % chunk_of(c) == 0)) {
+      EXPECT_EQ(whole, parts) << s;  // element by element, or chunk by chunk split on a boundary
     } else if (!p.stochastic) {
       EXPECT_NE(whole, parts) << s;
     }
@@ -133,7 +140,7 @@ TEST(Spec, CodecsThatSendLateLeaveMuchInTheResidual) {
       EXPECT_LE(r, 0.01) << s;
     }
   }
-  EXPECT_EQ(late, 6);  // the sparsifiers' five contracting specs and sign
+  EXPECT_EQ(late, 12);  // the sparsifiers' eleven contracting specs and sign
   EXPECT_TRUE(Codec("sign").properties().split_per_tensor);
   EXPECT_TRUE(Codec("terngrad").properties().split_per_tensor);
   EXPECT_FALSE(Codec("qsgd").properties().split_per_tensor);
@@ -178,6 +185,12 @@ TEST(Spec, ValueBytesStartStepsAndShapesAreTheCodecs) {
     const std::vector<std::byte> payload = c.encode(x, 1);
     SparseEntries entries;
     sparse_entries(payload, entries);
+    const std::size_t bits = s.find("bits=") == std::string::npos ? 0 : std::stoul(s.substr(s.find("bits=") + 5));
+    if (bits > 0) {  // codes, no plain values: B bits an entry
+      EXPECT_EQ(p.value_bytes, 0) << s;
+      EXPECT_EQ(inspect(payload).sections.back(), (entries.values.size() * bits + 7) / 8) << s;
+      continue;
+    }
     EXPECT_EQ(inspect(payload).sections.back(), entries.values.size() * p.value_bytes) << s;
     EXPECT_EQ(p.value_bytes, s.find("values=fp16") == std::string::npos ? 4 : 2) << s;
   }
@@ -234,7 +247,18 @@ TEST(Spec, BadSpecsNameTheSpecAndThePart) {
   expect_bad("topk:k=2.5", "k must be an integer");
   expect_bad("topk:ratio=0.1,ratio=0.2", "given twice");
   expect_bad("topk:ratio=0.1,values=fp8", "values must be one of fp32|fp16");
-  expect_bad("topk:ratio=0.1,bits=4", "unknown key 'bits'");
+  expect_bad("topk:ratio=0.1,bits=4", "give chunk=C too");
+  expect_bad("topk:ratio=0.1,chunk=0", "chunk must be an integer in 1..4294967296");
+  expect_bad("topk:ratio=0.1,chunk=4294967297", "chunk must be an integer in 1..4294967296");
+  expect_bad("topk:ratio=0.1,chunk=64,bits=0", "bits must be an integer in 1..8");
+  expect_bad("topk:ratio=0.1,chunk=64,bits=9", "bits must be an integer in 1..8");
+  expect_bad("topk:ratio=0.1,chunk=64,bits=2,values=fp16", "not with values=fp16");
+  expect_bad("topk:ratio=0.1,chunk=64,bits=2,values=fp32", "not with values=fp32");
+  expect_bad("topk:chunk=64", "ratio");
+  expect_bad("topk:ratio=0.1,k=2,chunk=64", "either ratio or k");
+  expect_bad("topk:ratio=0.1,chunk=64,scale=true", "unknown key 'scale'");
+  expect_bad("topk_chunked:ratio=0.1,chunk=64", "write topk:ratio=R,chunk=C");
+  expect_bad("randomk:ratio=0.1,chunk=64", "unknown key 'chunk'");
   expect_bad("randomk:ratio=0.1,scale=yes", "scale must be true or false");
   expect_bad("threshold", "tau");
   expect_bad("threshold:tau=-1", "tau must be in");

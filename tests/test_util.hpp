@@ -25,7 +25,9 @@ inline std::vector<float> decode(const std::vector<std::byte>& p, std::size_t n)
 }
 
 // The codec specs the tests sweep: every codec, and the variants that take other code paths
-// (fp16 values, buckets that are not a multiple of 16, odd bit widths).
+// (fp16 values, buckets that are not a multiple of 16, odd bit widths; top-k per chunk with
+// codes of 1, 2, 3 and 8 bits, with fp16 and fp32 values, chunks whose indices pack as gaps or
+// as fixed widths, every element kept).
 inline const std::vector<std::string>& all_specs() {
   static const std::vector<std::string> s = {"none",
                                              "fp16",
@@ -43,7 +45,13 @@ inline const std::vector<std::string>& all_specs() {
                                              "qsgd:bits=7,bucket=1",
                                              "terngrad",
                                              "terngrad:clip=0",
-                                             "sign"};
+                                             "sign",
+                                             "topk:ratio=0.01,chunk=4096,bits=2",
+                                             "topk:k=3,chunk=100,bits=3",
+                                             "topk:k=2,chunk=7,bits=8",
+                                             "topk:ratio=0.05,chunk=64,values=fp16",
+                                             "topk:ratio=0.3,chunk=10",
+                                             "topk:ratio=1,chunk=16,bits=1"};
   return s;
 }
 

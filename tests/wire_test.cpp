@@ -286,5 +286,150 @@ TEST(WireDecode, AlphaScalesAndAccumulates) {
   EXPECT_THROW(decode_add(p, acc, std::numeric_limits<float>::infinity()), Error);
 }
 
+
+// A topk_chunked payload as given: its parameters (values 0 f32 / 1 f16 / 2 codes, the index
+// format 0 packed gaps / 1 chunk-relative, the code bits, the chunk and the two counts) and its
+// three sections.
+struct Chunked {
+  std::uint8_t values = 2, format = 1, bits = 2;
+  std::uint64_t n = 20, chunk = 8, per_chunk = 2, last = 1;
+  std::vector<std::byte> index, scales, codes;
+  std::vector<std::byte> payload() const {
+    std::vector<std::byte> p(detail::header_bytes({32, 3}) + index.size() + scales.size() +
+                             codes.size());
+    std::byte params[32] = {};
+    params[0] = std::byte{values};
+    params[1] = std::byte{format};
+    params[2] = std::byte{bits};
+    store_le<std::uint64_t>(params + 8, chunk);
+    store_le<std::uint64_t>(params + 16, per_chunk);
+    store_le<std::uint64_t>(params + 24, last);
+    std::byte* d = detail::write_header(p.data(), CodecKind::topk_chunked, n, params,
+                                        {index.size(), scales.size(), codes.size()});
+    for (const auto* sec : {&index, &scales, &codes}) {
+      std::copy(sec->begin(), sec->end(), d);
+      d += sec->size();
+    }
+    return p;
+  }
+};
+
+std::vector<std::byte> floats(std::initializer_list<float> v) {
+  std::vector<std::byte> out(4 * v.size());
+  std::size_t j = 0;
+  for (float f : v) store_le<float>(out.data() + 4 * j++, f);
+  return out;
+}
+
+// 20 elements in chunks of 8, 8 and 4; two entries in each full chunk, one in the last: the
+// relative indices 1, 6 | 0, 7 | 3 at 3 bits (15 bits: two bytes), scales 2, 4, 8, and 2-bit codes
+// 1 (level 1, +), 2 (level 0, -) | 0, 3 | 1 (10 bits: two bytes).
+Chunked good_chunked() {
+  Chunked c;
+  std::uint32_t rel = 1 | 6u << 3 | 0u << 6 | 7u << 9 | 3u << 12;
+  c.index = {std::byte(rel & 0xff), std::byte(rel >> 8)};
+  c.scales = floats({2, 4, 8});
+  std::uint32_t codes = 1 | 2u << 2 | 0u << 4 | 3u << 6 | 1u << 8;
+  c.codes = {std::byte(codes & 0xff), std::byte(codes >> 8)};
+  return c;
+}
+
+TEST(WireChunked, ACraftedPayloadDecodesAsDefined) {
+  const Chunked c = good_chunked();
+  std::vector<float> acc(20, 0.0f);
+  decode_add(c.payload(), acc);
+  // Level l decodes to scale (2l + 1) / 4 at 2 bits, negated with the sign bit (2).
+  std::vector<float> want(20, 0.0f);
+  want[1] = 2 * 0.75f;
+  want[6] = -2 * 0.25f;
+  want[8] = 4 * 0.25f;
+  want[15] = -4 * 0.75f;
+  want[19] = 8 * 0.75f;
+  EXPECT_EQ(acc, want);
+  // The same entries with the indices packed as gaps: 1, 6, 8, 15, 19.
+  Chunked g = c;
+  g.format = 0;
+  g.index = pack({1, 6, 8, 15, 19}, 20);
+  std::vector<float> acc2(20, 0.0f);
+  decode_add(g.payload(), acc2);
+  EXPECT_EQ(acc2, want);
+  EXPECT_EQ(inspect(g.payload()).params,
+            "chunk=8,per_chunk=2,last=1,nnz=5,index=packed,values=bits2");
+}
+
+TEST(WireChunked, EveryRuleIsChecked) {
+  const Chunked good = good_chunked();
+  ASSERT_EQ(decode_status(good.payload(), 20), Status::ok);
+  auto bad = [&](auto edit) {
+    Chunked c = good;
+    edit(c);
+    return decode_status(c.payload(), c.n);
+  };
+  // Parameters.
+  EXPECT_EQ(bad([](Chunked& c) { c.values = 3; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.format = 2; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.bits = 0; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.bits = 9; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.chunk = 0; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.chunk = (std::uint64_t{1} << 32) + 1; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.per_chunk = 9; }), Status::bad_payload);  // above the chunk
+  EXPECT_EQ(bad([](Chunked& c) { c.last = 5; }), Status::bad_payload);  // above the last chunk's 4
+  EXPECT_EQ(bad([](Chunked& c) { c.per_chunk = 3; }), Status::bad_payload);  // sections too short
+  EXPECT_EQ(bad([](Chunked& c) { c.n = 0; }), Status::bad_payload);  // entries without elements
+  auto reserved = good.payload();
+  reserved[detail::kFixedHeader + 4] = std::byte{1};
+  reseal(reserved);
+  EXPECT_EQ(decode_status(reserved, 20), Status::bad_payload);
+  // Float values with code bits, codes without scales, scales where there are no codes.
+  EXPECT_EQ(bad([](Chunked& c) { c.values = 0; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.scales.clear(); }), Status::bad_payload);
+  // Relative indices: padding, one at the chunk's end, one not above the one before.
+  EXPECT_EQ(bad([](Chunked& c) { c.index[1] |= std::byte{0x80}; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) {  // the last chunk's index 4 (it holds 4 elements)
+              std::uint32_t rel = 1 | 6u << 3 | 0u << 6 | 7u << 9 | 4u << 12;
+              c.index = {std::byte(rel & 0xff), std::byte(rel >> 8)};
+            }),
+            Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) {  // 6 then 1 in the first chunk
+              std::uint32_t rel = 6 | 1u << 3 | 0u << 6 | 7u << 9 | 3u << 12;
+              c.index = {std::byte(rel & 0xff), std::byte(rel >> 8)};
+            }),
+            Status::bad_payload);
+  // Packed gaps whose chunks do not hold their counts (three in the first chunk).
+  EXPECT_EQ(bad([](Chunked& c) {
+              c.format = 0;
+              c.index = pack({1, 3, 6, 15, 19}, 20);
+            }),
+            Status::bad_payload);
+  // Scales: negative (also -0), NaN, Inf; codes: padding.
+  EXPECT_EQ(bad([](Chunked& c) { c.scales = floats({2, -4, 8}); }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.scales = floats({2, -0.0f, 8}); }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.scales = floats({2, 4, std::numeric_limits<float>::quiet_NaN()}); }),
+            Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.scales = floats({std::numeric_limits<float>::infinity(), 4, 8}); }),
+            Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.codes[1] |= std::byte{0x10}; }), Status::bad_payload);
+  // Float values: non-finite ones.
+  EXPECT_EQ(bad([](Chunked& c) {
+              c.values = 0;
+              c.bits = 0;
+              c.scales.clear();
+              c.codes = floats({1, 2, 3, std::numeric_limits<float>::infinity(), 5});
+            }),
+            Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) {
+              c.values = 0;
+              c.bits = 0;
+              c.scales.clear();
+              c.codes = floats({1, 2, 3, 4, 5});
+            }),
+            Status::ok);
+  // Version 1 had no such codec.
+  auto old = good.payload();
+  old[4] = std::byte{1};
+  reseal(old);
+  EXPECT_EQ(decode_status(old, 20), Status::bad_payload);
+}
+
 }  // namespace
 }  // namespace gcomp

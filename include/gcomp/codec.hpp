@@ -33,6 +33,9 @@ enum class CodecKind : std::uint8_t {
   terngrad = 8,
   sign = 9,
   powersgd = 10,  // no payload of its own: its factors travel as float32 or binary16 sums
+  // Top-k per chunk, with its values as B-bit codes and a scale per chunk where asked: the
+  // payloads of the spec topk:...,chunk=C[,bits=B] (no spec spells this name).
+  topk_chunked = 11,
 };
 
 // "topk", "qsgd", ...; "unknown" for a value outside the enum.

@@ -16,6 +16,8 @@ SPECS = [
     "qsgd:bits=2,bucket=100",
     "terngrad",
     "sign",
+    "topk:ratio=0.01,chunk=4096,bits=2",
+    "topk:k=2,chunk=7,values=fp16",
 ]
 
 
