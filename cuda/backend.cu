@@ -29,7 +29,8 @@ namespace {
 
 // The device entry points of a codec (codecs.cuh), or null.
 const DeviceCodec* device_codec(CodecKind kind) {
-  for (const auto list : {cast_device_codecs, quantizer_device_codecs, sparse_device_codecs}) {
+  for (const auto list : {cast_device_codecs, quantizer_device_codecs, sparse_device_codecs,
+                           chunked_device_codecs}) {
     for (const DeviceCodec& d : list()) {
       if (d.kind == kind) return &d;
     }

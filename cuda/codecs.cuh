@@ -58,6 +58,7 @@ struct DeviceCodec {
 std::span<const DeviceCodec> cast_device_codecs();       // cast.cu: none, fp16, bf16
 std::span<const DeviceCodec> quantizer_device_codecs();  // quantizers.cu: sign, terngrad, qsgd
 std::span<const DeviceCodec> sparse_device_codecs();     // sparse.cu: topk, randomk, threshold
+std::span<const DeviceCodec> chunked_device_codecs();    // topk_chunked.cu: topk_chunked
 
 // PowerSGD's arithmetic (low_rank.cu; DeviceBackend's add and lr_* say what each computes),
 // queued on `stream`.

@@ -168,7 +168,7 @@ SmallBytes small_bytes(const std::byte* p, std::size_t len) {
 }
 
 void write_small(unsigned char* dst, const SmallBytes& bytes, cudaStream_t s) {
-  write_small_kernel<<<1, 64, 0, s>>>(dst, bytes);
+  write_small_kernel<<<1, sizeof bytes.b, 0, s>>>(dst, bytes);
   GCOMP_LAUNCHED("write_small");
 }
 

@@ -135,10 +135,10 @@ class Carve {
   std::size_t off_ = 0;
 };
 
-// Up to 64 bytes written to device memory by a kernel whose argument carries them (so nothing on
-// the host has to outlive the launch): the payload header.
+// Up to 96 bytes written to device memory by a kernel whose argument carries them (so nothing on
+// the host has to outlive the launch): the payload header (at most kMaxHeaderBytes, 76).
 struct SmallBytes {
-  unsigned char b[64];
+  unsigned char b[96];
   unsigned len;
 };
 void write_small(unsigned char* dst, const SmallBytes& bytes, cudaStream_t s);

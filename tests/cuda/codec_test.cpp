@@ -25,7 +25,8 @@ using gcomp::cuda::DeviceBuffer;
 
 // Every codec, with the variants that take other paths (odd bit widths, buckets that are not a
 // multiple of 16 or of 8, one-element buckets, buckets that tile QSGD's code tile from 64 to
-// 2048 elements, no clipping, fp16 values, k = n, scaling).
+// 2048 elements, no clipping, fp16 values, k = n, scaling; top-k per chunk with codes of 1, 2, 3
+// and 8 bits, float values, chunks that keep all, indices packed as gaps or chunk-relative).
 const std::vector<std::string> kSpecs = {"none",
                                          "fp16",
                                          "bf16",
@@ -46,7 +47,14 @@ const std::vector<std::string> kSpecs = {"none",
                                          "randomk:ratio=0.05",
                                          "randomk:ratio=0.1,scale=true,values=fp16",
                                          "threshold:tau=1.5",
-                                         "threshold:tau=1,values=fp16"};
+                                         "threshold:tau=1,values=fp16",
+                                         "topk:ratio=0.01,chunk=4096,bits=2",
+                                         "topk:k=1,chunk=8,bits=3",
+                                         "topk:ratio=0.05,chunk=100,bits=8",
+                                         "topk:ratio=0.02,chunk=5000,bits=1",
+                                         "topk:ratio=0.3,chunk=64,values=fp16",
+                                         "topk:ratio=1,chunk=16,bits=2",
+                                         "topk:k=3,chunk=1000"};
 
 const std::vector<std::size_t> kSizes = {0, 1, 17, 4097, 1000003, (std::size_t{1} << 24) + 3};
 
