@@ -50,7 +50,8 @@ void check_algorithm_table(std::span<const AlgorithmRow* const> rows) {
       fail(at + " has algorithm " + std::to_string(static_cast<int>(row->id)) + ", not " +
            std::to_string(i + 1));
     }
-    if (row->name == nullptr || *row->name == '\0' || std::string_view(row->name) == "auto") {
+    if (row->name == nullptr || *row->name == '\0' || std::string_view(row->name) == "auto" ||
+        std::string_view(row->name) == "fewest_bytes") {
       fail(at + " has no name of its own");
     }
     if (row->description == nullptr || *row->description == '\0') fail(at + " has no description");
@@ -116,6 +117,7 @@ const AlgorithmRow& algorithm_row(Algorithm a) {
 
 const char* algorithm_name(Algorithm a) noexcept {
   if (a == Algorithm::automatic) return "auto";
+  if (a == Algorithm::fewest_bytes) return "fewest_bytes";
   const int i = static_cast<int>(a) - 1;
   return i >= 0 && i < kAlgorithmCount - 1 ? detail::algorithm_rows()[static_cast<std::size_t>(i)]->name
                                            : "unknown";
@@ -123,7 +125,8 @@ const char* algorithm_name(Algorithm a) noexcept {
 
 Algorithm parse_algorithm(std::string_view name) {
   if (name == "auto") return Algorithm::automatic;
-  std::string known = "auto";
+  if (name == "fewest_bytes") return Algorithm::fewest_bytes;
+  std::string known = "auto, fewest_bytes";
   for (const detail::AlgorithmRow* row : detail::algorithm_rows()) {
     if (name == row->name) return row->id;
     known += std::string(", ") + row->name;

@@ -197,7 +197,7 @@ const NetworkModel& Communicator::host_network() const noexcept { return impl_->
 namespace {
 
 bool suits(Algorithm a, const Codec& codec) {
-  return a == Algorithm::automatic ||
+  return a == Algorithm::automatic || a == Algorithm::fewest_bytes ||
          detail::row_suits(detail::algorithm_row(a), codec.properties());
 }
 
@@ -281,7 +281,7 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
   try {
     if (abandoned) throw *abandoned;
     check_arguments(c, in, out);
-    c.requested = resolve_algorithm(*codec, opt);
+    c.requested = resolve_algorithm(*codec, opt, in.size());
     prepare(c, in, out);
   } catch (const Error& e) {
     local = std::current_exception();
@@ -353,12 +353,21 @@ void Communicator::Impl::check_arguments(const Call& c, std::span<const float> i
 }
 
 // 2. The algorithm asked for: the option's, or for auto GCOMP_ALGORITHM's (the reader the
-// interposer shares); one that does not suit the codec is an error, and majority_vote runs on
-// the allgather.
-Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const AllreduceOptions& opt) {
+// interposer shares); fewest_bytes, the one its byte model says sends the fewest (from the codec,
+// n and where the ranks are: the same on every rank); one that does not suit the codec is an
+// error, and majority_vote runs on the allgather.
+Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const AllreduceOptions& opt,
+                                                std::size_t n) const {
   Algorithm requested = opt.algorithm;
   if (requested == Algorithm::automatic) {
     requested = detail::algorithm_setting().value_or(requested);
+  }
+  if (requested == Algorithm::fewest_bytes && !opt.majority_vote) {
+    const std::uint64_t sent = default_sent(codec, n);
+    ModelInput in = model_input(codec, n, sent, default_bytes(codec, n, sent), size_, network_,
+                                ComputeModel{}, opt.average, false);
+    place(in);
+    requested = fewest_bytes_algorithm(in);
   }
   if (!suits(requested, codec)) {
     const detail::AlgorithmRow& row = detail::algorithm_row(requested);
@@ -375,7 +384,8 @@ Algorithm Communicator::Impl::resolve_algorithm(const Codec& codec, const Allred
       throw Error(Status::invalid_argument,
                   "majority_vote needs the sign codec, not " + codec.spec());
     }
-    if (requested != Algorithm::automatic && requested != Algorithm::allgather) {
+    if (requested != Algorithm::automatic && requested != Algorithm::fewest_bytes &&
+        requested != Algorithm::allgather) {
       throw Error(Status::invalid_argument, "majority_vote runs on the allgather algorithm");
     }
     requested = Algorithm::allgather;

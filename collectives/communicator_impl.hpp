@@ -155,7 +155,7 @@ struct Communicator::Impl {
 
   struct Call;  // one call's state through the steps
   static void check_arguments(const Call& c, std::span<const float> in, std::span<float> out);
-  static Algorithm resolve_algorithm(const Codec& codec, const AllreduceOptions& opt);
+  Algorithm resolve_algorithm(const Codec& codec, const AllreduceOptions& opt, std::size_t n) const;
   static void make_job(Call& c, std::span<const float> in, std::span<float> out);
   static bool expect(Call& c);
   static void prepare(Call& c, std::span<const float> in, std::span<float> out);

@@ -333,6 +333,21 @@ double predict_uncompressed(const ModelInput& in) {
          (in.average ? n * in.compute.reduce : 0.0);
 }
 
+Algorithm fewest_bytes_algorithm(const ModelInput& in) {
+  const auto bytes = predict_bytes(in);
+  Algorithm best = Algorithm::dense;
+  double best_bytes = kNotApplicable;
+  for (int a = 1; a < kAlgorithmCount; ++a) {
+    const auto alg = static_cast<Algorithm>(a);
+    if (alg == Algorithm::dense && !in.codec_none) continue;  // float32, not the codec's bytes
+    if (bytes[a] < best_bytes) {
+      best_bytes = bytes[a];
+      best = alg;
+    }
+  }
+  return best;
+}
+
 Algorithm cheapest(const ModelInput& in) {
   const auto t = predict(in);
   Algorithm best = Algorithm::dense;

@@ -39,8 +39,8 @@ bool all_ok(bool ok) {
 // --algorithm's help, the algorithms' names from the table.
 std::string algorithm_help() {
   std::string s =
-      "allreduce algorithm: bytes (the one that sends the fewest bytes for the codec), auto (gcomp "
-      "chooses by time)";
+      "allreduce algorithm: bytes or fewest_bytes (each call the one that sends the fewest bytes "
+      "for the codec, by the byte models), auto (gcomp chooses by time)";
   for (int a = 1; a < gcomp::kAlgorithmCount; ++a) {
     s += std::string(", ") + gcomp::algorithm_name(static_cast<gcomp::Algorithm>(a));
   }
@@ -89,8 +89,7 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"subset", c.subset},
           {"test_subset", c.test_subset},
           {"seed", c.seed},
-          {"algorithm", gcomp::algorithm_name(c.algorithm.value_or(
-                            gcomp::train::fewest_bytes_algorithm(c.codec, ranks)))},
+          {"algorithm", gcomp::algorithm_name(c.algorithm.value_or(gcomp::Algorithm::fewest_bytes))},
           {"period", c.period},
           {"period_from", c.period_from},
           {"outer_lr", c.outer_lr},
@@ -217,7 +216,7 @@ int run(int argc, char** argv) {
     }
     c.ef_on_velocity = ef_on != "gradient";
     c.ef_scaled_by_lr = ef_on == "update";
-    if (algorithm != "bytes") c.algorithm = gcomp::parse_algorithm(algorithm);
+    if (algorithm != "bytes") c.algorithm = gcomp::parse_algorithm(algorithm);  // bytes: the default
     gcomp::train::validate(c);
   } catch (const CLI::CallForHelp& e) {
     if (rank == 0) app.exit(e);

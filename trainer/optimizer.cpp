@@ -91,9 +91,9 @@ void Optimizer::step(Communicator& comm, double lr_now, bool compress, double dg
     local_step(static_cast<float>(lr_now), total);
     return;
   }
-  // The algorithm is resolved here, not at construction: it depends on the communicator's size.
+  // The algorithm: the one asked for, else each call's fewest bytes (resolved by the library).
   BucketOptions bo = bucket_;
-  bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
+  bo.allreduce.algorithm = c_.algorithm.value_or(Algorithm::fewest_bytes);
   bo.allreduce.seed = derive_seed(c_.seed, 0, step_index, 0);
   const auto lr = static_cast<float>(lr_now);
   if (c_.optimizer != "sgd") {
@@ -255,7 +255,7 @@ void Optimizer::average(Communicator& comm, EpochRecord& total) {
   BucketOptions bo = bucket_;
   bo.allreduce.seed = derive_seed(c_.seed, 1, taken_, 0);
   if (compress_) {
-    bo.allreduce.algorithm = c_.algorithm.value_or(fewest_bytes_algorithm(c_.codec, comm.size()));
+    bo.allreduce.algorithm = c_.algorithm.value_or(Algorithm::fewest_bytes);
     std::vector<ErrorFeedback*> efs;
     if (c_.error_feedback) {
       if (s.memories.empty()) {

@@ -58,17 +58,6 @@ double dgc_ratio(int epoch, double target) {
   return epoch < 4 ? std::max(warm[epoch], target) : target;
 }
 
-Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks) {
-  if (parse_dgc(codec).on) return Algorithm::sparse_recursive_doubling;
-  const Codec k(codec);
-  if (k.kind() == CodecKind::none) return Algorithm::dense;
-  if (k.properties().sparse) return Algorithm::sparse_recursive_doubling;
-  if (k.properties().low_rank) return Algorithm::low_rank;  // its only one
-  // An allgather sends (P-1) B, compressed_reduce_scatter 2 (P-1)/P B: the same at two ranks,
-  // where the allgather's single compression is the better of the two.
-  return ranks <= 2 ? Algorithm::allgather : Algorithm::compressed_reduce_scatter;
-}
-
 std::string feedback_warning(const Config& c) {
   if (!c.error_feedback || parse_dgc(c.codec).on) return {};
   const Codec k(c.codec);

@@ -66,8 +66,9 @@ struct Config {
   // later, decayed one), the step being minus the average sent. Without compression the same
   // training up to rounding. `--ef-on update`.
   bool ef_scaled_by_lr = false;
-  // The allreduce algorithm; none (the default): the one that sends the fewest bytes for the
-  // codec (fewest_bytes_algorithm). Algorithm::automatic lets gcomp choose by time.
+  // The allreduce algorithm; none (the default): Algorithm::fewest_bytes, each call the one that
+  // sends the fewest bytes for the codec by the library's byte models. Algorithm::automatic lets
+  // gcomp choose by time.
   std::optional<Algorithm> algorithm;
   // Periodic model averaging (local SGD; post-local SGD with period_from; DiLoCo's outer step
   // with outer_lr and outer_momentum). Steps are counted from 0 over the run. Steps before
@@ -121,13 +122,6 @@ AdamSchedule adam_schedule(const Config& c);
 History run(const Config& c, const Dataset& train, const Dataset& test, Communicator& comm,
             Model& model, const std::function<void(const EpochRecord&)>& on_epoch = {},
             const std::function<void(std::size_t, std::size_t)>& on_step = {});
-
-// The algorithm that sends the fewest bytes for codec (a gcomp spec; dgc uses a sparse one) on
-// ranks ranks: dense for none, sparse_recursive_doubling for sparse codecs (never more bytes than
-// an allgather of the payloads, fewer where ranks select the same indices), and for the dense
-// codecs compressed_reduce_scatter (2 (P-1)/P payloads per rank, like a ring), except at two
-// ranks, where an allgather sends as much and compresses once instead of twice.
-Algorithm fewest_bytes_algorithm(const std::string& codec, int ranks);
 
 // A warning for settings that train but are known to go wrong (error feedback with a QSGD whose
 // variance bound min(d / s^2, sqrt(d) / s) is >= 1), or "" when there is none.

@@ -75,6 +75,12 @@ struct GlooOptions {
 };
 
 enum class Algorithm : int {
+  // Not an algorithm but a rule, resolved on every call before anything runs: among the
+  // algorithms that run the codec and send its bytes (dense only for `none`, whose bytes are
+  // float32), the one whose byte model (predict_bytes) sends the fewest per rank, ties to the
+  // lower value: for links that are metered rather than slow ("fewest_bytes";
+  // fewest_bytes_algorithm in gcomp/cost_model.hpp).
+  fewest_bytes = -1,
   automatic = 0,              // chosen by the cost model ("auto")
   dense,                      // MPI_Allreduce of float32 (each rank's decoded contribution)
   sparse_allgather,           // allgatherv of sparse payloads, decode_add each
@@ -113,7 +119,7 @@ const char* wait_policy_name(WaitPolicy policy) noexcept;  // "auto", "spin", "y
 // Throws Error(invalid_argument) naming the text and the known names.
 WaitPolicy parse_wait_policy(std::string_view name);
 
-// "auto", "dense", "sparse_allgather", ...
+// "auto", "fewest_bytes", "dense", "sparse_allgather", ...
 const char* algorithm_name(Algorithm a) noexcept;
 // Throws Error(invalid_argument) naming the text and the known names.
 Algorithm parse_algorithm(std::string_view name);
@@ -146,8 +152,10 @@ struct ComputeModel {
 };
 
 struct AllreduceOptions {
-  // automatic: the cost model decides, unless the environment variable GCOMP_ALGORITHM names
-  // an algorithm. Anything else is used as given (and must suit the codec).
+  // automatic: the cost model decides by time, unless the environment variable GCOMP_ALGORITHM
+  // names an algorithm (or fewest_bytes). fewest_bytes: the algorithm that applies the codec and
+  // sends the fewest bytes, by the model, the same on every call of a (codec, size). Anything
+  // else is used as given (and must suit the codec).
   Algorithm algorithm = Algorithm::automatic;
   bool average = false;        // divide the sum by the number of ranks
   bool majority_vote = false;  // sign codec, allgather: sum of scales * sign(sum of signs)

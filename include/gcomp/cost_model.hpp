@@ -67,6 +67,13 @@ double predict_uncompressed(const ModelInput& in);
 bool auto_candidate(Algorithm a, const ModelInput& in);
 Algorithm cheapest(const ModelInput& in);
 
+// What Algorithm::fewest_bytes runs: among the rows that run the codec (in.codec, or the sizes'
+// flags without one) and send the codec's bytes (dense only for `none`: for another codec it
+// sends each rank's decode as float32), the one with the fewest predict_bytes, ties to the lower
+// Algorithm value. The bytes depend on the sizes, the ranks and where they are (hosts), never
+// on the network or the compute speeds, so every rank finds the same.
+Algorithm fewest_bytes_algorithm(const ModelInput& in);
+
 // This machine's compute speeds for a codec, measured on n normal floats (capped at 16M; at
 // least 64K): encode and decode_add per element (decode per entry for sparse codecs). Run at the
 // size the calls have, since caches make small tensors faster per element, and long enough that

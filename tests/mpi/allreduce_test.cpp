@@ -47,6 +47,12 @@ const Case kCases[] = {
     {"threshold:tau=1.5", Algorithm::sparse_allgather},
     {"threshold:tau=1.5", Algorithm::sparse_recursive_doubling},
     {"threshold:tau=0.5", Algorithm::sparse_split},
+    {"topk:ratio=0.01,chunk=4096,bits=2", Algorithm::sparse_allgather},
+    {"topk:ratio=0.05,chunk=64,bits=3", Algorithm::sparse_recursive_doubling},
+    {"topk:ratio=0.05,chunk=64,bits=3", Algorithm::sparse_split},
+    {"topk:k=3,chunk=100,values=fp16", Algorithm::sparse_recursive_doubling},
+    {"topk:ratio=0.02,chunk=512,bits=1", Algorithm::allgather},
+    {"topk:ratio=0.02,chunk=512,bits=1", Algorithm::dense},
 };
 
 bool gathers(Algorithm a) { return a == Algorithm::allgather || a == Algorithm::sparse_allgather; }

@@ -300,3 +300,53 @@ TEST(TwoLevelModel, WhereItAppliesAndWhereItWins) {
 
 }  // namespace
 }  // namespace gcomp
+
+namespace gcomp {
+namespace {
+
+// fewest_bytes_algorithm: the fewest predict_bytes among the rows that run the codec, never dense
+// for a codec that compresses (it would send float32), dense for none; the trainer's old rule
+// where the models say the same (allgather at two ranks for a dense codec, where it compresses
+// once, compressed_reduce_scatter's 2 (P-1)/P payloads from three ranks on; the low-rank codec's
+// only row).
+TEST(CostModel, FewestBytesIsTheLeastOfTheRowsThatSendTheCodec) {
+  const auto in_for = [](const Codec& codec, std::size_t n, int p) {
+    ModelInput in;
+    in.n = static_cast<double>(n);
+    in.ranks = p;
+    in.codec = &codec;
+    in.codec_none = codec.kind() == CodecKind::none;
+    in.sparse = codec.properties().sparse;
+    in.sent = static_cast<double>(in.sparse ? codec.selected(n) : 0);
+    in.payload_bytes =
+        static_cast<double>(codec.expected_bytes(n, static_cast<std::size_t>(in.sent)));
+    in.value_bytes = codec.properties().value_bytes > 0 ? codec.properties().value_bytes : 4;
+    return in;
+  };
+  for (const char* spec : {"none", "fp16", "qsgd:bits=4", "topk:ratio=0.01",
+                           "topk:ratio=0.01,chunk=4096,bits=2", "randomk:ratio=0.01", "sign"}) {
+    const Codec codec(spec);
+    for (int p : {2, 3, 4, 5, 8}) {
+      const ModelInput in = in_for(codec, 366432, p);
+      const Algorithm a = fewest_bytes_algorithm(in);
+      const auto bytes = predict_bytes(in);
+      EXPECT_EQ(a == Algorithm::dense, codec.kind() == CodecKind::none) << spec << " P " << p;
+      for (int b = 1; b < kAlgorithmCount; ++b) {
+        if (b == static_cast<int>(Algorithm::dense) && codec.kind() != CodecKind::none) continue;
+        EXPECT_LE(bytes[static_cast<int>(a)], bytes[b])
+            << spec << " P " << p << ": " << algorithm_name(a) << " against "
+            << algorithm_name(static_cast<Algorithm>(b));
+      }
+    }
+  }
+  const Codec fp16("fp16");
+  EXPECT_EQ(fewest_bytes_algorithm(in_for(fp16, 1 << 20, 2)), Algorithm::allgather);
+  EXPECT_EQ(fewest_bytes_algorithm(in_for(fp16, 1 << 20, 4)), Algorithm::compressed_reduce_scatter);
+  const Codec lr("powersgd:rank=2");
+  EXPECT_EQ(fewest_bytes_algorithm(in_for(lr, 1 << 20, 4)), Algorithm::low_rank);
+  EXPECT_EQ(parse_algorithm("fewest_bytes"), Algorithm::fewest_bytes);
+  EXPECT_STREQ(algorithm_name(Algorithm::fewest_bytes), "fewest_bytes");
+}
+
+}  // namespace
+}  // namespace gcomp

@@ -10,6 +10,7 @@
 
 #include "agreement.hpp"
 #include "feedback_slot.hpp"
+#include "gcomp/cost_model.hpp"
 #include "gcomp/gcomp_mpi.h"
 #include "mpi_util.hpp"
 
@@ -278,6 +279,40 @@ TEST(Environment, AlgorithmOverridesAuto) {
   world().allreduce(x, out, codec, nullptr, opt);
   EXPECT_EQ(world().last_stats().algorithm, Algorithm::sparse_allgather);
   unsetenv("GCOMP_ALGORITHM");
+}
+
+// fewest_bytes, asked for or from GCOMP_ALGORITHM, runs what the byte model's rule says for the
+// call (fewest_bytes_algorithm), the codec applied, the same on every rank.
+TEST(Environment, FewestBytesRunsTheRulesAlgorithm) {
+  const auto x = test::input(366432, 10);
+  std::vector<float> out(x.size());
+  for (const char* spec : {"none", "fp16", "topk:ratio=0.01,chunk=4096,bits=2", "qsgd:bits=4"}) {
+    const Codec codec(spec);
+    AllreduceOptions opt;
+    opt.algorithm = Algorithm::fewest_bytes;
+    world().allreduce(x, out, codec, nullptr, opt);
+    const Algorithm ran = world().last_stats().algorithm;
+    EXPECT_TRUE(world().last_stats().compressed) << spec;
+    EXPECT_EQ(ran == Algorithm::dense, codec.kind() == CodecKind::none) << spec;
+    ModelInput in;
+    in.n = static_cast<double>(x.size());
+    in.ranks = size();
+    in.codec = &codec;
+    in.codec_none = codec.kind() == CodecKind::none;
+    in.sparse = codec.properties().sparse;
+    in.sent = static_cast<double>(in.sparse ? codec.selected(x.size()) : 0);
+    in.payload_bytes = static_cast<double>(
+        codec.expected_bytes(x.size(), static_cast<std::size_t>(in.sent)));
+    if (size() > 1) EXPECT_EQ(ran, fewest_bytes_algorithm(in)) << spec;
+    int mine = static_cast<int>(ran), least = 0, most = 0;
+    MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(least, most) << spec;
+    setenv("GCOMP_ALGORITHM", "fewest_bytes", 1);
+    world().allreduce(x, out, codec);
+    unsetenv("GCOMP_ALGORITHM");
+    EXPECT_EQ(world().last_stats().algorithm, ran) << spec;
+  }
 }
 
 TEST(Stats, BytesAreWhatMpiWasHanded) {
