@@ -165,7 +165,9 @@ struct AllreduceOptions {
   // plain float32 allreduce, send x + e as it is: auto's `dense` is then MPI_Allreduce with
   // codec none (CallStats::compressed says false; the residual becomes zero), so compression
   // never makes a call slower. Set false when the result must always be the sum of what the codec
-  // sent (accuracy experiments, and the C API, whose contract says so).
+  // sent (accuracy experiments, and the C API, whose contract says so); auto may still choose
+  // `dense`, which then sends each rank's decode as float32 (the codec's sum, not its bytes:
+  // fewest_bytes sends the codec's bytes).
   bool allow_uncompressed = true;
   // The caller's name for the call ("bucket 3 of step 120"), said in a stall report or a
   // timeout's message (set_stall_seconds); not compared between ranks. Null: none.

@@ -1241,6 +1241,9 @@ def test_periodic_options_are_checked():
                        (dict(period=2, outer_momentum=1.0), "outer_momentum"),
                        (dict(period=2, outer_lr=0.0), "outer_lr"),
                        (dict(period=2, momentum_at_average="mean"), "momentum_at_average"),
+                       (dict(period=2, feedback_decay=-0.1), "feedback_decay"),
+                       (dict(period=2, feedback_decay="0.9x"), "feedback_decay"),
+                       (dict(feedback_decay=0.9), "without period"),
                        (dict(outer_lr=0.5), "without period")]:
         with pytest.raises(ValueError, match=words):
             gt.register(m, opt, "none", **bad)
@@ -1259,6 +1262,10 @@ def test_periodic_options_are_checked():
     c = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none")
     with pytest.raises(ValueError, match="periodic averaging"):
         b.load_state_dict(a.state_dict())
+    d = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=2, feedback_decay=0.9)
+    with pytest.raises(ValueError, match="periodic averaging"):
+        d.load_state_dict(a.state_dict())
     with pytest.raises(ValueError, match="with periodic averaging"):
         c.load_state_dict(a.state_dict())
 
@@ -1350,6 +1357,54 @@ def test_the_outer_nesterov_step_on_the_averaged_change():
         if p & (p - 1) == 0:
             for q, a in zip(m.parameters(), anchor):
                 assert torch.equal(q.detach().double(), a), s
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+def test_feedback_decay_fades_the_averages_residual_before_each_change(way, beta):
+    # SparseLoCo's error feedback: at each average the codec sees v = x + beta e (x the change
+    # since the anchor, e what the codec left of the earlier ones); with top-k (float32 values)
+    # the new residual is 0 where v was sent and v elsewhere, bit for bit (beta = 1/2 scales
+    # exactly). Every rank ends the average with the same parameters.
+    kw = dict(algorithm="sparse_allgather", seed=3, allow_uncompressed=False, period=2,
+              period_from=0, per_parameter=False, feedback_decay=beta)
+    if way == "hook":
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        seen = recorded(opt, list(m.parameters()))
+        periodic = gt.register(m, opt, "topk:ratio=0.1", **kw)._periodic
+    else:
+        m = model()
+        inner = torch.optim.SGD(m.parameters(), lr=0.05)
+        seen = recorded(inner, list(m.parameters()))
+        opt = gt.DistributedOptimizer(inner, named_parameters=m.named_parameters(),
+                                      codec="topk:ratio=0.1", **kw)
+        periodic = opt._periodic
+    params = list(m.parameters())
+    for s in range(6):
+        if s in (1, 3, 5):  # the step whose average follows: what the codec will see
+            before = [periodic.feedback[id(q)].residual.copy() if id(q) in periodic.feedback
+                      else np.zeros(q.numel(), np.float32) for q in params]
+            anchors = [periodic.anchors[id(q)].clone() for q in params] if periodic.anchors \
+                else [q.detach().reshape(-1).clone() for q in params]
+        opt.zero_grad()
+        backward(m, s)
+        opt.step()
+        if s not in (1, 3, 5):
+            continue
+        sent = 0
+        for q, a, mine, e in zip(params, anchors, seen[-1], before):
+            x = (a - mine.reshape(-1)).numpy()
+            v = x + np.float32(beta) * e  # float32, as the codec forms it
+            r = periodic.feedback[id(q)].residual
+            assert np.all((r == 0) | (r == v)), (s, beta)
+            sent += int(np.count_nonzero((r == 0) & (v != 0)))
+        assert sent > 0
+        same_on_every_rank(params)
+    assert periodic.settings().get("feedback_decay", 1.0) == beta
+    with pytest.raises(ValueError, match="feedback_decay"):
+        gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=2, feedback_decay=1.5)
 
 
 @pytest.mark.parametrize("codec, extra", [("topk:ratio=0.1", {}),

@@ -405,7 +405,10 @@ def register(model, optimizer, codec, **options):
     outer_lr, outer_momentum: an outer Nesterov step on the averaged change (DiLoCo's; 1.0 and
     0.0, the defaults, are plain averaging). momentum_at_average: "local" (each rank keeps its
     optimizer's momentum, as torch's post-local SGD), "reset" or "average" (averaged with the
-    parameters, through the codec). model.join() then joins the state too (uneven inputs)."""
+    parameters, through the codec). feedback_decay beta in [0, 1]: each parameter's residual of
+    the averages is multiplied by beta before the next change is added (SparseLoCo's error
+    feedback in place of an outer momentum; 1.0, the default, keeps it whole). model.join()
+    then joins the state too (uneven inputs)."""
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
                         f"model (it has register_comm_hook), not {type(model).__name__}")

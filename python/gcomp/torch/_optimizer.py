@@ -15,7 +15,8 @@ class DistributedOptimizer(_PerParameterFeedback):
     warmup_steps=0, algorithm="auto", dense_below=1024, bucket_bytes=25 << 20, seed=0,
     synchronous=False, per_parameter=None, allow_uncompressed=True, momentum=None,
     weight_decay=None, stall_seconds=None, timeout_seconds=None, variance="frozen", period=1,
-    period_from=0, outer_lr=1.0, outer_momentum=0.0, momentum_at_average="local")
+    period_from=0, outer_lr=1.0, outer_momentum=0.0, momentum_at_average="local",
+    feedback_decay=1.0)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
     gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
@@ -36,8 +37,8 @@ class DistributedOptimizer(_PerParameterFeedback):
     averaged gradients, then each rank's momentum is what is sent and step() applies the
     averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW");
     variance=gcomp.AdamSchedule.zero_one(...) runs 0/1 Adam, as register() does. period,
-    period_from, outer_lr, outer_momentum, momentum_at_average: periodic model averaging, as
-    register()'s (docs/python.md, "Periodic averaging"): from step period_from on, step() takes
+    period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay: periodic model
+    averaging, as register()'s (docs/python.md, "Periodic averaging"): from step period_from on, step() takes
     each rank's own step and averages the models after every period-th.
     """
 
@@ -46,7 +47,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
                  variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
-                 momentum_at_average="local"):
+                 momentum_at_average="local", feedback_decay=1.0):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -61,7 +62,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         who = "gcomp.torch.DistributedOptimizer"
         periodic = _periodic_of({"period": period, "period_from": period_from,
                                  "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-                                 "momentum_at_average": momentum_at_average}, who)
+                                 "momentum_at_average": momentum_at_average,
+                                 "feedback_decay": feedback_decay}, who)
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
         if periodic is not None:

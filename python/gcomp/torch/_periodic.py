@@ -16,7 +16,9 @@ identical on every rank after an average. outer_lr 1 and no outer momentum is pl
 (post-local SGD). What the optimizer's momentum does at an average (momentum_at_average):
 "local" keeps each rank's own (torch's post-local SGD), "reset" zeroes it, "average" averages it
 over the ranks: its change since its own anchor (zeros at first) in the same collective as
-the parameters', through the codec with residuals of its own."""
+the parameters', through the codec with residuals of its own. feedback_decay beta (SparseLoCo's
+error feedback in place of an outer momentum): each parameter's residual is multiplied by beta
+before the next change is added to it (1, the default, keeps all of it; 0 keeps none)."""
 
 import time
 
@@ -28,8 +30,10 @@ from ._pipeline import _MASK, Bucket, Collective
 MOMENTA = ("local", "reset", "average")
 
 
-def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, who):
-    """The periodic options, checked: (period, period_from, outer_lr, outer_momentum)."""
+def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay,
+           who):
+    """The periodic options, checked: (period, period_from, outer_lr, outer_momentum,
+    feedback_decay)."""
     if isinstance(period, bool) or int(period) != period or int(period) < 1:
         raise ValueError(f"{who}: period must be an integer >= 1 (1: every step synchronized), "
                          f"not {period!r}")
@@ -43,28 +47,36 @@ def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, w
     if momentum_at_average not in MOMENTA:
         raise ValueError(f"{who}: momentum_at_average must be one of {', '.join(MOMENTA)}, not "
                          f"{momentum_at_average!r}")
-    return int(period), int(period_from), lr, mu
+    try:
+        beta = None if isinstance(feedback_decay, bool) else float(feedback_decay)
+    except (TypeError, ValueError):
+        beta = None
+    if beta is None or not 0.0 <= beta <= 1.0:
+        raise ValueError(f"{who}: feedback_decay must be a number in [0, 1] (1: the residual "
+                         f"kept whole), not {feedback_decay!r}")
+    return int(period), int(period_from), lr, mu, beta
 
 
 def _periodic_of(options, who):
     """Pops the periodic options from options (register's or DistributedOptimizer's): a dict of
     checked ones, or None where period is 1 and nothing else periodic is asked."""
     given = {k: options.pop(k) for k in ("period", "period_from", "outer_lr", "outer_momentum",
-                                         "momentum_at_average") if k in options}
-    period, period_from, lr, mu = _check(given.get("period", 1), given.get("period_from", 0),
-                                         given.get("outer_lr", 1.0),
-                                         given.get("outer_momentum", 0.0),
-                                         given.get("momentum_at_average", "local"), who)
+                                         "momentum_at_average", "feedback_decay") if k in options}
+    period, period_from, lr, mu, beta = _check(
+        given.get("period", 1), given.get("period_from", 0), given.get("outer_lr", 1.0),
+        given.get("outer_momentum", 0.0), given.get("momentum_at_average", "local"),
+        given.get("feedback_decay", 1.0), who)
     if period == 1:
         defaults = {"period_from": 0, "outer_lr": 1.0, "outer_momentum": 0.0,
-                    "momentum_at_average": "local"}
+                    "momentum_at_average": "local", "feedback_decay": 1.0}
         extra = sorted(k for k in given if k != "period" and given[k] != defaults[k])
         if extra:
             raise ValueError(f"{who}: {', '.join(extra)} without period > 1 (every step "
                              "synchronized) mean nothing")
         return None
     return {"period": period, "period_from": period_from, "outer_lr": lr, "outer_momentum": mu,
-            "momentum_at_average": given.get("momentum_at_average", "local")}
+            "momentum_at_average": given.get("momentum_at_average", "local"),
+            "feedback_decay": beta}
 
 
 def _periodic_allowed(optimizer, adam, who):
@@ -87,12 +99,13 @@ class _Periodic:
     the checkpoint's keys."""
 
     def __init__(self, owner, optimizer, named, period, period_from, outer_lr, outer_momentum,
-                 momentum_at_average):
+                 momentum_at_average, feedback_decay=1.0):
         self.owner, self.optimizer = owner, optimizer
         self.named = [(n, p) for n, p in named if p.requires_grad]
         self.period, self.period_from = period, period_from
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.momentum_at_average = momentum_at_average
+        self.feedback_decay = feedback_decay
         self.anchors = {}  # parameter id -> its flat anchor (the parameters at the last average)
         self.feedback = {}  # parameter id -> the ErrorFeedback of its changes
         self.outer = {}  # parameter id -> the outer Nesterov momentum buffer
@@ -185,9 +198,13 @@ class _Periodic:
                                               zero=True) - u)
         efs = None
         if owner.error_feedback:
-            efs = [self._feedback_of(self.feedback, "residuals", n, p) for n, p in named] + [
-                self._feedback_of(self.momentum_feedback, "momentum_residuals", n, p)
-                for n, p, _ in moms]
+            efs = [self._feedback_of(self.feedback, "residuals", n, p) for n, p in named]
+            if self.feedback_decay != 1.0:
+                with torch.no_grad():
+                    for ef in efs:  # SparseLoCo's: what the codec left of earlier changes fades
+                        _cuda._residual_of(ef).mul_(self.feedback_decay)
+            efs += [self._feedback_of(self.momentum_feedback, "momentum_residuals", n, p)
+                    for n, p, _ in moms]
         whole = max(4 * sum(x.numel() for x in xs), 1)
         shaped = owner._shaped
         params = [p for _, p in named] + [p for _, p, _ in moms]
@@ -275,10 +292,14 @@ class _Periodic:
                 "average_seconds": self.seconds}
 
     def settings(self):
-        """What a checkpoint says of the schedule (a resumed job must have the same)."""
-        return {"period": self.period, "period_from": self.period_from,
-                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "momentum_at_average": self.momentum_at_average}
+        """What a checkpoint says of the schedule (a resumed job must have the same); the
+        feedback decay only where it is not 1, so that checkpoints from before it load."""
+        out = {"period": self.period, "period_from": self.period_from,
+               "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+               "momentum_at_average": self.momentum_at_average}
+        if self.feedback_decay != 1.0:
+            out["feedback_decay"] = self.feedback_decay
+        return out
 
     def _tables(self):
         """(checkpoint part, table, kind): the per-parameter state, "tensor" (flat tensors) or
