@@ -218,6 +218,20 @@ GCOMP_ROWS = {
         momentum_at_average="average", outer_lr=0.7, outer_momentum=0.5), **APPLIED, **ONE_LINE),
     "gcomp_fp16_period_outer": dict(codec="fp16", periodic=dict(outer_lr=0.7, outer_momentum=0.5),
                                     **APPLIED, **ONE_LINE),
+    # Language models over slow links (--model gpt, AdamW local steps): DiLoCo's outer Nesterov
+    # step (outer_lr 0.7, outer_momentum 0.9) uncompressed and with plain top-k 1% on the changes;
+    # SparseLoCo's top-k per chunk of 4096 with 2-bit values and error feedback decayed in place
+    # of the outer momentum, on the algorithm that sends the fewest bytes.
+    "gcomp_none_period_diloco": dict(codec="none", periodic=dict(outer_lr=0.7,
+                                                                 outer_momentum=0.9), **ONE_LINE),
+    "gcomp_topk1_period_diloco": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
+                                      periodic=dict(outer_lr=0.7, outer_momentum=0.9), **APPLIED,
+                                      **ONE_LINE),
+    "gcomp_chunk1b2_period": dict(codec="topk:ratio=0.01,chunk=4096,bits=2",
+                                  algorithm="fewest_bytes", periodic={}, **APPLIED, **ONE_LINE),
+    "gcomp_chunk1b2_period_decay": dict(codec="topk:ratio=0.01,chunk=4096,bits=2",
+                                        algorithm="fewest_bytes",
+                                        periodic=dict(feedback_decay=0.95), **APPLIED, **ONE_LINE),
 }
 KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS] + ["torch_post_local"]
 
@@ -248,7 +262,7 @@ class Row:
     """One row's model, optimizer, hook state and measurements, in one worker process."""
 
     def __init__(self, a, name, torch, dist, DDP, default_hooks, powerSGD_hook, post_localSGD_hook,
-                 gt, make_model):
+                 gt, make_model, gpt_adamw=None):
         self.name = name
         if name.startswith("powersgd"):
             # torch 1.13's powerSGD_hook issues each bucket's P and Q allreduces from future
@@ -292,7 +306,12 @@ class Row:
         # Momentum 0.9 in the optimizer, or in the hook for the momentum-correction rows (by
         # hand: momentum= given to the state; or moved there by register).
         in_hook = name in GCOMP_ROWS and GCOMP_ROWS[name].get("momentum", 0) > 0
-        if a.optimizer == "adamw":
+        if a.model == "gpt":
+            if in_hook:
+                raise SystemExit(f"row {name} is SGD's momentum correction: not with AdamW")
+            # gpt_text's AdamW: betas (0.9, 0.95), weight decay on the matrices only.
+            self.opt = gpt_adamw(self.model.module, a.lr, a.weight_decay)
+        elif a.optimizer == "adamw":
             if in_hook:
                 raise SystemExit(f"row {name} is SGD's momentum correction: not with AdamW")
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=a.lr,
@@ -313,7 +332,13 @@ class Row:
             periodic = kw.pop("periodic", None)
             if periodic is not None:
                 kw.update(period=a.period, period_from=a.period_from, **periodic)
-            if a.optimizer == "adamw":
+            if a.optimizer == "adamw" and periodic is not None:
+                # Local AdamW steps between the averages (DiLoCo's inner optimizer): the
+                # optimizer as it is, its gradients synchronized through the codec before
+                # period_from.
+                self.form = "register"
+                kw["variance"] = None
+            elif a.optimizer == "adamw":
                 # 1-bit Adam: the one line with the optimizer, its warm-up exact; or 0/1 Adam's
                 # schedule.
                 self.form = "register"
@@ -338,6 +363,7 @@ class Row:
         self.wall, self.steps, self.step_times, self.evals = 0.0, 0, [], []
         self.periodic = name == "torch_post_local" or "periodic" in GCOMP_ROWS.get(name, {})
         self.avg_evals = []  # periodic rows: (step, accuracy of the ranks' average model)
+        self.eval_bytes = []  # the bytes this rank had sent at each evaluation (gcomp's rows)
         self.eval_link = (0, 0)  # the link bytes (sent, received) of those evaluations
         self.phases = []  # (forward, backward, optimizer) seconds of each step
         self.failed = None
@@ -354,17 +380,30 @@ def worker(a):
     sys.path.insert(0, HERE)
     import gcomp.torch as gt
     from fashion_mnist import accuracy, load, mlp, shard, vit
+    import gpt_text
 
     rank, size = gt.init_process_group()
     torch.set_num_threads(1)
-    train_x, train_y, test_x, test_y = load()
+    lm = a.model == "gpt"
+    if lm:  # the byte-level GPT on Debian's fortunes: validation loss, nats per byte
+        train_text, valid_text = gpt_text.load_text()
+    else:
+        train_x, train_y, test_x, test_y = load()
     # One row, or (--interleave) several, each step of each row in turn: the machine's drift
     # then falls on every row alike.
     def model_of(a):
+        if lm:
+            return gpt_text.gpt(seed=a.seed)
         return vit(seed=a.seed) if a.model == "vit" else mlp(a.model == "wide", seed=a.seed)
 
+    def metric(model):
+        """Test accuracy, or (the GPT) the validation loss in nats per byte."""
+        if lm:
+            return gpt_text.validation_loss(model, valid_text)
+        return accuracy(model, test_x, test_y)
+
     rows = [Row(a, name, torch, dist, DDP, default_hooks, powerSGD_hook, post_localSGD_hook, gt,
-                model_of)
+                model_of, gpt_text.adamw)
             for name in a.worker.split(",")]
     results = a.result.split(",")
     # The hosts' links are counted where a job runs one row (interleaved rows share the links).
@@ -383,9 +422,13 @@ def worker(a):
 
     def evaluate(r):
         # Rank 0 only (the parameters are the same on every rank); the others wait, untimed.
-        if rank == 0:
+        # The GPT: the ranks' average model for every row (the same as rank 0's where the
+        # ranks are synchronized), below.
+        if rank == 0 and not lm:
             r.evals.append((r.steps, r.wall, accuracy(r.model.module, test_x, test_y)))
-        if r.periodic:
+        if r.state is not None and hasattr(r.state, "stats"):
+            r.eval_bytes.append(r.state.stats()["bytes_sent"])
+        if r.periodic or lm:
             # Periodic rows: between averages the ranks' models differ; the ranks' average (what
             # average_parameters() would make) evaluated too, on a copy, through torch's
             # allreduce: neither counted nor changing the training.
@@ -405,7 +448,10 @@ def worker(a):
                 saved = [q.detach().clone() for q in params]
                 with torch.no_grad():
                     torch.nn.utils.vector_to_parameters(flat, params)
-                    r.avg_evals.append((r.steps, accuracy(r.model.module, test_x, test_y)))
+                    value = metric(r.model.module)
+                    r.avg_evals.append((r.steps, value))
+                    if lm:
+                        r.evals.append((r.steps, r.wall, value))
                     for q, v in zip(params, saved):
                         q.copy_(v)
         dist.barrier()
@@ -413,7 +459,13 @@ def worker(a):
     def one_step(r, idx):
         t0 = time.perf_counter()
         r.opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(r.model(train_x[idx]), train_y[idx])
+        if lm:  # idx is the step: every row the same windows, a linear warm-up and a cosine
+            for g in r.opt.param_groups:
+                g["lr"] = gpt_text.learning_rate(idx, a.max_steps, a.lr, a.lr_warmup)
+            x, y = gpt_text.batch(train_text, idx, rank, size, a.batch, seed=a.seed)
+            loss = gpt_text.loss_of(r.model, x, y)
+        else:
+            loss = torch.nn.functional.cross_entropy(r.model(train_x[idx]), train_y[idx])
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -430,9 +482,15 @@ def worker(a):
         if r.steps % a.eval_every == 0:
             evaluate(r)
 
+    def order(epoch):
+        """The steps of an epoch: the GPT's are its step numbers (one epoch of --max-steps)."""
+        if lm:
+            return range(a.max_steps) if epoch == 0 else []
+        return shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed)
+
     done, taken = False, 0
     for epoch in range(a.epochs):
-        for idx in shard(len(train_x), epoch, rank, size, a.batch, seed=a.seed):
+        for idx in order(epoch):
             taken += 1
             for r in rows:
                 if r.failed:
@@ -488,26 +546,37 @@ def record(a, r, result, rank, size):
                                                  "bytes_per_average") if k in st}}
     else:
         ring = 2 * (size - 1) / size
-        if r.name == "torch_post_local":
-            # DDP's allreduce until --period-from, then the averager's allreduce of the
-            # parameters at its steps S, S + H, ... (counted from 0).
-            averages = (r.steps - 1 - a.period_from) // a.period + 1 if r.steps > a.period_from \
-                else 0
-            per_step, r.steps_sent = 4 * n, min(r.steps, a.period_from) + averages
-        elif r.name in ("nocomm", "nocomm_sync"):
-            per_step = 0
-        elif r.name == "ddp":
-            per_step = 4 * n
-        elif r.name == "torch_fp16":
-            per_step = 2 * n
-        else:
-            k = int(r.name[8:])
-            per_step = sum(4 * (p.shape[0] + p[0].numel()) * k if p.dim() > 1 else 4 * p.numel()
-                           for p in r.model.parameters())
-        dense = min(r.steps, a.powersgd_start) if r.name.startswith("powersgd") else 0
-        # torch's PowerSGD rows: their first --powersgd-start steps are DDP's dense allreduce.
-        sent = int(ring * (per_step * (getattr(r, "steps_sent", r.steps) - dense) + 4 * n * dense))
+
+        def sent_by(steps):
+            """What the row's ring allreduces send per rank over its first `steps` steps."""
+            steps_sent = steps
+            if r.name == "torch_post_local":
+                # DDP's allreduce until --period-from, then the averager's allreduce of the
+                # parameters at its steps S, S + H, ... (counted from 0).
+                averages = (steps - 1 - a.period_from) // a.period + 1 \
+                    if steps > a.period_from else 0
+                per_step, steps_sent = 4 * n, min(steps, a.period_from) + averages
+            elif r.name in ("nocomm", "nocomm_sync"):
+                per_step = 0
+            elif r.name == "ddp":
+                per_step = 4 * n
+            elif r.name == "torch_fp16":
+                per_step = 2 * n
+            else:
+                k = int(r.name[8:])
+                per_step = sum(4 * (p.shape[0] + p[0].numel()) * k if p.dim() > 1
+                               else 4 * p.numel() for p in r.model.parameters())
+            dense = min(steps, a.powersgd_start) if r.name.startswith("powersgd") else 0
+            # torch's PowerSGD rows: their first --powersgd-start steps are DDP's dense allreduce.
+            return int(ring * (per_step * (steps_sent - dense) + 4 * n * dense))
+
+        sent = sent_by(r.steps)
+        r.eval_bytes = [sent_by(steps) for steps, _, _ in r.evals]
         how, extra = "model", {}
+        if r.name == "torch_post_local":
+            averages = (r.steps - 1 - a.period_from) // a.period + 1 \
+                if r.steps > a.period_from else 0
+            extra["periodic"] = {"averages": averages, "bytes_per_average": ring * 4 * n}
     if rank == 0:
         json.dump({"row": r.name, "config": config(a), "steps": r.steps, "evals": r.evals,
                    "bytes_sent": sent,
@@ -515,7 +584,9 @@ def record(a, r, result, rank, size):
                    "phase_medians": [statistics.median(p[i] for p in r.phases) for i in range(3)],
                    "final_accuracy": r.evals[-1][2], "parameters": n, "ranks": size,
                    "interleaved": a.worker if "," in a.worker else None, "link": r.link,
-                   "avg_evals": r.avg_evals,
+                   "avg_evals": r.avg_evals, "eval_bytes": r.eval_bytes,
+                   # The GPT's evaluations are validation losses (lower is better).
+                   "metric": "loss" if a.model == "gpt" else "accuracy",
                    **extra},
                   open(result, "w"))
 
@@ -529,6 +600,8 @@ def config(a):
             "period", "period_from"]
     if a.optimizer == "adamw":
         keys += ["weight_decay", "warmup_steps", "zero_one"]
+    if a.model == "gpt":
+        keys += ["lr_warmup"]
     return {k: getattr(a, k) for k in keys}
 
 
@@ -574,6 +647,7 @@ def run_row(a, row, result):
            "--powersgd-start", str(a.powersgd_start), "--launcher", a.launcher,
            "--optimizer", a.optimizer, "--weight-decay", str(a.weight_decay),
            "--warmup-steps", str(a.warmup_steps), "--period", str(a.period),
+           "--lr-warmup", str(a.lr_warmup),
            "--period-from", str(a.period_from),
            "--zero-one", ",".join(str(x) for x in a.zero_one)] + (
            ["--cluster"] if a.cluster else []) + (
@@ -607,7 +681,12 @@ def run_row(a, row, result):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=["wide", "mlp", "vit"], default="wide")
+    ap.add_argument("--model", choices=["wide", "mlp", "vit", "gpt"], default="wide",
+                    help="gpt: the byte-level GPT of gpt_text.py with AdamW, --max-steps steps "
+                         "(default 1200), --batch sequences a rank (default 16), the validation "
+                         "loss of the ranks' average model")
+    ap.add_argument("--lr-warmup", type=int, default=60,
+                    help="gpt: steps of linear learning-rate warm-up before the cosine")
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
                     help="sgd (momentum 0.9) or adamw (gcomp's rows: 1-bit Adam, the one line)")
     ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's")
@@ -654,6 +733,23 @@ def main():
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.model == "gpt":  # its defaults where not given: AdamW, 1,200 steps, 16 sequences
+        given = set(sys.argv)
+        a.optimizer = "adamw"
+        if "--max-steps" not in given:
+            a.max_steps = 1200
+        if "--batch" not in given:
+            a.batch = 16
+        if "--lr" not in given:
+            a.lr = 2e-3
+        if "--weight-decay" not in given:
+            a.weight_decay = 0.1
+        if "--epochs" not in given:
+            a.epochs = 1
+        if "--eval-every" not in given:
+            a.eval_every = 100
+        if "--target" not in given:
+            a.target = 2.1
     if a.worker:
         return worker(a)
 
@@ -710,10 +806,61 @@ def main():
         write_seeds(a, base, by_seed)
 
 
+def write_seeds_lm(a, base, by_seed):
+    """The GPT's table across the seeds: each row's validation loss for every seed, the mean,
+    the range, the mean against DDP's, the bytes (over the run, per synchronization) and the
+    time to --target (the mean over the seeds that reached it)."""
+    seeds = list(by_seed)
+    names = [r for r in KNOWN if any(x["row"] == r for rs in by_seed.values() for x in rs)]
+
+    def ok_of(name):
+        got = [next((x for x in by_seed[s] if x["row"] == name), None) for s in seeds]
+        return got, [g for g in got if g and "failed" not in g]
+
+    _, ddp = ok_of("ddp")
+    ddp_mean = statistics.mean(g["final_accuracy"] for g in ddp) if ddp else None
+    lines = [f"{a.ranks} ranks, byte-level GPT, {testbed(a)}, {a.max_steps} steps, seeds "
+             f"{', '.join(map(str, seeds))}; periodic rows: period {a.period} from step "
+             f"{a.period_from}", "",
+             f"| row | validation loss by seed | mean | range | against DDP | bytes sent per rank "
+             f"| fewer than DDP's ring | per synchronization | of the float32 model | time to "
+             f"{a.target} (seeds that reached it) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        got, ok = ok_of(name)
+        cells = ", ".join("-" if not g or "failed" in g else f"{g['final_accuracy']:.4f}"
+                          for g in got)
+        if not ok:
+            lines.append(f"| {name} | {cells} |" + " |" * 8)
+            continue
+        loss = [g["final_accuracy"] for g in ok]
+        mean = statistics.mean(loss)
+        sent = statistics.mean(g["bytes_sent"] for g in ok)
+        ring = statistics.mean(ring_bytes(g) for g in ok)
+        pers = [(g.get("periodic") or {}).get("bytes_per_average") for g in ok]
+        model_bytes = 4 * ok[0]["parameters"]
+        if all(pers):
+            per = statistics.mean(pers)
+        else:
+            per = statistics.mean(g["bytes_sent"] / max(1, g["steps"]) for g in ok)
+        reach = [next((t for _, t, v in g["evals"] if v <= a.target), None) for g in ok]
+        reached = [t for t in reach if t is not None]
+        lines.append(f"| {name} | {cells} | {mean:.4f} | {max(loss) - min(loss):.4f} | " +
+                     (f"{100 * (mean / ddp_mean - 1):+.2f}%" if ddp_mean else "") +
+                     f" | {sent / 1e6:.2f} MB | {ring / max(1.0, sent):.0f}x | {per / 1e3:.1f} kB "
+                     f"| {share(per, model_bytes)} | " +
+                     (f"{statistics.mean(reached):.1f} s ({len(reached)} of {len(ok)})"
+                      if reached else f"not reached (0 of {len(ok)})") + " |")
+    open(base + "_seeds.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def write_seeds(a, base, by_seed):
     """The table across the seeds (--seeds): each row's test accuracy at the end for every seed,
     their mean and range, the mean over the second half, and each host's link bytes per step
     (the largest host's, the mean over the seeds)."""
+    if a.model == "gpt":
+        return write_seeds_lm(a, base, by_seed)
     seeds = list(by_seed)
     names = [r for r in KNOWN if any(x["row"] == r for rs in by_seed.values() for x in rs)]
     lines = [f"{a.ranks} ranks, {'ViT' if a.model == 'vit' else a.model + ' MLP'}, "
@@ -827,8 +974,105 @@ def link_cell(r):
     return " / ".join(f"{tx / 1e3:.1f}" for tx in link["tx_per_step"]) + " kB" if link else ""
 
 
+def share(part, whole):
+    """part as a share of whole: 1/N below it, a multiple above."""
+    if part <= 0:
+        return "0"
+    return f"1/{whole / part:.0f}" if part < whole else f"{part / whole:.2f}x"
+
+
+def lm_row_cells(r, ddp, a):
+    """The GPT table's cells of a row (ddp: DDP's row, or None)."""
+    loss = r["final_accuracy"]
+    vs = f"{100 * (loss / ddp['final_accuracy'] - 1):+.1f}%" if ddp else ""
+    per = (r.get("periodic") or {}).get("bytes_per_average") or \
+        r["bytes_sent"] / max(1, r["steps"])
+    sync = f"{per / 1e3:.1f} kB | {share(per, 4 * r['parameters'])}"
+    reach = next((t for _, t, v in r["evals"] if v <= a.target), None)
+    return [f"{loss:.4f}", vs, f"{r['bytes_sent'] / 1e6:.2f} MB", 
+            f"{ring_bytes(r) / max(1, r['bytes_sent']):.0f}x", sync,
+            f"{r['step_median'] * 1e3:.1f} ms",
+            "not reached" if reach is None else f"{reach:.1f} s"]
+
+
+def write_lm(a, base, results):
+    """The GPT's table (Markdown and CSV) and its plot: the validation loss of the ranks' average
+    model, the bytes over the run and per synchronization, loss against wall time and bytes."""
+    import csv
+    ddp = next((r for r in results if r["row"] == "ddp" and "failed" not in r), None)
+    linked = any(r.get("link") for r in results)
+    lines = [f"{a.ranks} ranks, byte-level GPT (python_examples/gpt_text.py: Debian's fortunes), "
+             f"AdamW lr {a.lr} (warm-up {a.lr_warmup} steps, cosine to a tenth), weight decay "
+             f"{a.weight_decay}, {a.max_steps} steps of {a.batch} sequences of 64 bytes a rank, "
+             f"{testbed(a)}; periodic rows: period {a.period} from step {a.period_from}", "",
+             f"| row | validation loss (nats/byte) | against DDP | bytes sent per rank | fewer "
+             f"than DDP's ring | per synchronization | of the float32 model | step time (median) "
+             f"| time to {a.target} |" + (" each host's link: sent per step |" if linked else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if linked else "")]
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "validation_loss", "bytes_sent", "ring_ratio", "bytes_per_sync",
+                    "step_median_s", "seconds_to_target", "failed", "link_tx_per_step_max"])
+        for r in results:
+            if "failed" in r:
+                lines.append(f"| {r['row']} | failed: {r['failed']} |" + " |" * (7 + linked))
+                w.writerow([r["row"], "", "", "", "", "", "", r["failed"], ""])
+                continue
+            lines.append(f"| {r['row']} | " + " | ".join(lm_row_cells(r, ddp, a)) + " |" +
+                         (f" {link_cell(r)} |" if linked else ""))
+            reach = next((t for _, t, v in r["evals"] if v <= a.target), None)
+            link = r.get("link")
+            per = (r.get("periodic") or {}).get("bytes_per_average")
+            w.writerow([r["row"], r["final_accuracy"], r["bytes_sent"],
+                        ring_bytes(r) / max(1, r["bytes_sent"]),
+                        per if per else r["bytes_sent"] / max(1, r["steps"]), r["step_median"],
+                        reach if reach is not None else "", "",
+                        max(link["tx_per_step"]) if link else ""])
+    lines += ["", "Bytes: gcomp's rows what they handed to the transport (the agreement "
+                  "included); DDP's and torch's a ring allreduce's 2 (P-1)/P of the float32 "
+                  "tensors they reduce. Per synchronization: a periodic row's bytes per average "
+                  "(a rank's), the others' per step; the share is of the float32 model's bytes."]
+    lines += split_table(results)
+    lines += calls_table(results)
+    open(base + ".md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot_lm(a, base, results)
+
+
+def plot_lm(a, base, results):
+    """Validation loss against wall time and against the bytes sent, one line per row."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    colors = plt.get_cmap("tab20").colors
+    for i, r in enumerate(results):
+        if "failed" in r or r["row"].startswith("nocomm"):
+            continue
+        style = dict(label=r["row"], color=colors[i % len(colors)],
+                     linestyle="--" if r["row"].startswith("gcomp") else "-")
+        left.plot([t for _, t, _ in r["evals"]], [v for _, _, v in r["evals"]], **style)
+        sent = r.get("eval_bytes") or []
+        if len(sent) == len(r["evals"]):
+            right.plot([max(b, 1) / 1e6 for b in sent], [v for _, _, v in r["evals"]], **style)
+    left.set_xlabel("wall time (s, evaluation excluded)")
+    right.set_xlabel("bytes sent per rank (MB, log)")
+    right.set_xscale("log")
+    for ax in (left, right):
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.axhline(a.target, color="grey", lw=0.5)
+    left.set_title(f"byte-level GPT, {a.ranks} ranks, {testbed(a)}")
+    right.legend(fontsize=7)
+    fig.savefig(base + ".png", dpi=120, bbox_inches="tight")
+
+
 def write(a, base, results):
     import csv
+    if a.model == "gpt":
+        return write_lm(a, base, results)
     where = testbed(a)
     what = "ViT" if a.model == "vit" else f"{a.model} MLP"
     how = (f"AdamW lr {a.lr} weight decay {a.weight_decay} (gcomp's rows: 1-bit Adam, warm-up "

@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+"""A byte-level GPT trained data-parallel with AdamW (python_examples/gpt_text.py: Debian's
+fortunes as text), an ordinary DistributedDataParallel script whose only gcomp line is
+gt.register(model, optimizer, codec, ...): every step synchronized, or DiLoCo's local steps and
+an outer step every --period steps over a slow link.
+
+    PYTHONPATH=build/python mpiexec.mpich -n 3 /usr/bin/python3 python_examples/ddp_gpt.py \\
+        --codec topk:ratio=0.01,chunk=4096,bits=2 --period 25 --feedback-decay 0.95
+
+or the same under torchrun (--nproc_per_node 3; gcomp then runs on Gloo through torch's store).
+--codec default runs DDP's own allreduce every step (no gcomp). With --period H > 1 the ranks
+take local AdamW steps from --period-from on and average every H steps: each rank's change since
+the last average goes through the codec with error feedback (decayed by --feedback-decay before
+each new change is added: SparseLoCo's error feedback in place of the outer momentum), then the
+outer step (--outer-lr, Nesterov --outer-momentum: DiLoCo's 0.7 and 0.9). Before --period-from
+every step is synchronized through the codec (AdamW as it is: variance=None). --algorithm pins
+gcomp's collective (fewest_bytes: the one that sends the fewest bytes; default auto). AdamW lr
+--lr with a linear warm-up of --warmup steps and a cosine to a tenth at --steps, weight decay 0.1
+on the matrices; --sequences windows of 64 bytes a rank and step.
+Rank 0 prints the validation loss (nats per byte) of the ranks' average model every --eval-every
+steps and at the end, the bytes each rank sent against DDP's ring (2 (P-1)/P of the float32
+gradients every step), the bytes of each average, and whether every rank ends with the same
+parameters.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gcomp.torch as gt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_text import TEXT, adamw, batch, gpt, learning_rate, load_text, loss_of, validation_loss
+
+
+def average_model(model, size):
+    """A copy of the flat parameters averaged over the ranks (torch's allreduce, not gcomp's:
+    an evaluation, not part of the training), and the flat parameters themselves."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    mean = flat.clone()
+    dist.all_reduce(mean)
+    return mean / size, flat
+
+
+def evaluate(model, valid, size):
+    """The validation loss of the ranks' average model (every rank takes part; on a copy)."""
+    mean, flat = average_model(model, size)
+    params = list(model.parameters())
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(mean, params)
+        loss = validation_loss(model, valid)
+        torch.nn.utils.vector_to_parameters(flat, params)
+    return loss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--codec", default="none", help='a gcomp spec, or "default" (DDP alone)')
+    ap.add_argument("--period", type=int, default=1, help="average every H steps (1: every step)")
+    ap.add_argument("--period-from", type=int, default=0,
+                    help="steps before this one are synchronized")
+    ap.add_argument("--outer-lr", type=float, default=1.0)
+    ap.add_argument("--outer-momentum", type=float, default=0.0)
+    ap.add_argument("--feedback-decay", type=float, default=1.0,
+                    help="the averages' residual decays by this before each change is added")
+    ap.add_argument("--momentum-at-average", default="local", choices=["local", "reset", "average"],
+                    help="AdamW's first moment at an average: each rank's own, zeroed, or "
+                         "averaged through the codec")
+    ap.add_argument("--algorithm", default="auto", help="gcomp's algorithm (default auto)")
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--sequences", type=int, default=16, help="64-byte windows a rank and step")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=60, help="steps of linear learning-rate warm-up")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--text", default=TEXT, help="the folder of text (default Debian's fortunes)")
+    a = ap.parse_args()
+
+    rank, size = gt.init_process_group()
+    torch.set_num_threads(1)
+    train, valid = load_text(a.text)
+    model = DDP(gpt(a.seed))
+    opt = adamw(model.module, a.lr)
+    state = None
+    if a.codec != "default":
+        options = dict(variance=None, seed=a.seed)  # AdamW as it is: its gradients, or local
+        if a.algorithm != "auto":
+            options["algorithm"] = a.algorithm
+        if a.period > 1:
+            options.update(period=a.period, period_from=a.period_from, outer_lr=a.outer_lr,
+                           outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,
+                           momentum_at_average=a.momentum_at_average)
+        state = gt.register(model, opt, a.codec, **options)  # the one gcomp line
+    start = time.perf_counter()
+    for step in range(a.steps):
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(step, a.steps, a.lr, a.warmup)
+        x, y = batch(train, step, rank, size, a.sequences, seed=a.seed)
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        if a.eval_every and (step + 1) % a.eval_every == 0 and step + 1 < a.steps:
+            v = evaluate(model.module, valid, size)
+            if rank == 0:
+                print(f"step {step + 1}: validation loss {v:.4f} nats/byte", flush=True)
+    seconds = time.perf_counter() - start
+    v = evaluate(model.module, valid, size)
+    n = sum(p.numel() for p in model.parameters())
+    ring = 2 * (size - 1) / size * 4 * n * a.steps
+    mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    first = mine.clone()
+    dist.broadcast(first, 0)
+    same = torch.tensor([int(torch.equal(first, mine))])
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)
+    if rank == 0:
+        st = state.stats() if state else {}
+        sent = st.get("bytes_sent", ring)
+        per = (f", {st['averages']} averages of {st['bytes_per_average'] / 1e3:.1f} kB "
+               f"({4 * n / max(1.0, st['bytes_per_average']):.0f}x less than the float32 model)"
+               if st.get("averages") else "")
+        print(f"result: codec {a.codec}, period {a.period}, {size} ranks, {a.steps} steps, "
+              f"validation loss {v:.4f} nats/byte, sent {sent / 1e6:.2f} MB per rank, DDP's "
+              f"ring {ring / 1e6:.2f} MB ({ring / max(1, sent):.1f}x fewer){per}, same "
+              f"parameters on every rank: {bool(same.item())}, {seconds:.1f} s", flush=True)
+    del model, state  # DDP's reducer holds the process group too
+    dist.destroy_process_group()
+    # The tensors handed to gloo last, dropped after its threads have ended (a finished call's
+    # last reference dropped on gloo's thread would wait for the GIL the destructor holds).
+    del first, same
+
+
+if __name__ == "__main__":
+    main()
