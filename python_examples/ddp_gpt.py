@@ -13,8 +13,9 @@ take local AdamW steps from --period-from on and average every H steps: each ran
 the last average goes through the codec with error feedback (decayed by --feedback-decay before
 each new change is added: SparseLoCo's error feedback in place of the outer momentum), then the
 outer step (--outer-lr, Nesterov --outer-momentum: DiLoCo's 0.7 and 0.9). Before --period-from
-every step is synchronized through the codec (AdamW as it is: variance=None). --algorithm pins
-gcomp's collective (fewest_bytes: the one that sends the fewest bytes; default auto). AdamW lr
+every step is synchronized through the codec (AdamW as it is: variance=None). --algorithm is
+gcomp's collective (default fewest_bytes: the codec's own bytes on the algorithm that sends the
+fewest; auto chooses by time, and may send float32 where that is faster). AdamW lr
 --lr with a linear warm-up of --warmup steps and a cosine to a tenth at --steps, weight decay 0.1
 on the matrices; --sequences windows of 64 bytes a rank and step.
 Rank 0 prints the validation loss (nats per byte) of the ranks' average model every --eval-every
@@ -71,7 +72,9 @@ def main():
     ap.add_argument("--momentum-at-average", default="local", choices=["local", "reset", "average"],
                     help="AdamW's first moment at an average: each rank's own, zeroed, or "
                          "averaged through the codec")
-    ap.add_argument("--algorithm", default="auto", help="gcomp's algorithm (default auto)")
+    ap.add_argument("--algorithm", default="fewest_bytes",
+                    help="gcomp's algorithm (default fewest_bytes: the codec's bytes on the "
+                         "algorithm that sends the fewest; auto chooses by time)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--sequences", type=int, default=16, help="64-byte windows a rank and step")
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -88,9 +91,11 @@ def main():
     opt = adamw(model.module, a.lr)
     state = None
     if a.codec != "default":
-        options = dict(variance=None, seed=a.seed)  # AdamW as it is: its gradients, or local
-        if a.algorithm != "auto":
-            options["algorithm"] = a.algorithm
+        # AdamW as it is (its gradients through the codec, or its local steps); the codec on
+        # every call (auto would send float32 where that is faster, not what a metered link
+        # wants).
+        options = dict(variance=None, seed=a.seed, algorithm=a.algorithm,
+                       allow_uncompressed=False)
         if a.period > 1:
             options.update(period=a.period, period_from=a.period_from, outer_lr=a.outer_lr,
                            outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,

@@ -419,7 +419,10 @@ def register(model, optimizer, codec, **options):
     adam = _options._adam_of(optimizer, variance, options, who)
     if periodic is not None:
         _periodic_allowed(optimizer, adam, who)
-    moved = {} if adam else _options._take_momentum(optimizer, codec, options, who)
+    # Periodic from step 0: no gradient goes through the codec, so nothing of the optimizer's
+    # momentum is delayed (each rank's own is its local heavy-ball momentum): nothing to move.
+    local_only = periodic is not None and periodic["period_from"] == 0
+    moved = {} if adam or local_only else _options._take_momentum(optimizer, codec, options, who)
     if adam and options.get("per_parameter") is None:
         options["per_parameter"] = False  # 1-bit Adam: the momentum of a bucket whole
     options.setdefault("names", list(model.named_parameters()))

@@ -78,7 +78,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                        seed=seed, synchronous=synchronous, per_parameter=per_parameter,
                        allow_uncompressed=allow_uncompressed, momentum=momentum,
                        weight_decay=weight_decay, stall_seconds=stall_seconds,
-                       timeout_seconds=timeout_seconds, optimizer=optimizer, who=who)
+                       timeout_seconds=timeout_seconds, optimizer=optimizer, who=who,
+                       moves=periodic is None or periodic["period_from"] > 0)
         # 1-bit Adam's stages (_adam._Adam) for an Adam or AdamW, else None.
         self._adam = _Adam(optimizer, variance, self.warmup_steps, who, self) if adam else None
         if adam:

@@ -197,7 +197,7 @@ def _adam_of(optimizer, variance, options, who):
 
 def apply(target, codec, *, error_feedback, warmup_steps, algorithm, dense_below, seed,
           synchronous, per_parameter, allow_uncompressed, momentum, weight_decay, stall_seconds,
-          timeout_seconds, bucket_bytes=None, optimizer=None, who=None):
+          timeout_seconds, bucket_bytes=None, optimizer=None, who=None, moves=True):
     """Checks the options both CompressionState and DistributedOptimizer take and sets them on
     target, in the one order both check them (so that of several wrong options the same one is
     reported): codec, error_feedback, warmup_steps, algorithm, dense_below, bucket_bytes (the
@@ -205,7 +205,8 @@ def apply(target, codec, *, error_feedback, warmup_steps, algorithm, dense_below
     it and the codec mean), allow_uncompressed, momentum, weight_decay, stall_seconds and
     timeout_seconds. who (DistributedOptimizer's name): momentum and weight_decay may be None,
     and then the wrapped optimizer's move here as register() moves them (_take_momentum; what
-    moved is target.moved)."""
+    moved is target.moved), unless moves is False (periodic averaging from step 0: no gradient is
+    delayed)."""
     target.codec = codec
     target.error_feedback = _feedback_wanted(codec, error_feedback)
     target.warmup_steps = int(warmup_steps)
@@ -228,7 +229,8 @@ def apply(target, codec, *, error_feedback, warmup_steps, algorithm, dense_below
             options["momentum"] = momentum
         if weight_decay is not None:
             options["weight_decay"] = weight_decay
-        target.moved = _take_momentum(optimizer, codec, options, who, stacklevel=4)
+        target.moved = _take_momentum(optimizer, codec, options, who, stacklevel=4) \
+            if moves else {}
         momentum = options.get("momentum", 0.0)
         weight_decay = options.get("weight_decay", 0.0)
     target.momentum = _momentum_of(momentum, target.error_feedback)

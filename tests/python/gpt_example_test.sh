@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# python_examples/ddp_gpt.py end to end, briefly: 40 steps of the byte-level GPT on 3 ranks with
+# the one line, an average every 4 steps from step 8 through top-k per chunk (1% of 4096, 2-bit
+# codes) with error feedback decayed by 0.9, on the algorithm of the fewest bytes. The result
+# line must say every rank ends with the same parameters, 8 averages, and an average far below
+# the float32 model's bytes.
+#   gpt_example_test.sh MPIEXEC PYTHON
+set -euo pipefail
+mpiexec=$1 python=$2
+here=$(cd "$(dirname "$0")" && pwd)
+out=$(timeout -k 10 600 "$mpiexec" -n 3 "$python" "$here/../../python_examples/ddp_gpt.py" \
+  --codec topk:ratio=0.01,chunk=4096,bits=2 --period 4 --period-from 8 --feedback-decay 0.9 \
+  --algorithm fewest_bytes --steps 40 --eval-every 20 </dev/null)
+echo "$out"
+line=$(grep "^result:" <<<"$out")
+"$python" - "$line" <<'PY'
+import re, sys
+line = sys.argv[1]
+assert "same parameters on every rank: True" in line, line
+m = re.search(r"(\d+) averages of ([0-9.]+) kB \((\d+)x less", line)
+assert m and int(m.group(1)) == 8, line
+# 366,432 floats (1.47 MB); 1% of each chunk at under 15 bits an entry is under 7 kB a payload,
+# and compressed_reduce_scatter sends 4/3 of one at 3 ranks, with the agreement's 192 bytes.
+assert float(m.group(2)) < 10.0 and int(m.group(3)) > 140, line
+loss = float(re.search(r"validation loss ([0-9.]+)", line).group(1))
+assert 0 < loss < 5.6, line  # below a uniform guess over 256 bytes, ln 256 = 5.55
+PY
+echo "gpt_example_test: passed"
