@@ -1,8 +1,9 @@
 /* gcomp's compressed allreduce for C (library gcomp_mpi): like MPI_Allreduce of floats with
  * MPI_SUM, but each rank's contribution goes through a codec, and the algorithm that keeps the
  * payloads sparse or compressed on the wire is chosen by a cost model (or by the environment
- * variable GCOMP_ALGORITHM: an algorithm's name, as docs/algorithms.md lists them; an unknown
- * one's error names them all).
+ * variable GCOMP_ALGORITHM: an algorithm's name, as docs/algorithms.md lists them, or
+ * fewest_bytes, the algorithm that sends the codec's bytes and the fewest of them by the byte
+ * models, for links that are metered rather than slow; an unknown one's error names them all).
  *
  * The first call on a communicator is collective setup too: gcomp duplicates the communicator
  * (attached to it as an attribute, freed with it) and measures the network once.

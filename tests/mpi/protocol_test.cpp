@@ -625,6 +625,32 @@ TEST(Buckets, MismatchedLayoutsFailEveryRank) {
   still_works();
 }
 
+// The C API takes top-k per chunk as any spec, and GCOMP_ALGORITHM=fewest_bytes as any
+// algorithm: it runs the rule's algorithm (never dense for a codec that compresses) and sends
+// the codec's bytes.
+TEST(CApi, ChunkedTopkOnTheFewestBytes) {
+  gcomp_codec codec = nullptr;
+  ASSERT_EQ(gcomp_codec_create("topk:ratio=0.01,chunk=4096,bits=2", &codec), GCOMP_OK)
+      << gcomp_last_error();
+  const auto x = test::input(100000, 31);
+  std::vector<float> out(x.size());
+  setenv("GCOMP_ALGORITHM", "fewest_bytes", 1);
+  const gcomp_status s =
+      gcomp_allreduce(x.data(), out.data(), x.size(), codec, nullptr, 5, MPI_COMM_WORLD);
+  unsetenv("GCOMP_ALGORITHM");
+  ASSERT_EQ(s, GCOMP_OK) << gcomp_last_error();
+  gcomp_stats st;
+  ASSERT_EQ(gcomp_last_stats(&st), GCOMP_OK);
+  EXPECT_STRNE(st.algorithm, "dense");
+  if (size() > 1) {
+    // 1% of the elements at under 15 bits an entry: under 2.4 kB a payload; at most P - 1 of
+    // them (an allgather's) and the agreement and sizes besides.
+    EXPECT_LT(st.bytes_sent, static_cast<std::uint64_t>(size() - 1) * 2400 + 1024) << st.algorithm;
+  }
+  EXPECT_TRUE(test::same_on_all_ranks(out));
+  gcomp_codec_destroy(codec);
+}
+
 TEST(CApi, AllreduceAndStats) {
   gcomp_codec codec = nullptr;
   ASSERT_EQ(gcomp_codec_create("topk:ratio=0.1", &codec), GCOMP_OK);
