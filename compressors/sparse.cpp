@@ -459,7 +459,7 @@ const std::vector<SpecKey> kRatioKeys = {
     {"values", "fp32", "value type on the wire: fp32 or fp16"}};
 // top-k's keys for the chunked form (topk_chunked.cpp).
 const std::vector<SpecKey> kChunkKeys = {
-    {"chunk", "", "per chunk of C elements (1..2^32): the k or round(R C) largest of each, "
+    {"chunk", "", "per chunk of C elements (1..2^31): the k or round(R C) largest of each, "
                   "indices relative to the chunk"},
     {"bits", "", "the kept values as B-bit codes (1..8) with a scale per chunk (needs chunk)"}};
 

@@ -53,7 +53,7 @@ constexpr std::uint8_t kF32 = 0, kF16 = 1, kCodes = 2;
 constexpr std::uint8_t kPackedGaps = 0, kFixedRelative = 1;
 constexpr Layout kChunkedPayload{32, 3};
 constexpr std::size_t kChunkedHeader = header_bytes(kChunkedPayload);
-constexpr std::uint64_t kMaxChunk = std::uint64_t{1} << 32;
+constexpr std::uint64_t kMaxChunk = std::uint64_t{1} << 31;  // counts fit 32 bits (the kernels')
 
 // The width of a chunk-relative index.
 unsigned relative_width(std::uint64_t chunk) {
@@ -392,7 +392,7 @@ void validate_chunked_layout(const Payload& p) {
   const std::uint64_t per = load_le<std::uint64_t>(pr + 16);
   const std::uint64_t last = load_le<std::uint64_t>(pr + 24);
   if (chunk < 1 || chunk > kMaxChunk) {
-    bad_payload("chunk of " + std::to_string(chunk) + " elements (1 to 2^32)");
+    bad_payload("chunk of " + std::to_string(chunk) + " elements (1 to 2^31)");
   }
   if (per > chunk) {
     bad_payload(std::to_string(per) + " entries in a chunk of " + std::to_string(chunk));

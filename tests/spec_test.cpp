@@ -248,8 +248,8 @@ TEST(Spec, BadSpecsNameTheSpecAndThePart) {
   expect_bad("topk:ratio=0.1,ratio=0.2", "given twice");
   expect_bad("topk:ratio=0.1,values=fp8", "values must be one of fp32|fp16");
   expect_bad("topk:ratio=0.1,bits=4", "give chunk=C too");
-  expect_bad("topk:ratio=0.1,chunk=0", "chunk must be an integer in 1..4294967296");
-  expect_bad("topk:ratio=0.1,chunk=4294967297", "chunk must be an integer in 1..4294967296");
+  expect_bad("topk:ratio=0.1,chunk=0", "chunk must be an integer in 1..2147483648");
+  expect_bad("topk:ratio=0.1,chunk=2147483649", "chunk must be an integer in 1..2147483648");
   expect_bad("topk:ratio=0.1,chunk=64,bits=0", "bits must be an integer in 1..8");
   expect_bad("topk:ratio=0.1,chunk=64,bits=9", "bits must be an integer in 1..8");
   expect_bad("topk:ratio=0.1,chunk=64,bits=2,values=fp16", "not with values=fp16");

@@ -371,7 +371,7 @@ TEST(WireChunked, EveryRuleIsChecked) {
   EXPECT_EQ(bad([](Chunked& c) { c.bits = 0; }), Status::bad_payload);
   EXPECT_EQ(bad([](Chunked& c) { c.bits = 9; }), Status::bad_payload);
   EXPECT_EQ(bad([](Chunked& c) { c.chunk = 0; }), Status::bad_payload);
-  EXPECT_EQ(bad([](Chunked& c) { c.chunk = (std::uint64_t{1} << 32) + 1; }), Status::bad_payload);
+  EXPECT_EQ(bad([](Chunked& c) { c.chunk = (std::uint64_t{1} << 31) + 1; }), Status::bad_payload);
   EXPECT_EQ(bad([](Chunked& c) { c.per_chunk = 9; }), Status::bad_payload);  // above the chunk
   EXPECT_EQ(bad([](Chunked& c) { c.last = 5; }), Status::bad_payload);  // above the last chunk's 4
   EXPECT_EQ(bad([](Chunked& c) { c.per_chunk = 3; }), Status::bad_payload);  // sections too short
