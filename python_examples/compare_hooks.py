@@ -765,7 +765,7 @@ def main():
                  else f"cluster{a.ranks}_{a.network}")
     if a.launcher == "torchrun":
         where += "_torchrun"
-    if a.optimizer != "sgd":
+    if a.optimizer != "sgd" and a.model != "gpt":  # the GPT's is always AdamW
         where += f"_{a.optimizer}"
     base = os.path.join(a.out, f"compare_{a.model}_{where}")
     todo = [] if a.report else a.rows.split(",")

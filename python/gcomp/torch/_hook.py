@@ -38,7 +38,9 @@ class CompressionState(_PerParameterFeedback):
     warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (whole
     buckets, where not per parameter) of fewer elements go uncompressed. algorithm,
     allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
-    when that is faster, unless allow_uncompressed is False). synchronous: wait for each
+    when that is faster, unless allow_uncompressed is False; even then auto may choose dense,
+    which sends each rank's decode as float32: algorithm="fewest_bytes" sends the codec's
+    bytes). synchronous: wait for each
     bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
     momentum: DGC's momentum correction (0 = off). The hook keeps a velocity per parameter,
     u = momentum * u + g, and compresses u with error feedback instead of g: the residual
