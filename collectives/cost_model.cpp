@@ -339,7 +339,9 @@ Algorithm fewest_bytes_algorithm(const ModelInput& in) {
   double best_bytes = kNotApplicable;
   for (int a = 1; a < kAlgorithmCount; ++a) {
     const auto alg = static_cast<Algorithm>(a);
-    if (alg == Algorithm::dense && !in.codec_none) continue;  // float32, not the codec's bytes
+    // auto's candidates (no second compression of a sparse codec's sum); dense only for none
+    // (for another codec it sends float32, not the codec's bytes).
+    if (!auto_candidate(alg, in) || (alg == Algorithm::dense && !in.codec_none)) continue;
     if (bytes[a] < best_bytes) {
       best_bytes = bytes[a];
       best = alg;

@@ -76,9 +76,9 @@ struct GlooOptions {
 
 enum class Algorithm : int {
   // Not an algorithm but a rule, resolved on every call before anything runs: among the
-  // algorithms that run the codec and send its bytes (dense only for `none`, whose bytes are
-  // float32), the one whose byte model (predict_bytes) sends the fewest per rank, ties to the
-  // lower value: for links that are metered rather than slow ("fewest_bytes";
+  // algorithms auto weighs for the codec that send its bytes (dense only for `none`, whose bytes
+  // are float32), the one whose byte model (predict_bytes) sends the fewest per rank, ties to
+  // the lower value: for links that are metered rather than slow ("fewest_bytes";
   // fewest_bytes_algorithm in gcomp/cost_model.hpp).
   fewest_bytes = -1,
   automatic = 0,              // chosen by the cost model ("auto")

@@ -67,11 +67,13 @@ double predict_uncompressed(const ModelInput& in);
 bool auto_candidate(Algorithm a, const ModelInput& in);
 Algorithm cheapest(const ModelInput& in);
 
-// What Algorithm::fewest_bytes runs: among the rows that run the codec (in.codec, or the sizes'
-// flags without one) and send the codec's bytes (dense only for `none`: for another codec it
-// sends each rank's decode as float32), the one with the fewest predict_bytes, ties to the lower
-// Algorithm value. The bytes depend on the sizes, the ranks and where they are (hosts), never
-// on the network or the compute speeds, so every rank finds the same.
+// What Algorithm::fewest_bytes runs: among the algorithms auto weighs for the codec
+// (auto_candidate: no second compression of a sparse codec's sum by compressed_reduce_scatter,
+// sparse_reduce_scatter only with error feedback) that send the codec's bytes (dense only for
+// `none`: for another codec it sends each rank's decode as float32), the one with the fewest
+// predict_bytes, ties to the lower Algorithm value. The bytes depend on the sizes, the ranks and
+// where they are (hosts), never on the network or the compute speeds, so every rank finds the
+// same.
 Algorithm fewest_bytes_algorithm(const ModelInput& in);
 
 // This machine's compute speeds for a codec, measured on n normal floats (capped at 16M; at

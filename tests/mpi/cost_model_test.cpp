@@ -304,11 +304,12 @@ TEST(TwoLevelModel, WhereItAppliesAndWhereItWins) {
 namespace gcomp {
 namespace {
 
-// fewest_bytes_algorithm: the fewest predict_bytes among the rows that run the codec, never dense
-// for a codec that compresses (it would send float32), dense for none; the trainer's old rule
-// where the models say the same (allgather at two ranks for a dense codec, where it compresses
-// once, compressed_reduce_scatter's 2 (P-1)/P payloads from three ranks on; the low-rank codec's
-// only row).
+// fewest_bytes_algorithm: the fewest predict_bytes among the algorithms auto weighs for the codec,
+// never dense for a codec that compresses (it would send float32), dense for none, never
+// compressed_reduce_scatter for a sparse codec (a second compression of the sum, which auto
+// leaves to an explicit choice); the trainer's old rule where the models say the same (allgather
+// at two ranks for a dense codec, where it compresses once, compressed_reduce_scatter's
+// 2 (P-1)/P payloads from three ranks on; the low-rank codec's only row).
 TEST(CostModel, FewestBytesIsTheLeastOfTheRowsThatSendTheCodec) {
   const auto in_for = [](const Codec& codec, std::size_t n, int p) {
     ModelInput in;
@@ -331,7 +332,10 @@ TEST(CostModel, FewestBytesIsTheLeastOfTheRowsThatSendTheCodec) {
       const Algorithm a = fewest_bytes_algorithm(in);
       const auto bytes = predict_bytes(in);
       EXPECT_EQ(a == Algorithm::dense, codec.kind() == CodecKind::none) << spec << " P " << p;
+      EXPECT_TRUE(auto_candidate(a, in)) << spec << " P " << p;
+      if (codec.properties().sparse) EXPECT_NE(a, Algorithm::compressed_reduce_scatter) << spec;
       for (int b = 1; b < kAlgorithmCount; ++b) {
+        if (!auto_candidate(static_cast<Algorithm>(b), in)) continue;
         if (b == static_cast<int>(Algorithm::dense) && codec.kind() != CodecKind::none) continue;
         EXPECT_LE(bytes[static_cast<int>(a)], bytes[b])
             << spec << " P " << p << ": " << algorithm_name(a) << " against "
