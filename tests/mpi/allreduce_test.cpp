@@ -144,6 +144,9 @@ TEST(Allreduce, ExactOnIntegerValues) {
     const Codec codec(c.spec);
     if (codec.kind() != CodecKind::none && !codec.properties().sparse) continue;
     if (std::string(c.spec).find("scale=true") != std::string::npos) continue;
+    // B-bit codes decode to a code times a float scale: no integers, so the order of the sum
+    // shows (from 5 ranks on); the other tests bound those sums.
+    if (std::string(c.spec).find("bits=") != std::string::npos) continue;
     auto x = test::integers(20011, 5);
     // binary16 sums are exact integers up to 2048: at most 5 ranks of [-400, 400].
     if (half_sums(c)) {
