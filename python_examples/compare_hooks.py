@@ -253,12 +253,16 @@ GCOMP_ROWS = {
                                          **ONE_LINE),
     # The outer step at full length (outer_lr 1.0, outer_momentum 0.5): on the GPT at period 8
     # the best of the outer steps tried with top-k per chunk (docs/results.md); 2% and 6% of
-    # each chunk besides 1% and 10% (docs/results.md gives each one's bytes).
+    # each chunk besides 1% and 10% (docs/results.md gives each one's bytes), and 2% with 1-bit
+    # codes (each chunk's kept values as their sign and mean magnitude).
     "gcomp_chunk1b2_period_outer1": dict(
         codec="topk:ratio=0.01,chunk=4096,bits=2", algorithm="fewest_bytes",
         periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
     "gcomp_chunk2b2_period_outer1": dict(
         codec="topk:ratio=0.02,chunk=4096,bits=2", algorithm="fewest_bytes",
+        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
+    "gcomp_chunk2b1_period_outer1": dict(
+        codec="topk:ratio=0.02,chunk=4096,bits=1", algorithm="fewest_bytes",
         periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
     "gcomp_chunk6b2_period_outer1": dict(
         codec="topk:ratio=0.06,chunk=4096,bits=2", algorithm="fewest_bytes",

@@ -1409,7 +1409,10 @@ def test_feedback_decay_fades_the_averages_residual_before_each_change(way, beta
 
 @pytest.mark.parametrize("codec, extra", [("topk:ratio=0.1", {}),
                                           ("none", dict(momentum_at_average="average",
-                                                        outer_lr=0.7, outer_momentum=0.5))])
+                                                        outer_lr=0.7, outer_momentum=0.5)),
+                                          ("topk:ratio=0.05,chunk=64,bits=2",
+                                           dict(feedback_decay=0.9, outer_lr=1.0,
+                                                outer_momentum=0.5))])
 def test_periodic_averaging_resumes_bit_for_bit(codec, extra, tmp_path):
     # Saved in a period (after 5 steps: 2 synchronized, 3 local, an average after 4), resumed
     # across the next average (after 6) and into the next period: the anchors, the changes' and
