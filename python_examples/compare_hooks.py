@@ -102,6 +102,15 @@ APPLIED = dict(allow_uncompressed=False)
 # the same codec with the hook registered by hand and the momentum left in the optimizer (the
 # two lines of before: what register buys). The other rows register the hook by hand.
 ONE_LINE = dict(form="register")
+
+
+def chunk_row(ratio, bits, **periodic):
+    """A periodic row of top-k per chunk of 4096 with B-bit codes on the algorithm that sends
+    the fewest bytes, periodic's options (outer step, feedback_decay) given."""
+    return dict(codec=f"topk:ratio={ratio},chunk=4096,bits={bits}", algorithm="fewest_bytes",
+                periodic=periodic, **APPLIED, **ONE_LINE)
+
+
 GCOMP_ROWS = {
     "gcomp_none": dict(codec="none"),
     "gcomp_fp16": dict(codec="fp16", **APPLIED),
@@ -228,48 +237,24 @@ GCOMP_ROWS = {
     "gcomp_topk1_period_diloco": dict(codec="topk:ratio=0.01", algorithm="sparse_allgather",
                                       periodic=dict(outer_lr=0.7, outer_momentum=0.9), **APPLIED,
                                       **ONE_LINE),
-    "gcomp_chunk1b2_period": dict(codec="topk:ratio=0.01,chunk=4096,bits=2",
-                                  algorithm="fewest_bytes", periodic={}, **APPLIED, **ONE_LINE),
-    "gcomp_chunk1b2_period_decay": dict(codec="topk:ratio=0.01,chunk=4096,bits=2",
-                                        algorithm="fewest_bytes",
-                                        periodic=dict(feedback_decay=0.95), **APPLIED, **ONE_LINE),
+    "gcomp_chunk1b2_period": chunk_row(0.01, 2),
+    "gcomp_chunk1b2_period_decay": chunk_row(0.01, 2, feedback_decay=0.95),
     # The same codec keeping 3% and 10% of each chunk; and with an outer Nesterov step (0.7, 0.5),
     # which on the GPT helps the compressed changes more than the uncompressed ones.
-    "gcomp_chunk3b2_period": dict(codec="topk:ratio=0.03,chunk=4096,bits=2",
-                                  algorithm="fewest_bytes", periodic={}, **APPLIED, **ONE_LINE),
-    "gcomp_chunk10b2_period": dict(codec="topk:ratio=0.1,chunk=4096,bits=2",
-                                   algorithm="fewest_bytes", periodic={}, **APPLIED, **ONE_LINE),
-    "gcomp_chunk1b2_period_outer": dict(codec="topk:ratio=0.01,chunk=4096,bits=2",
-                                        algorithm="fewest_bytes", periodic=dict(
-                                            outer_lr=0.7, outer_momentum=0.5), **APPLIED,
-                                        **ONE_LINE),
-    "gcomp_chunk3b2_period_outer": dict(codec="topk:ratio=0.03,chunk=4096,bits=2",
-                                        algorithm="fewest_bytes", periodic=dict(
-                                            outer_lr=0.7, outer_momentum=0.5), **APPLIED,
-                                        **ONE_LINE),
-    "gcomp_chunk10b2_period_outer": dict(codec="topk:ratio=0.1,chunk=4096,bits=2",
-                                         algorithm="fewest_bytes", periodic=dict(
-                                             outer_lr=0.7, outer_momentum=0.5), **APPLIED,
-                                         **ONE_LINE),
+    "gcomp_chunk3b2_period": chunk_row(0.03, 2),
+    "gcomp_chunk10b2_period": chunk_row(0.1, 2),
+    "gcomp_chunk1b2_period_outer": chunk_row(0.01, 2, outer_lr=0.7, outer_momentum=0.5),
+    "gcomp_chunk3b2_period_outer": chunk_row(0.03, 2, outer_lr=0.7, outer_momentum=0.5),
+    "gcomp_chunk10b2_period_outer": chunk_row(0.1, 2, outer_lr=0.7, outer_momentum=0.5),
     # The outer step at full length (outer_lr 1.0, outer_momentum 0.5): on the GPT at period 8
     # the best of the outer steps tried with top-k per chunk (docs/results.md); 2% and 6% of
     # each chunk besides 1% and 10% (docs/results.md gives each one's bytes), and 2% with 1-bit
     # codes (each chunk's kept values as their sign and mean magnitude).
-    "gcomp_chunk1b2_period_outer1": dict(
-        codec="topk:ratio=0.01,chunk=4096,bits=2", algorithm="fewest_bytes",
-        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
-    "gcomp_chunk2b2_period_outer1": dict(
-        codec="topk:ratio=0.02,chunk=4096,bits=2", algorithm="fewest_bytes",
-        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
-    "gcomp_chunk2b1_period_outer1": dict(
-        codec="topk:ratio=0.02,chunk=4096,bits=1", algorithm="fewest_bytes",
-        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
-    "gcomp_chunk6b2_period_outer1": dict(
-        codec="topk:ratio=0.06,chunk=4096,bits=2", algorithm="fewest_bytes",
-        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
-    "gcomp_chunk10b2_period_outer1": dict(
-        codec="topk:ratio=0.1,chunk=4096,bits=2", algorithm="fewest_bytes",
-        periodic=dict(outer_lr=1.0, outer_momentum=0.5), **APPLIED, **ONE_LINE),
+    "gcomp_chunk1b2_period_outer1": chunk_row(0.01, 2, outer_lr=1.0, outer_momentum=0.5),
+    "gcomp_chunk2b2_period_outer1": chunk_row(0.02, 2, outer_lr=1.0, outer_momentum=0.5),
+    "gcomp_chunk2b1_period_outer1": chunk_row(0.02, 1, outer_lr=1.0, outer_momentum=0.5),
+    "gcomp_chunk6b2_period_outer1": chunk_row(0.06, 2, outer_lr=1.0, outer_momentum=0.5),
+    "gcomp_chunk10b2_period_outer1": chunk_row(0.1, 2, outer_lr=1.0, outer_momentum=0.5),
 }
 KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS] + ["torch_post_local"]
 
