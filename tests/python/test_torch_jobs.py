@@ -1,6 +1,6 @@
 """gcomp.torch across whole jobs (each an `mpiexec.mpich` run of torch_job.py, bounded): a
-checkpoint saved after N steps and loaded by a new job goes on bit for bit as one run of N + M
-steps; a rank that sleeps past the stall time is named and the job completes; a rank that skips
+checkpoint saved after step N of a run of N + M steps and loaded by a new job goes on bit for bit
+as that run; a rank that sleeps past the stall time is named and the job completes; a rank that skips
 a call under a timeout makes every rank raise, and none hangs; a torch.distributed world that is
 not gcomp's makes every rank raise wherever gcomp.torch meets it.
 
@@ -67,17 +67,18 @@ def params(path, ranks):
     ("optimizer", "powersgd:rank=2", []),
     ("hook", "sign", ["--optimizer", "adamw", "--zero-one", "2,1,2,1", "--buckets", "one"])])
 def test_a_resumed_job_goes_on_as_one_run_bit_for_bit(tmp_path, form, codec, more):
+    # One job of N + M steps saves its checkpoint after step N and goes on (as a job that
+    # checkpoints every N steps does); a second job loads it and runs the M steps.
     ranks, n, m = 2, 5, 3
     common = ["train", "--form", form, "--codec", codec, *more]
-    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--out", f"{tmp_path}/one")
+    one = job(ranks, *common, "--first", "0", "--count", str(n + m), "--save", f"{tmp_path}/ck",
+              "--save-at", str(n), "--out", f"{tmp_path}/one")
     assert one[0] == 0, one[2]
-    first = job(ranks, *common, "--first", "0", "--count", str(n), "--save", f"{tmp_path}/ck",
-                "--out", f"{tmp_path}/first")
-    assert first[0] == 0, first[2]
     rest = job(ranks, *common, "--first", str(n), "--count", str(m), "--load", f"{tmp_path}/ck",
                "--out", f"{tmp_path}/rest")
     assert rest[0] == 0, rest[2]
-    whole, resumed, before = (params(f"{tmp_path}/{k}", ranks) for k in ("one", "rest", "first"))
+    whole, resumed, before = (params(f"{tmp_path}/{k}", ranks) for k in ("one", "rest",
+                                                                          "ck.params"))
     for r in range(ranks):
         assert all(torch.equal(a, b) for a, b in zip(whole[r], resumed[r])), f"rank {r} differs"
         assert all(torch.equal(a, b) for a, b in zip(resumed[0], resumed[r]))
@@ -101,9 +102,8 @@ def test_a_checkpoint_without_the_residuals_does_not_resume_exactly(tmp_path):
     # fresh) do not give the one run's parameters.
     ranks = 2
     common = ["train", "--form", "hook", "--codec", "topk:ratio=0.05", "--buckets", "one"]
-    assert job(ranks, *common, "--count", "8", "--out", f"{tmp_path}/one")[0] == 0
-    assert job(ranks, *common, "--count", "5", "--save", f"{tmp_path}/ck",
-               "--out", f"{tmp_path}/first")[0] == 0
+    assert job(ranks, *common, "--count", "8", "--save", f"{tmp_path}/ck", "--save-at", "5",
+               "--out", f"{tmp_path}/one")[0] == 0
     for r in range(ranks):
         saved = torch.load(f"{tmp_path}/ck.rank{r}")
         del saved["gcomp"]["residuals"], saved["gcomp"]["velocities"]

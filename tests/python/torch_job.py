@@ -2,7 +2,7 @@
 resume, a rank that sleeps past the stall time, a rank that skips a call under a timeout.
 
     mpiexec.mpich -n P python3 torch_job.py train --form hook --codec topk:ratio=0.05
-        --first 0 --count 6 [--load FILE] [--save FILE] --out FILE
+        --first 0 --count 6 [--load FILE] [--save FILE [--save-at S]] --out FILE
     mpiexec.mpich -n P python3 torch_job.py stall --form hook|optimizer --late-rank 1 --sleep 2.5
     mpiexec.mpich -n P python3 torch_job.py skip --late-rank 1 --sleep 4 (0: at once)
     mpiexec.mpich -n P python3 torch_job.py world --entry register|hook|optimizer|init
@@ -99,13 +99,22 @@ def train(a, rank):
         opt.load_state_dict(saved["optimizer"])
         if a.form == "hook":
             state.load_state_dict(saved["gcomp"])
-    for s in range(a.first, a.first + a.count):
-        one_step(net, opt, s, rank)
-    if a.save:
+    def save():
         saved = {"model": net.state_dict(), "optimizer": opt.state_dict()}
         if a.form == "hook":
             saved["gcomp"] = state.state_dict()
         torch.save(saved, f"{a.save}.rank{rank}")
+        # The parameters at the checkpoint, beside it.
+        torch.save([p.detach().clone() for p in net.parameters()], f"{a.save}.params.rank{rank}")
+
+    end = a.first + a.count
+    save_at = end if a.save_at is None else a.save_at
+    if a.save and not a.first < save_at <= end:
+        raise SystemExit(f"--save-at {save_at} is not within steps {a.first + 1}..{end}")
+    for s in range(a.first, end):
+        one_step(net, opt, s, rank)
+        if a.save and s + 1 == save_at:  # mid-run, as a job checkpoints every N steps
+            save()
     torch.save([p.detach().clone() for p in net.parameters()], f"{a.out}.rank{rank}")
     print(f"rank {rank}: steps {a.first}..{a.first + a.count - 1} done", flush=True)
 
@@ -199,6 +208,8 @@ def main():
     ap.add_argument("--zero-one", help="AdamW: 0/1 Adam's FREEZE,KAPPA,H,DOUBLE instead")
     ap.add_argument("--load")
     ap.add_argument("--save")
+    ap.add_argument("--save-at", type=int, default=None,
+                    help="train: save after this many steps (default: at the end)")
     ap.add_argument("--out")
     ap.add_argument("--late-rank", type=int, default=1)
     ap.add_argument("--period", type=int, default=1, help="the hook's period (from step 1)")
