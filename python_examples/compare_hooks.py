@@ -247,7 +247,7 @@ GCOMP_ROWS = {
     "gcomp_chunk3b2_period_outer": chunk_row(0.03, 2, outer_lr=0.7, outer_momentum=0.5),
     "gcomp_chunk10b2_period_outer": chunk_row(0.1, 2, outer_lr=0.7, outer_momentum=0.5),
     # The outer step at full length (outer_lr 1.0, outer_momentum 0.5): on the GPT at period 8
-    # the best of the outer steps tried with top-k per chunk (docs/results.md); 2% and 6% of
+    # the best of the momenta tried with outer_lr 1.0 and top-k per chunk; 2% and 6% of
     # each chunk besides 1% and 10% (docs/results.md gives each one's bytes), and 2% with 1-bit
     # codes (each chunk's kept values as their sign and mean magnitude).
     "gcomp_chunk1b2_period_outer1": chunk_row(0.01, 2, outer_lr=1.0, outer_momentum=0.5),
@@ -255,6 +255,11 @@ GCOMP_ROWS = {
     "gcomp_chunk2b1_period_outer1": chunk_row(0.02, 1, outer_lr=1.0, outer_momentum=0.5),
     "gcomp_chunk6b2_period_outer1": chunk_row(0.06, 2, outer_lr=1.0, outer_momentum=0.5),
     "gcomp_chunk10b2_period_outer1": chunk_row(0.1, 2, outer_lr=1.0, outer_momentum=0.5),
+    # A longer outer step with less momentum: outer_lr / (1 - outer_momentum) times a change
+    # that repeats, 2.25 here against (1.0, 0.5)'s 2, with a shorter memory; the best of the
+    # outer steps tried at 6% (docs/results.md).
+    "gcomp_chunk6b2_period_outer18": chunk_row(0.06, 2, outer_lr=1.8, outer_momentum=0.2),
+    "gcomp_chunk2b1_period_outer18": chunk_row(0.02, 1, outer_lr=1.8, outer_momentum=0.2),
 }
 KNOWN = ROWS + [r for r in GCOMP_ROWS if r not in ROWS] + ["torch_post_local"]
 
