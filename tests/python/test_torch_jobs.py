@@ -1,8 +1,8 @@
 """gcomp.torch across whole jobs (each an `mpiexec.mpich` run of torch_job.py, bounded): a
-checkpoint saved after step N of a run of N + M steps and loaded by a new job goes on bit for bit
-as that run; a rank that sleeps past the stall time is named and the job completes; a rank that skips
-a call under a timeout makes every rank raise, and none hangs; a torch.distributed world that is
-not gcomp's makes every rank raise wherever gcomp.torch meets it.
+checkpoint saved after step N of a run of N + M steps and loaded by a new job goes on bit for
+bit as that run; a rank that sleeps past the stall time is named and the job completes; a rank
+that skips a call under a timeout makes every rank raise, and none hangs; a torch.distributed
+world that is not gcomp's makes every rank raise wherever gcomp.torch meets it.
 
     MPIEXEC=mpiexec.mpich /usr/bin/python3 -m pytest tests/python/test_torch_jobs.py
 """
