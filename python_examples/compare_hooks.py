@@ -88,6 +88,13 @@ import subprocess
 import sys
 import time
 
+# One BLAS thread a rank, as torch.set_num_threads(1) asks of torch's own threads: Debian's
+# torch calls OpenBLAS, which starts a thread a core whatever torch is told; with several ranks
+# a host those threads contend, and their count changes the last bits of the products (so a run
+# under mpiexec would not repeat one under torchrun, which sets OMP_NUM_THREADS=1). Set before
+# torch is imported (here and in every worker, which runs this file); a value given wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = ["nocomm", "nocomm_sync", "ddp", "torch_fp16", "powersgd1", "powersgd4", "gcomp_none", "gcomp_fp16",
         "gcomp_topk1", "gcomp_topk01", "gcomp_qsgd4", "gcomp_sign", "gcomp_topk1_sync",

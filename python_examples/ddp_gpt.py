@@ -29,6 +29,12 @@ import os
 import sys
 import time
 
+# One BLAS thread a rank, as torch.set_num_threads(1) below asks of torch's own: Debian's torch
+# calls OpenBLAS, which starts a thread a core whatever torch is told; with several ranks a host
+# those threads contend, and their count changes the last bits of the products (a run under
+# mpiexec would not repeat one under torchrun, which sets OMP_NUM_THREADS=1). A value given wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
