@@ -1,6 +1,6 @@
 // powersgd: the codec entry (its spec and properties) and PowerSGD's per-matrix kernels
 // (low_rank.hpp). The scheme itself runs across ranks in the collectives' low_rank algorithm
-// (collectives/low_rank.cpp); the codec has no payload of its own, so its encode and its payload
+// (collectives/algorithms/low_rank.cpp); the codec has no payload of its own, so its encode and its payload
 // validation refuse, naming where it runs.
 #include "low_rank.hpp"
 

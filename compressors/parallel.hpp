@@ -46,7 +46,7 @@ void parallel_for(std::size_t count, int threads, F&& f) {
 // `struct SelectSample;` ... `scratch_vector<std::uint32_t, SelectSample>()`): each name is one
 // vector per thread, kept at the capacity its largest use needed. Codecs keep their scratch per
 // thread because a codec is a value any thread may use; the collectives' scratch is the
-// Communicator's workspace (collectives/workspace.hpp).
+// Communicator's workspace (collectives/algorithms/workspace.hpp).
 template <class T, class Tag>
 std::vector<T>& scratch_vector() {
   thread_local std::vector<T> v;

@@ -1,5 +1,5 @@
 // PowerSGD's arithmetic on device memory (compressors/low_rank.hpp has the CPU's), for the
-// collectives' low_rank algorithm on device tensors (collectives/low_rank.cpp):
+// collectives' low_rank algorithm on device tensors (collectives/algorithms/low_rank.cpp):
 //
 //   * the products P = M Q and Q = M^T P are cuBLAS SGEMMs (pedantic math: float32 operations,
 //     no TF32), summed in cuBLAS's order rather than the CPU's float64 one. They are what a rank

@@ -1,4 +1,4 @@
-// libFuzzer target: the agreement (collectives/agreement.hpp) as the Communicator reads it after
+// libFuzzer target: the agreement (collectives/call/agreement.hpp) as the Communicator reads it after
 // the combining allreduce, whose bytes come from every rank. check_agreed() accepts it or throws
 // Error(bad_payload), never crashes; what it accepts is what the readers assume: a failure names
 // a known status and a rank below the rank count, the speeds are non-negative (or +Inf), the

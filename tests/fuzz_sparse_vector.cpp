@@ -1,5 +1,5 @@
 // libFuzzer target: the sparse vectors the sparse algorithms exchange
-// (collectives/sparse_vector.hpp, docs/wire-format.md "Sparse vectors"), as a receiver reads them
+// (collectives/algorithms/sparse_vector.hpp, docs/wire-format.md "Sparse vectors"), as a receiver reads them
 // from another rank. Any bytes through deserialize() give a vector or Error(bad_payload), never a
 // crash, a sanitizer report or a hang; a vector it accepts is well formed (n values when full; else
 // strictly increasing indices below n, one value each), serialize() writes it back to bytes that

@@ -1,4 +1,4 @@
-// SocketMesh (collectives/socket_mesh.hpp): ranks as threads of one process meeting through
+// SocketMesh (collectives/transport/sockets/socket_mesh.hpp): ranks as threads of one process meeting through
 // Gloo's in-memory store on the loopback. Messages arrive whole, in order and unchanged (empty,
 // small, and 16 MiB both ways at once, which blocks unless both directions progress together);
 // a wait past its limit is Error(timeout), under every wait policy, a closed peer

@@ -10,7 +10,7 @@
 #include <limits>
 #include <span>
 
-#include "gcomp/communicator.hpp"
+#include "gcomp/collective_types.hpp"
 
 namespace gcomp {
 
@@ -90,12 +90,8 @@ ComputeModel measure_compute(const Codec& codec, std::size_t n, TensorView<const
 // Only the codec-independent parts (reduce, merge), measured the same way.
 ComputeModel measure_reduce_and_merge();
 
-// This rank's measurement of the network among comm's ranks (collective; docs/algorithms.md,
-// "The network"): alpha from a ping-pong between pairs of ranks, each pair on two hosts where
-// comm spans several; beta with every rank sending to the next at once; beta_one with one flow
-// alone; beta_all from an all-to-all; beta_allreduce fitted to MPI's allreduce. A Communicator
-// measures it when made and agrees the ranks' numbers by MAX.
-NetworkModel measure_network(MPI_Comm comm);
+// measure_network(MPI_Comm), this rank's measurement of the network among an MPI communicator's
+// ranks, is in gcomp/communicator.hpp (it needs MPI; this header does not).
 
 // A network model for a switched network of the given link rate (bits per second) and latency,
 // for extrapolation: beta = beta_all = 8 / rate (full bisection bandwidth).

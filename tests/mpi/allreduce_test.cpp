@@ -377,7 +377,7 @@ TEST(Allreduce, AutoLearnsAlikeOnEveryRank) {
   EXPECT_LE(off_best, 3);
 }
 
-// What the default Timing's call_seconds is given (what auto learns, collectives/auto_choice.hpp
+// What the default Timing's call_seconds is given (what auto learns, collectives/planning/auto_choice.hpp
 // learned_cost): with sleeping waits, the wall time, which a call that waits 300 ms for a late
 // rank takes (at least 150 of them past the barrier's skew); with yielding ones, the thread's CPU
 // time, never more than the test's own thread clock measures around the call.

@@ -1,4 +1,4 @@
-// The cost model's formulas (collectives/cost_model.cpp, docs/algorithms.md) on synthetic inputs,
+// The cost model's formulas (collectives/planning/cost_model.cpp, docs/algorithms.md) on synthetic inputs,
 // where the expected seconds can be written down. No MPI: every rank runs the same checks.
 #include "gcomp/cost_model.hpp"
 

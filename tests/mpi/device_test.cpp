@@ -1,4 +1,4 @@
-// Device tensors through the collectives (collectives/device.cpp), under mpiexec. Built twice:
+// Device tensors through the collectives (collectives/algorithms/device.cpp), under mpiexec. Built twice:
 //   * gcomp_mpi_tests, on every machine: a stand-in device backend keeps "device" memory on the
 //     host and runs the CPU codecs, so what the collectives do with device tensors (encode on
 //     the device, payloads through the host for MPI, decode on the device, residuals in device

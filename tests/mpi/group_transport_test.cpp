@@ -1,9 +1,9 @@
-// Transports over some of the ranks (collectives/group_transport.hpp), on the tests' transport
+// Transports over some of the ranks (collectives/transport/group_transport.hpp), on the tests' transport
 // (MPI or Gloo, GCOMP_TEST_TRANSPORT): the ranks of each parity as two groups at once, each
 // group's collectives giving what the same collective over those ranks gives (allgatherv and
 // alltoallv of uneven sizes, empty and past Gloo's first part; the reductions in member order,
 // the same bits on every member), and a host's ranks and a local index's ranks from the hosts.
-// The two levels (collectives/two_level.hpp): the chunks' owners on uneven hosts, and the steps
+// The two levels (collectives/algorithms/two_level.hpp): the chunks' owners on uneven hosts, and the steps
 // inside a host giving the host's sum in host-rank order to every rank of it (on MPI every rank
 // is on this machine's one host; on Gloo the ranks name two hosts, uneven at odd sizes).
 #include "group_transport.hpp"
@@ -20,6 +20,8 @@
 
 #include "algorithms.hpp"
 #include "gcomp/error.hpp"
+#include "gloo_transport.hpp"
+#include "mpi_transport.hpp"
 #include "mpi_util.hpp"
 #include "transport.hpp"
 #include "two_level.hpp"
@@ -36,7 +38,7 @@ using test::size;
 
 // A transport of every rank on the tests' engine (each made on Gloo with a prefix of its own).
 // On Gloo, host (when not empty) names this rank's host.
-std::unique_ptr<detail::Transport> parent_transport(const std::string& host = "") {
+std::unique_ptr<detail::Net> parent_transport(const std::string& host = "") {
 #ifdef GCOMP_TEST_HAVE_GLOO
   if (test::on_gloo()) {
     static int made = 0;
@@ -170,10 +172,10 @@ TEST(GroupTransport, MembersAreCheckedBeforeUse) {
 }
 
 // A transport that only says its hosts, for the members' functions.
-class HostsOnly final : public detail::Transport {
+class HostsOnly final : public detail::Net {
  public:
   HostsOnly(int rank, std::vector<int> hosts)
-      : Transport(gcomp::Transport::mpi, rank, static_cast<int>(hosts.size())) {
+      : Net(gcomp::Transport::mpi, rank, static_cast<int>(hosts.size())) {
     hosts_ = std::move(hosts);
   }
   void allreduce(const void*, void*, std::size_t, detail::Reduction) override {}
@@ -183,7 +185,7 @@ class HostsOnly final : public detail::Transport {
                        std::vector<std::vector<std::byte>>&, detail::Traffic&) override {}
   void send_bytes(int, std::span<const std::byte>, detail::Traffic&) override {}
   void recv_bytes(int, std::vector<std::byte>&, detail::Traffic&) override {}
-  using Transport::sendrecv_bytes;
+  using Net::sendrecv_bytes;
   void sendrecv_bytes(int, std::span<const std::byte>, int, std::vector<std::byte>&,
                       detail::Traffic&) override {}
   void shift_bytes(int, std::span<const std::byte>, int, std::span<std::byte>) override {}

@@ -1,4 +1,4 @@
-// auto's learning (collectives/learner.hpp) as pure bookkeeping: exploration in rounds, the
+// auto's learning (collectives/planning/learner.hpp) as pure bookkeeping: exploration in rounds, the
 // lower quartile of measured runs over predictions, ties to the uncompressed allreduce, and the
 // periodic recheck. No MPI: every rank runs the same checks.
 #include "learner.hpp"

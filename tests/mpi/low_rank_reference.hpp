@@ -1,4 +1,4 @@
-// The float64 reference of one low_rank step (collectives/low_rank.cpp) and its derived bound,
+// The float64 reference of one low_rank step (collectives/algorithms/low_rank.cpp) and its derived bound,
 // shared by the low_rank tests on host tensors (low_rank_test.cpp) and on device tensors
 // (device_test.cpp, whose GPU products sum in another order).
 #pragma once

@@ -1,4 +1,4 @@
-// A rank that does not come (collectives/stall.cpp): the last rank is late to a call. Past the
+// A rank that does not come (collectives/transport/mpi/stall.cpp): the last rank is late to a call. Past the
 // stall seconds each waiting rank names the call and the late rank once, and the call completes
 // with the right sum; past a timeout every rank fails with Status::timeout (the late one too,
 // when it comes: the barrier after the agreement), later calls fail at once, and nothing hangs.

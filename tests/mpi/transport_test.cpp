@@ -1,4 +1,4 @@
-// The transports themselves (collectives/transport.hpp), on whichever the run uses
+// The transports themselves (collectives/transport/transport.hpp), on whichever the run uses
 // (GCOMP_TEST_TRANSPORT): the Communicator says which it is, knows the ranks' hosts, and on Gloo
 // takes its options (a host of its own per rank, a bad rank or interface refused) and keeps
 // Communicators of different prefixes apart.

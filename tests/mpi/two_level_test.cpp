@@ -1,4 +1,4 @@
-// The algorithm two_level (collectives/two_level.hpp) through the Communicator, on whatever
+// The algorithm two_level (collectives/algorithms/two_level.hpp) through the Communicator, on whatever
 // hosts the ranks have: one on a plain run (every rank on this machine), or as GCOMP_HOST names
 // them (the ctest layouts: one rank a host, two, and uneven hosts, on MPI and Gloo). The
 // result is each host's sum of each chunk, compressed by its owner and summed across hosts in
