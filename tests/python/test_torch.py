@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gcomp
 import gcomp.torch as gt
+import gcomp.torch._pipeline as pipeline
 
 U = 2.0 ** -24  # float32's unit roundoff
 
@@ -720,6 +721,44 @@ def test_the_step_check_is_only_for_low_rank_under_auto():
     assert gt.CompressionState("powersgd:rank=2", algorithm="low_rank")._check is None
     assert gt.CompressionState("powersgd:rank=2", allow_uncompressed=False)._check is None
     assert gt.CompressionState("topk:ratio=0.01")._check is None
+
+
+@pytest.mark.parametrize("codec,allow", [("powersgd:rank=2", True), ("topk:ratio=0.1", True),
+                                         ("topk:ratio=0.1", False)])
+def test_the_hook_and_the_optimizer_choose_collectives_by_one_rule(monkeypatch, codec, allow):
+    # Every bucket's collective in both paths comes from _pipeline.bucket_collective: the
+    # warm-up's uncompressed (codec none, dense), then the codec, with allow_uncompressed unless
+    # the owner's whole-step check weighs the uncompressed way (the hook's, for powersgd under
+    # auto): the optimizer, which has none, lets auto choose.
+    made = []
+    real = pipeline.bucket_collective
+
+    def spy(owner, *args, **kwargs):
+        c = real(owner, *args, **kwargs)
+        made.append((owner, c))
+        return c
+
+    monkeypatch.setattr(pipeline, "bucket_collective", spy)
+    kw = dict(warmup_steps=1, allow_uncompressed=allow, dense_below=0)
+    a = DDP(model(), bucket_cap_mb=1)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1)
+    state = gt.register(a, opt_a, codec, **kw)
+    train(a, opt_a, 2)
+    b = model()
+    opt_b = gt.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1),
+                                    named_parameters=b.named_parameters(), codec=codec, **kw)
+    train(b, opt_b, 2)
+    assert (state._check is not None) == (codec == "powersgd:rank=2" and allow)
+    for owner in (state, opt_b):
+        calls = [c for o, c in made if o is owner]
+        assert {c.kwargs["step"] for c in calls} == {0, 1}
+        for c in calls:
+            if c.kwargs["step"] == 0:
+                assert (c.codec, c.kwargs["algorithm"]) == ("none", "dense")
+            else:
+                assert c.codec == codec and c.kwargs["algorithm"] == "auto"
+                assert c.kwargs["allow_uncompressed"] == (allow and owner._check is None)
+                assert c.kwargs["average"] and c.kwargs["seed"] == 0
 
 
 def uneven_steps(r):

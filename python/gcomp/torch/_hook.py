@@ -13,7 +13,8 @@ from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
 from ._periodic import _JoinHook, _Periodic, _periodic_allowed, _periodic_of
-from ._pipeline import _MASK, Bucket, Collective
+from . import _pipeline
+from ._pipeline import Bucket
 from ._step_check import _StepCheck, _start_steps
 
 
@@ -147,30 +148,22 @@ class CompressionState(_PerParameterFeedback):
         elif self.error_feedback and not dense:
             ef = self._feedback_for(bucket)
         if dense or bare:
-            return Collective("allreduce", tensor, "none",
-                              {"algorithm": "dense", "average": True}), views
+            return _pipeline.bucket_collective(self, tensor, step, index, uncompressed=True), views
         whole_bytes = max(4 * tensor.numel(), 1)
         if plain:
-            return Collective("allreduce_buckets", views, "none", {
-                "efs": efs, "bucket_bytes": whole_bytes, "dense_below": 0, "average": True,
-                "algorithm": "dense", "step": step, "index": index}), views
-        # The library mixes step and index into the seed: a seed per bucket and step. The step
-        # check weighs the uncompressed way (_StepCheck): its steps' calls do not.
-        coded = {"average": True, "seed": self.seed & _MASK, "algorithm": self.algorithm,
-                 "allow_uncompressed": self.allow_uncompressed and self._check is None,
-                 "step": step, "index": index}
+            return _pipeline.bucket_collective(self, views, step, index, plain=True, efs=efs,
+                                               bucket_bytes=whole_bytes, dense_below=0), views
         if self._shaped:
             # dense_below=0: the low-rank algorithm sends the small tensors dense in its first
             # collective (one collective a bucket, not two), and the views, which lie in the
             # bucket's buffer in order, are reduced there.
-            return Collective("allreduce_buckets", views, self.codec, {
-                "efs": efs, "shapes": shapes, "bucket_bytes": whole_bytes, "dense_below": 0,
-                **coded}), views
+            return _pipeline.bucket_collective(self, views, step, index, efs=efs, shapes=shapes,
+                                               bucket_bytes=whole_bytes, dense_below=0), views
         if self._split:
             # bucket_bytes=1: each parameter is a bucket of its own, compressed on its own.
-            return Collective("allreduce_buckets", views, self.codec, {
-                "efs": efs, "bucket_bytes": 1, "dense_below": self.dense_below, **coded}), views
-        return Collective("allreduce", tensor, self.codec, {"ef": ef, **coded}), views
+            return _pipeline.bucket_collective(self, views, step, index, efs=efs, bucket_bytes=1,
+                                               dense_below=self.dense_below), views
+        return _pipeline.bucket_collective(self, tensor, step, index, ef=ef), views
 
     def _feedback_for(self, bucket):
         """The bucket's ErrorFeedback (per_parameter=False); when DDP has laid out this bucket
@@ -280,22 +273,20 @@ def compression_hook(state, bucket):
     params = bucket.parameters()
     state._meet(params)
     adam = state._adam
-    warm = adam.schedule.refreshes(step + 1) if adam is not None else step < state.warmup_steps
+    stage = _pipeline.bucket_stage(state, step)
+    warm = stage == "warm"
     dense = warm or (not state._split and not state._shaped and tensor.numel() < state.dense_below)
     first_call, state._new_step = state._new_step, last
-    periodic = state._periodic
-    if periodic is not None and periodic.local(step):
-        # A local step (register(period=H)): this rank's gradients, its own momentum; the
-        # optimizer's step() averages the models where a period ends.
-        periodic.local_step(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)],
-                            last)
-        if last:
-            state.step += 1
-        return _done(tensor)
-    if adam is not None and adam.schedule.local(step + 1):
-        # 0/1 Adam's local step: this rank's momentum stays here (the optimizer's step() moves
-        # on it, and synchronizes where an interval ends).
-        adam.local_momentum(params, [tensor[off:off + n] for _, off, n in _layout_of(bucket)])
+    if stage in ("local", "adam_local"):
+        grads = [tensor[off:off + n] for _, off, n in _layout_of(bucket)]
+        if stage == "local":
+            # A local step (register(period=H)): this rank's gradients, its own momentum; the
+            # optimizer's step() averages the models where a period ends.
+            state._periodic.local_step(params, grads, last)
+        else:
+            # 0/1 Adam's local step: this rank's momentum stays here (the optimizer's step()
+            # moves on it, and synchronizes where an interval ends).
+            adam.local_momentum(params, grads)
         if last:
             state.step += 1
         return _done(tensor)
@@ -353,11 +344,8 @@ def _whole_model(state, bucket, tensor, params, step, last, entered):
     state._held, state._held_step = [], None
     ps, vs = [p for p, _ in ordered], [v for _, v in ordered]
     efs = [state._feedback_of(p) for p in ps] if state.error_feedback else None
-    collective = Collective("allreduce_buckets", vs, state.codec, {
-        "efs": efs, "bucket_bytes": max(4 * sum(v.numel() for v in vs), 1), "dense_below": 0,
-        "average": True, "seed": state.seed & _MASK, "algorithm": state.algorithm,
-        "allow_uncompressed": state.allow_uncompressed and state._check is None,
-        "step": step, "index": 0})
+    collective = _pipeline.bucket_collective(state, vs, step, 0, efs=efs, dense_below=0,
+                                             bucket_bytes=max(4 * sum(v.numel() for v in vs), 1))
     call = Bucket(state, "DDP buckets", step, 0, ps, vs, [tensor], False, entered)
     state.step += 1
     fut = call.submit(collective, False, result=tensor, tail=True,

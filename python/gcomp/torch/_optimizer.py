@@ -2,12 +2,12 @@
 
 import time
 
-from . import _options
+from . import _options, _pipeline
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
 from ._periodic import _Periodic, _periodic_allowed, _periodic_of
-from ._pipeline import _MASK, Bucket, Collective
+from ._pipeline import Bucket
 
 
 class DistributedOptimizer(_PerParameterFeedback):
@@ -86,6 +86,9 @@ class DistributedOptimizer(_PerParameterFeedback):
             self.warmup_steps = self._adam.warmup_steps
         self.steps = 0
         self._periodic = _Periodic(self, optimizer, named, **periodic) if periodic else None
+        # The whole-step check is the hook's (it sees whole steps): every bucket here may let
+        # auto send it uncompressed, as allow_uncompressed says (_pipeline.bucket_collective).
+        self._check = None
         self._init_feedback(named)  # parameter id -> (its ErrorFeedback, 0, numel) in _home
         self._meet(p for _, p in named)
         self._ready, self._ready_bytes = [], 0
@@ -125,8 +128,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         if not params:
             return
         adam = self._adam
-        t = self.steps + 1
-        dense = adam.schedule.refreshes(t) if adam is not None else self.steps < self.warmup_steps
+        stage = _pipeline.bucket_stage(self, self.steps)
+        dense = stage == "warm"
         grads = []
         for p in params:
             g = p.grad
@@ -134,12 +137,12 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"the gradient of {self._names.get(id(p), 'a parameter')} is "
                                  f"{'missing' if g is None else 'not contiguous'}")
             grads.append(g.view(-1))
-        if self._periodic is not None and self._periodic.local(self.steps):
+        if stage == "local":
             self._periodic.local_step(params, grads, False)  # a local step: nothing is sent
             return
         if adam is not None and not dense:  # 1-bit Adam: this rank's momentum is sent
             adam.local_momentum(params, grads)
-            if adam.schedule.local(t):  # 0/1 Adam's local step: it stays here (step() moves on it)
+            if stage == "adam_local":  # 0/1 Adam's local step: it stays here (step() moves on it)
                 return
         efs = None
         if self.error_feedback and not dense:
@@ -148,17 +151,15 @@ class DistributedOptimizer(_PerParameterFeedback):
         call = Bucket(self, "bucket", step, index, params, grads, grads, dense, entered)
         self._buckets += 1
         # Per parameter, bucket_bytes=1 makes each gradient a collective of its own; a low-rank
-        # codec gets the gradients' shapes. The library mixes seed, step and index.
+        # codec gets the gradients' shapes. Adam's momenta all go through the codec (dense_below
+        # 0), small tensors included, as the hook's whole-model collective sends them: one
+        # collective a bucket, not two.
         shaped = self._shaped and not dense
-        # Adam's momenta all go through the codec (dense_below 0), small tensors included, as
-        # the hook's whole-model collective sends them: one collective a bucket, not two.
-        collective = Collective("allreduce_buckets", grads, "none" if dense else self.codec, {
-            "efs": efs, "dense_below": 0 if adam is not None else self.dense_below,
-            "average": True,
-            "bucket_bytes": 1 if self._split and not dense and not shaped else self.bucket_bytes,
-            "seed": self.seed & _MASK, "algorithm": "dense" if dense else self.algorithm,
-            "allow_uncompressed": self.allow_uncompressed, "step": step, "index": index,
-            "shapes": [tuple(p.shape) for p in params] if shaped else None})
+        collective = _pipeline.bucket_collective(
+            self, grads, step, index, uncompressed=dense, efs=efs,
+            dense_below=0 if adam is not None else self.dense_below,
+            bucket_bytes=1 if self._split and not dense and not shaped else self.bucket_bytes,
+            shapes=[tuple(p.shape) for p in params] if shaped else None)
         self._pending.append(call.submit(collective, dense))
         if self.synchronous:
             self._wait()
