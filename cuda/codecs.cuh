@@ -57,7 +57,12 @@ struct DeviceCodec {
 };
 std::span<const DeviceCodec> cast_device_codecs();       // cast.cu: none, fp16, bf16
 std::span<const DeviceCodec> quantizer_device_codecs();  // quantizers.cu: sign, terngrad, qsgd
+// QSGD's entry points (qsgd.cu), in quantizer_device_codecs' list.
+std::size_t encode_qsgd(const EncodeCall& c);
+void decode_qsgd(const DecodeCall& d);
 std::span<const DeviceCodec> sparse_device_codecs();     // sparse.cu: topk, randomk, threshold
+// The sparse codecs' decode_add (sparse_decode.cu), in sparse_device_codecs' entries.
+void decode_sparse(const DecodeCall& d);
 std::span<const DeviceCodec> chunked_device_codecs();    // topk_chunked.cu: topk_chunked
 
 // PowerSGD's arithmetic (low_rank.cu; DeviceBackend's add and lr_* say what each computes),

@@ -74,165 +74,218 @@ __device__ __forceinline__ unsigned scan_flags(BlockScan::TempStorage& tmp, unsi
   return incl;
 }
 
+// What a block's select keeps in shared memory, one chunk at a time.
+struct SelectShared {
+  unsigned hist[2048];
+  BlockScan::TempStorage scan_tmp;
+  BlockMax::TempStorage max_tmp;
+  unsigned found_bin, found_need, max_bits;
+  float scale;
+};
+
+// v = x (+ e_old, into e_new) over the chunk [b, b + len); whether any of it is NaN or Inf, on
+// every thread.
+__device__ __forceinline__ bool chunk_nonfinite(const float* __restrict__ x,
+                                                const float* __restrict__ e_old, float* e_new,
+                                                std::uint64_t b, std::uint64_t len) {
+  bool bad = false;
+  for (std::uint64_t i = threadIdx.x; i < len; i += blockDim.x) {
+    float v = x[b + i];
+    if (e_old) {
+      v = __fadd_rn(v, e_old[b + i]);
+      e_new[b + i] = v;
+    }
+    bad |= nonfinite(v);
+  }
+  return __syncthreads_or(bad);
+}
+
+// The kk-th largest key T of the chunk's len values v and how many equal to it are taken
+// (ties): three levels of a radix select over 11, 11 and 10 key bits.
+__device__ __forceinline__ void chunk_threshold(const float* v, std::uint64_t len,
+                                                std::uint64_t kk, SelectShared& sh,
+                                                std::uint32_t* T, std::uint64_t* ties) {
+  const unsigned t = threadIdx.x;
+  std::uint32_t prefix = 0;
+  std::uint64_t need = kk;
+  if (kk < len) {
+    const int shifts[3] = {21, 10, 0};
+    const int widths[3] = {11, 11, 10};
+    for (int level = 0; level < 3; ++level) {
+      const int shift = shifts[level];
+      const unsigned bins = 1u << widths[level];
+      const int hi = shift + widths[level];
+      for (unsigned q = t; q < bins; q += blockDim.x) sh.hist[q] = 0;
+      __syncthreads();
+      for (std::uint64_t i = t; i < len; i += blockDim.x) {
+        const std::uint32_t key = __float_as_uint(v[i]) & 0x7fffffffu;
+        if (hi >= 32 || (key >> hi) == (prefix >> hi)) {
+          atomicAdd(&sh.hist[(key >> shift) & (bins - 1)], 1u);
+        }
+      }
+      __syncthreads();
+      // Thread t owns bins [bins - (t + 1) per, bins - t per), walked from the top.
+      const unsigned per = bins / kThreads;
+      unsigned mine = 0;
+      for (unsigned q = 0; q < per; ++q) mine += sh.hist[bins - 1 - (t * per + q)];
+      unsigned total = 0;
+      const unsigned incl = scan_flags(sh.scan_tmp, mine, &total);
+      const unsigned excl = incl - mine;
+      if (excl < need && incl >= need) {
+        unsigned cum = excl;
+        for (unsigned q = 0; q < per; ++q) {
+          const unsigned bin = bins - 1 - (t * per + q);
+          if (cum + sh.hist[bin] >= need) {
+            sh.found_bin = bin;
+            sh.found_need = static_cast<unsigned>(need - cum);
+            break;
+          }
+          cum += sh.hist[bin];
+        }
+      }
+      __syncthreads();
+      prefix |= sh.found_bin << shift;
+      need = sh.found_need;
+      __syncthreads();
+    }
+  }
+  *T = prefix;
+  *ties = need;
+}
+
+// The chunk's kk entries in ascending order into idx[first, first + kk): key > T, or the first
+// `ties` equal to T (every entry where kk == len).
+template <class Index>
+__device__ __forceinline__ void chunk_indices(const float* v, std::uint64_t b, std::uint64_t len,
+                                              std::uint64_t kk, std::uint64_t first,
+                                              std::uint32_t T, std::uint64_t ties, Index* idx,
+                                              SelectShared& sh) {
+  const unsigned t = threadIdx.x;
+  unsigned taken = 0, equal = 0;
+  for (std::uint64_t base = 0; base < len; base += blockDim.x) {
+    const std::uint64_t i = base + t;
+    const std::uint32_t key = i < len ? __float_as_uint(v[i]) & 0x7fffffffu : 0u;
+    unsigned eq_total = 0;
+    const unsigned is_eq = i < len && kk < len && key == T ? 1u : 0u;
+    const unsigned eq_rank = equal + scan_flags(sh.scan_tmp, is_eq, &eq_total) - is_eq;
+    const unsigned take = i < len && (kk == len || key > T || (is_eq && eq_rank < ties)) ? 1u : 0u;
+    unsigned take_total = 0;
+    const unsigned pos = taken + scan_flags(sh.scan_tmp, take, &take_total) - take;
+    if (take) idx[first + pos] = static_cast<Index>(b + i);
+    taken += take_total;
+    equal += eq_total;
+  }
+}
+
+// The kept values as float32 or fp16 bits; with error feedback e_new = v - sent there.
+template <class Index>
+__device__ __forceinline__ void chunk_values(const float* x, const float* e_old, float* e_new,
+                                             const Index* idx, std::uint64_t first,
+                                             std::uint64_t kk, bool fp16, Selection out) {
+  for (std::uint64_t j = threadIdx.x; j < kk; j += blockDim.x) {
+    const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
+    const float a = (e_old ? e_new : x)[i];
+    float sent = a;
+    if (fp16) {
+      const std::uint32_t h = half_bits_of(a);  // the CPU's integer steps: half_bits.hpp
+      out.val[first + j] = h;
+      sent = from_half(h);
+    } else {
+      out.val[first + j] = __float_as_uint(a);
+    }
+    if (e_old) e_new[i] = __fsub_rn(a, sent);
+  }
+}
+
+// The kept values as codes of `bits` bits (sign and level under the largest kept |v|), chunk
+// c's least-squares scale, and with error feedback e_new = v - decode there.
+template <class Index>
+__device__ __forceinline__ void chunk_codes(const float* x, const float* e_old, float* e_new,
+                                            const Index* idx, std::uint64_t c, std::uint64_t first,
+                                            std::uint64_t kk, int bits, Selection out,
+                                            SelectShared& sh) {
+  const unsigned t = threadIdx.x;
+  // The largest kept |v| (as bits: non-negative floats order as their bits).
+  unsigned m_bits = 0;
+  for (std::uint64_t j = t; j < kk; j += blockDim.x) {
+    const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
+    m_bits = max(m_bits, __float_as_uint((e_old ? e_new : x)[i]) & 0x7fffffffu);
+  }
+  const unsigned agg = BlockMax(sh.max_tmp).Reduce(m_bits, MaxOf());
+  if (t == 0) sh.max_bits = agg;
+  __syncthreads();
+  const float m = __uint_as_float(sh.max_bits);
+  const std::uint32_t levels = 1u << (bits - 1);
+  for (std::uint64_t j = t; j < kk; j += blockDim.x) {
+    const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
+    const float vi = (e_old ? e_new : x)[i];
+    const float a = fabsf(vi);
+    std::uint32_t l = 0;
+    if (m > 0) {
+      const float ratio = __fdiv_rn(a, m);
+      const auto f = static_cast<std::uint32_t>(__fmul_rn(ratio, static_cast<float>(levels)));
+      l = f < levels - 1 ? f : levels - 1;
+    }
+    out.val[first + j] = l | (vi < 0 ? levels : 0u);
+  }
+  __syncthreads();
+  if (t == 0) {
+    // The least-squares scale in the CPU's order: one thread, ascending entries.
+    double num = 0, den = 0;
+    const double unit = 1.0 / static_cast<double>(1u << bits);
+    for (std::uint64_t j = 0; j < kk; ++j) {
+      const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
+      const double a = static_cast<double>(fabsf((e_old ? e_new : x)[i]));
+      const double q = static_cast<double>(2 * (out.val[first + j] & (levels - 1)) + 1) * unit;
+      num = __dadd_rn(num, __dmul_rn(a, q));
+      den = __dadd_rn(den, __dmul_rn(q, q));
+    }
+    const double ls = den > 0 ? __ddiv_rn(num, den) : 0.0;
+    const float sc = ls > static_cast<double>(FLT_MAX) ? FLT_MAX : __double2float_rn(ls);
+    out.scales[c] = sc;
+    sh.scale = sc;
+  }
+  __syncthreads();
+  if (e_old) {
+    const float sc = sh.scale;
+    for (std::uint64_t j = t; j < kk; j += blockDim.x) {
+      const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
+      const std::uint32_t code = out.val[first + j];
+      const float q = ldexpf(static_cast<float>(2 * (code & (levels - 1)) + 1), -bits);
+      const float d = __fmul_rn(sc, q);
+      e_new[i] = __fsub_rn(e_new[i], (code & levels) ? -d : d);
+    }
+  }
+}
+
+// A block per chunk in turn (chunk c of s.count): its values checked, its threshold, its
+// entries in ascending order, then their values or codes.
 template <class Index>
 __global__ void __launch_bounds__(kThreads)
     select_kernel(const float* __restrict__ x, const float* __restrict__ e_old, float* e_new,
                   Chunks s, int bits, bool fp16, Selection out, Report* r) {
-  __shared__ unsigned hist[2048];
-  __shared__ BlockScan::TempStorage scan_tmp;
-  __shared__ BlockMax::TempStorage max_tmp;
-  __shared__ unsigned found_bin, found_need, max_bits;
-  __shared__ float scale_shared;
+  __shared__ SelectShared sh;
   Index* idx = static_cast<Index*>(out.idx);
-  const unsigned t = threadIdx.x;
   for (std::uint64_t c = blockIdx.x; c < s.count; c += gridDim.x) {
     const std::uint64_t b = c * s.chunk;
     const std::uint64_t len = s.n - b < s.chunk ? s.n - b : s.chunk;
     const std::uint64_t kk = c + 1 == s.count ? s.last : s.per_chunk;
     const std::uint64_t first = c * s.per_chunk;
-    // v = x (+ e_old, into e_new), checked.
-    bool bad = false;
-    for (std::uint64_t i = t; i < len; i += blockDim.x) {
-      float v = x[b + i];
-      if (e_old) {
-        v = __fadd_rn(v, e_old[b + i]);
-        e_new[b + i] = v;
-      }
-      bad |= nonfinite(v);
-    }
-    if (__syncthreads_or(bad)) {
-      if (t == 0) report_nonfinite(r);
+    if (chunk_nonfinite(x, e_old, e_new, b, len)) {
+      if (threadIdx.x == 0) report_nonfinite(r);
       continue;  // uniform: every thread saw the same
     }
     const float* v = (e_old ? e_new : x) + b;
-    // The kk-th largest key T and how many equal to it are taken.
-    std::uint32_t prefix = 0;
-    std::uint64_t need = kk;
-    if (kk < len) {
-      const int shifts[3] = {21, 10, 0};
-      const int widths[3] = {11, 11, 10};
-      for (int level = 0; level < 3; ++level) {
-        const int shift = shifts[level];
-        const unsigned bins = 1u << widths[level];
-        const int hi = shift + widths[level];
-        for (unsigned q = t; q < bins; q += blockDim.x) hist[q] = 0;
-        __syncthreads();
-        for (std::uint64_t i = t; i < len; i += blockDim.x) {
-          const std::uint32_t key = __float_as_uint(v[i]) & 0x7fffffffu;
-          if (hi >= 32 || (key >> hi) == (prefix >> hi)) atomicAdd(&hist[(key >> shift) & (bins - 1)], 1u);
-        }
-        __syncthreads();
-        // Thread t owns bins [bins - (t + 1) per, bins - t per), walked from the top.
-        const unsigned per = bins / kThreads;
-        unsigned mine = 0;
-        for (unsigned q = 0; q < per; ++q) mine += hist[bins - 1 - (t * per + q)];
-        unsigned total = 0;
-        const unsigned incl = scan_flags(scan_tmp, mine, &total);
-        const unsigned excl = incl - mine;
-        if (excl < need && incl >= need) {
-          unsigned cum = excl;
-          for (unsigned q = 0; q < per; ++q) {
-            const unsigned bin = bins - 1 - (t * per + q);
-            if (cum + hist[bin] >= need) {
-              found_bin = bin;
-              found_need = static_cast<unsigned>(need - cum);
-              break;
-            }
-            cum += hist[bin];
-          }
-        }
-        __syncthreads();
-        prefix |= found_bin << shift;
-        need = found_need;
-        __syncthreads();
-      }
-    }
-    const std::uint32_t T = prefix;
-    const std::uint64_t ties = need;
-    // The entries in ascending order: key > T, or the first `ties` equal to T.
-    unsigned taken = 0, equal = 0;
-    for (std::uint64_t base = 0; base < len; base += blockDim.x) {
-      const std::uint64_t i = base + t;
-      const std::uint32_t key = i < len ? __float_as_uint(v[i]) & 0x7fffffffu : 0u;
-      unsigned eq_total = 0;
-      const unsigned is_eq = i < len && kk < len && key == T ? 1u : 0u;
-      const unsigned eq_rank = equal + scan_flags(scan_tmp, is_eq, &eq_total) - is_eq;
-      const unsigned take =
-          i < len && (kk == len || key > T || (is_eq && eq_rank < ties)) ? 1u : 0u;
-      unsigned take_total = 0;
-      const unsigned pos = taken + scan_flags(scan_tmp, take, &take_total) - take;
-      if (take) idx[first + pos] = static_cast<Index>(b + i);
-      taken += take_total;
-      equal += eq_total;
-    }
+    std::uint32_t T = 0;
+    std::uint64_t ties = 0;
+    chunk_threshold(v, len, kk, sh, &T, &ties);
+    chunk_indices<Index>(v, b, len, kk, first, T, ties, idx, sh);
     __syncthreads();  // the indices, for every thread
     if (bits == 0) {
-      for (std::uint64_t j = t; j < kk; j += blockDim.x) {
-        const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
-        const float a = (e_old ? e_new : x)[i];
-        float sent = a;
-        if (fp16) {
-          const std::uint32_t h = half_bits_of(a);  // the CPU's integer steps: half_bits.hpp
-          out.val[first + j] = h;
-          sent = from_half(h);
-        } else {
-          out.val[first + j] = __float_as_uint(a);
-        }
-        if (e_old) e_new[i] = __fsub_rn(a, sent);
-      }
+      chunk_values<Index>(x, e_old, e_new, idx, first, kk, fp16, out);
       continue;
     }
-    // Codes: the largest kept |v| (as bits: non-negative floats order as their bits).
-    unsigned m_bits = 0;
-    for (std::uint64_t j = t; j < kk; j += blockDim.x) {
-      const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
-      m_bits = max(m_bits, __float_as_uint((e_old ? e_new : x)[i]) & 0x7fffffffu);
-    }
-    const unsigned agg = BlockMax(max_tmp).Reduce(m_bits, MaxOf());
-    if (t == 0) max_bits = agg;
-    __syncthreads();
-    const float m = __uint_as_float(max_bits);
-    const std::uint32_t levels = 1u << (bits - 1);
-    for (std::uint64_t j = t; j < kk; j += blockDim.x) {
-      const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
-      const float vi = (e_old ? e_new : x)[i];
-      const float a = fabsf(vi);
-      std::uint32_t l = 0;
-      if (m > 0) {
-        const float ratio = __fdiv_rn(a, m);
-        const auto f = static_cast<std::uint32_t>(__fmul_rn(ratio, static_cast<float>(levels)));
-        l = f < levels - 1 ? f : levels - 1;
-      }
-      out.val[first + j] = l | (vi < 0 ? levels : 0u);
-    }
-    __syncthreads();
-    if (t == 0) {
-      // The least-squares scale in the CPU's order: one thread, ascending entries.
-      double num = 0, den = 0;
-      const double unit = 1.0 / static_cast<double>(1u << bits);
-      for (std::uint64_t j = 0; j < kk; ++j) {
-        const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
-        const double a = static_cast<double>(fabsf((e_old ? e_new : x)[i]));
-        const double q = static_cast<double>(2 * (out.val[first + j] & (levels - 1)) + 1) * unit;
-        num = __dadd_rn(num, __dmul_rn(a, q));
-        den = __dadd_rn(den, __dmul_rn(q, q));
-      }
-      const double ls = den > 0 ? __ddiv_rn(num, den) : 0.0;
-      const float sc = ls > static_cast<double>(FLT_MAX) ? FLT_MAX : __double2float_rn(ls);
-      out.scales[c] = sc;
-      scale_shared = sc;
-    }
-    __syncthreads();
-    if (e_old) {
-      const float sc = scale_shared;
-      for (std::uint64_t j = t; j < kk; j += blockDim.x) {
-        const std::uint64_t i = static_cast<std::uint64_t>(idx[first + j]);
-        const std::uint32_t code = out.val[first + j];
-        const float q = ldexpf(static_cast<float>(2 * (code & (levels - 1)) + 1), -bits);
-        const float d = __fmul_rn(sc, q);
-        e_new[i] = __fsub_rn(e_new[i], (code & levels) ? -d : d);
-      }
-    }
+    chunk_codes<Index>(x, e_old, e_new, idx, c, first, kk, bits, out, sh);
     __syncthreads();  // shared state is the next chunk's
   }
 }

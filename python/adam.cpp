@@ -120,9 +120,8 @@ void adam_frozen_update(py::handle param, py::handle momentum, py::handle exp_av
                             t, tv);
 }
 
-}  // namespace
-
-void bind_adam(py::module_& m) {
+// The adam_ functions.
+void bind_adam_functions(py::module_& m) {
   m.def("adam_step", &adam_step, py::arg("param"), py::arg("grad"), py::arg("exp_avg"),
         py::arg("exp_avg_sq"), py::kw_only(), py::arg("lr"), py::arg("step"),
         py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
@@ -180,7 +179,10 @@ void bind_adam(py::module_& m) {
       "After the collective (momentum: the ranks' average of adam_sync_momentum's out):\n"
       "param = anchor = decay anchor - lr_sum * momentum / (sqrt(v^) + eps) within exact\n"
       "Adam's bound, exp_avg = momentum * (1 - beta1^step); the same on every rank.");
+}
 
+// AdamSchedule: which steps refresh the variance and which synchronize.
+void bind_adam_schedule(py::module_& m) {
   py::class_<gcomp::AdamSchedule>(
       m, "AdamSchedule",
       "AdamSchedule(warmup_steps=1, refreshes_per_interval=0, freeze_step=0,\n"
@@ -260,6 +262,13 @@ void bind_adam(py::module_& m) {
                     a.local_double_every == b.local_double_every;
            })
       .def("__repr__", &schedule_repr);
+}
+
+}  // namespace
+
+void bind_adam(py::module_& m) {
+  bind_adam_functions(m);
+  bind_adam_schedule(m);
 }
 
 }  // namespace gcomp::python

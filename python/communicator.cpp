@@ -508,9 +508,8 @@ const std::string& allreduce_doc() {
   return doc;
 }
 
-}  // namespace
-
-void bind_communicator(py::module_& m) {
+// Communicator: its ways in and its collectives.
+void bind_communicator_class(py::module_& m) {
   py::class_<PyCommunicator>(
       m, "Communicator",
       "Communicator(store=None, rank=None, size=None, prefix=None, interface=None,\n"
@@ -621,7 +620,10 @@ void bind_communicator(py::module_& m) {
                              "Totals over this Communicator's collectives: calls, bytes_sent,\n"
                              "bytes_received, the four seconds, algorithm (calls per algorithm)\n"
                              "and compressed (calls that applied the codec).");
+}
 
+// TotalStats: running totals of calls' statistics.
+void bind_total_stats(py::module_& m) {
   py::class_<gcomp::TotalStats>(
       m, "TotalStats",
       "TotalStats(): running totals of calls' statistics, zero at first, summed as the\n"
@@ -640,6 +642,13 @@ void bind_communicator(py::module_& m) {
       .def("__repr__", [](const gcomp::TotalStats& t) {
         return "gcomp.TotalStats(calls=" + std::to_string(t.calls) + ")";
       });
+}
+
+}  // namespace
+
+void bind_communicator(py::module_& m) {
+  bind_communicator_class(m);
+  bind_total_stats(m);
 }
 
 }  // namespace gcomp::python

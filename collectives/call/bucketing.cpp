@@ -15,13 +15,15 @@
 #include "communicator_impl.hpp"
 #include "device_backend.hpp"
 #include "feedback_slot.hpp"
+#include "fnv.hpp"
 #include "gcomp/communicator.hpp"
 
 namespace gcomp {
 
-std::uint64_t signature_of(std::string_view text);
-
 namespace {
+
+// A hash of the layout text (the agreement compares it).
+std::uint64_t signature_of(std::string_view text) { return detail::Fnv{}.add(text).h; }
 
 // Which tensors go into which bucket, decided from sizes only, and the signature of that plan.
 struct Plan {

@@ -23,48 +23,57 @@ class CompressionState(_PerParameterFeedback):
     dense_below=1024, seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
     momentum=0.0, weight_decay=0.0, stall_seconds=None, timeout_seconds=None, names=None)
 
-    The state of compression_hook for one DDP model. codec: a spec or gcomp.Codec.
-    per_parameter: True compresses each parameter's gradient in the bucket on its own (one
-    collective each, parameters of fewer than dense_below elements fused into one
-    uncompressed), as layer-wise compression does: a codec's scale or top-k's selection then
-    follows each layer. False compresses the whole bucket as one tensor (fewer collectives; a
-    top-k over the bucket's layers together). None (the default): True for the codecs with one
-    scale per tensor (sign, TernGrad), False for the others. The element-wise codecs (none,
-    fp16, bf16, threshold) always send the bucket whole: their values are the same either way.
-    error_feedback: keep what the codec did not send, per parameter, and add it to the next
-    step's gradient (it follows the parameters when DDP rebuilds its buckets after the first
-    step). True applies it to the codecs whose error contracts (top-k, threshold, sign, fp16,
-    bf16, random-k), not to QSGD, TernGrad and scaled random-k, whose residual would grow
-    without bound; "always" applies it to every codec, False to none.
-    warmup_steps: the first steps are averaged uncompressed. dense_below: parameters (whole
-    buckets, where not per parameter) of fewer elements go uncompressed. algorithm,
-    allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor uncompressed
-    when that is faster, unless allow_uncompressed is False; even then auto may choose dense,
-    which sends each rank's decode as float32: algorithm="fewest_bytes" sends the codec's
-    bytes). synchronous: wait for each
-    bucket's allreduce in the hook (no overlap with backward; for measuring overlap).
-    momentum: DGC's momentum correction (0 = off). The hook keeps a velocity per parameter,
-    u = momentum * u + g, and compresses u with error feedback instead of g: the residual
-    accumulates velocities, top-k selects on them, and where a value is sent its velocity is
-    zeroed (momentum factor masking). Train with an optimizer without momentum (SGD with
-    momentum=0): the momentum is here. Needs error feedback. register() sets it (and
-    weight_decay) from the optimizer. weight_decay: added to each gradient before momentum
-    correction and compression, g += weight_decay * p (SGD's weight decay, moved here).
-    stall_seconds, timeout_seconds: for this hook's calls, the Communicator's (None: its own,
-    from GCOMP_STALL_SECONDS, default 60, and GCOMP_TIMEOUT_SECONDS, default never; 0: never):
-    a rank that waits that long for another at a bucket's call names the call and the missing
-    ranks on stderr, or with the timeout raises gcomp.Error("timeout") from backward on every
-    rank (docs/python.md, "A rank that does not come"). names: (name, parameter) pairs
-    (register() passes model.named_parameters()), the keys of state_dict() and the names in a
-    stall report. state_dict() / load_state_dict(): checkpoints (docs/python.md).
-    A low-rank codec ("powersgd:rank=4", docs/python.md) takes each gradient's shape from
-    bucket.gradients() and sends the bucket's matrices as their factors in one collective, its
-    vectors and small matrices dense in the same one (per_parameter and dense_below do not
-    apply; the bucket is reduced where DDP holds it, without a copy); its state (residual and
-    warm-start Q) is per parameter, so it works with DDP's default buckets and their rebuild.
-    Without error feedback it keeps no Q: every step starts cold. Under auto with
-    allow_uncompressed, whole steps are compared too (_StepCheck, docs/python.md): where the
-    uncompressed steps measure faster, the hook sends whole steps uncompressed.
+    The state of compression_hook for one DDP model.
+
+    Args:
+        codec: a spec or gcomp.Codec. A low-rank codec ("powersgd:rank=4", docs/python.md)
+            takes each gradient's shape from bucket.gradients() and sends the bucket's
+            matrices as their factors in one collective, its vectors and small matrices dense
+            in the same one (per_parameter and dense_below do not apply; the bucket is reduced
+            where DDP holds it, without a copy); its state (residual and warm-start Q) is per
+            parameter, so it works with DDP's default buckets and their rebuild. Without error
+            feedback it keeps no Q: every step starts cold.
+        error_feedback: keep what the codec did not send, per parameter, and add it to the next
+            step's gradient (it follows the parameters when DDP rebuilds its buckets after the
+            first step). True applies it to the codecs whose error contracts (top-k, threshold,
+            sign, fp16, bf16, random-k), not to QSGD, TernGrad and scaled random-k, whose
+            residual would grow without bound; "always" to every codec, False to none.
+        warmup_steps: the first steps are averaged uncompressed.
+        algorithm, allow_uncompressed: as gcomp.Communicator.allreduce (auto may send a tensor
+            uncompressed when that is faster, unless allow_uncompressed is False; even then auto
+            may choose dense, which sends each rank's decode as float32: algorithm=
+            "fewest_bytes" sends the codec's bytes). Under auto with allow_uncompressed, a
+            low-rank codec's whole steps are compared too (_StepCheck, docs/python.md): where
+            the uncompressed steps measure faster, the hook sends whole steps uncompressed.
+        dense_below: parameters (whole buckets, where not per parameter) of fewer elements go
+            uncompressed.
+        seed: mixed with the step and the bucket into each call's seed.
+        synchronous: wait for each bucket's allreduce in the hook (no overlap with backward;
+            for measuring overlap).
+        per_parameter: True compresses each parameter's gradient in the bucket on its own (one
+            collective each, parameters under dense_below fused into one uncompressed), as
+            layer-wise compression does: a codec's scale or top-k's selection then follows each
+            layer. False compresses the whole bucket as one tensor (fewer collectives; a top-k
+            over the bucket's layers together). None: True for the codecs with one scale per
+            tensor (sign, TernGrad), False for the others. The element-wise codecs (none, fp16,
+            bf16, threshold) always send the bucket whole: their values are the same either way.
+        momentum: DGC's momentum correction (0 = off). The hook keeps a velocity per parameter,
+            u = momentum * u + g, and compresses u with error feedback instead of g: the
+            residual accumulates velocities, top-k selects on them, and where a value is sent
+            its velocity is zeroed (momentum factor masking). Train with an optimizer without
+            momentum (SGD with momentum=0): the momentum is here. Needs error feedback.
+            register() sets it (and weight_decay) from the optimizer.
+        weight_decay: added to each gradient before momentum correction and compression,
+            g += weight_decay * p (SGD's weight decay, moved here).
+        stall_seconds, timeout_seconds: for this hook's calls, the Communicator's (None: its
+            own, from GCOMP_STALL_SECONDS, default 60, and GCOMP_TIMEOUT_SECONDS, default never;
+            0: never): a rank that waits that long for another at a bucket's call names the call
+            and the missing ranks on stderr, or with the timeout raises gcomp.Error("timeout")
+            from backward on every rank (docs/python.md, "A rank that does not come").
+        names: (name, parameter) pairs (register() passes model.named_parameters()), the keys
+            of state_dict() and the names in a stall report.
+
+    state_dict() / load_state_dict(): checkpoints (docs/python.md).
     """
 
     def __init__(self, codec, error_feedback=True, warmup_steps=0, algorithm="auto",
@@ -361,44 +370,56 @@ def _whole_model(state, bucket, tensor, params, step, last, entered):
 def register(model, optimizer, codec, **options):
     """register(model, optimizer, codec, **options) -> CompressionState
 
-    The one line for a DistributedDataParallel script: makes a CompressionState(codec,
-    **options) (options as CompressionState's), registers compression_hook with it on model,
-    and returns it. For the codecs that send much of a gradient late through error feedback
-    (the sparsifiers top-k, random-k, threshold; sign), momentum SGD amplifies the delay and
-    loses accuracy; register moves optimizer's momentum (and weight decay) into the hook as
-    DGC's momentum correction: the state gets momentum= and weight_decay= of the optimizer's
-    param groups, and the groups get 0 (a bucket sent whole is then plain momentum SGD, bit for
-    bit the same update). What it cannot move (an optimizer other than SGD, Nesterov momentum,
-    dampening, maximize, groups with different momentum or weight decay) it leaves as it is,
-    with a warning saying so. momentum= among the options is taken as given (nothing moves;
-    a momentum in both places is a ValueError); optimizer None moves nothing. The state's
-    checkpoint keys are model's parameter names.
+    The one line for a DistributedDataParallel script:
 
-    With torch.optim.Adam or AdamW it runs 1-bit Adam (variance="frozen", the default;
-    docs/python.md, "Adam and AdamW"): warmup_steps (at least 1) exact steps of the optimizer on
-    gradients averaged uncompressed, then the variance frozen and each rank's momentum sent
-    through the codec with error feedback, the optimizer's step() applying the averaged
-    momentum with the frozen variance (register takes over optimizer.step for that). What it
-    cannot take (amsgrad, maximize, capturable, differentiable, fused; momentum= or
-    weight_decay= among the options, which are SGD's) is a ValueError. variance=None leaves
-    the optimizer as it is and compresses its gradients, with a warning. variance=
-    gcomp.AdamSchedule.zero_one(freeze_step, ...) runs 0/1 Adam instead: the variance refreshed
-    on the schedule (exact steps on gradients averaged uncompressed) until freeze_step, then
-    local steps, each rank on its own momentum, synchronized on the schedule by optimizer.step()
-    (docs/python.md, "0/1 Adam").
+    1. makes a CompressionState(codec, **options) (options as CompressionState's; its
+       checkpoint keys are model's parameter names);
+    2. moves what the optimizer must not do itself into the hook (below);
+    3. registers compression_hook with it on model, and returns it.
 
-    period=H (> 1), period_from=S: periodic model averaging (docs/python.md, "Periodic
-    averaging"). Steps before S are synchronized as above; from S on each rank steps on its own
-    (the hook sends nothing) and optimizer.step() averages the models after every H-th local
-    step: each parameter's change since the last average through the codec, with error
-    feedback of its own, so that every rank ends the average with the same parameters.
-    outer_lr, outer_momentum: an outer Nesterov step on the averaged change (DiLoCo's; 1.0 and
-    0.0, the defaults, are plain averaging). momentum_at_average: "local" (each rank keeps its
-    optimizer's momentum, as torch's post-local SGD), "reset" or "average" (averaged with the
-    parameters, through the codec). feedback_decay beta in [0, 1]: each parameter's residual of
-    the averages is multiplied by beta before the next change is added (SparseLoCo's error
-    feedback in place of an outer momentum; 1.0, the default, keeps it whole). model.join()
-    then joins the state too (uneven inputs)."""
+    Args:
+        model: the DistributedDataParallel model. model.join() then joins the state too
+            (uneven inputs).
+        optimizer: its optimizer, or None (nothing moves).
+            SGD: for the codecs that send much of a gradient late through error feedback (the
+            sparsifiers top-k, random-k, threshold; sign), momentum SGD amplifies the delay and
+            loses accuracy, so register moves the optimizer's momentum (and weight decay) into
+            the hook as DGC's momentum correction: the state gets momentum= and weight_decay= of
+            the optimizer's param groups, and the groups get 0 (a bucket sent whole is then
+            plain momentum SGD, bit for bit the same update). What it cannot move (an optimizer
+            other than SGD, Nesterov momentum, dampening, maximize, groups with different
+            momentum or weight decay) it leaves as it is, with a warning saying so. momentum=
+            among the options is taken as given (nothing moves; a momentum in both places is a
+            ValueError).
+            torch.optim.Adam or AdamW: 1-bit Adam (variance="frozen", the default;
+            docs/python.md, "Adam and AdamW"): warmup_steps (at least 1) exact steps of the
+            optimizer on gradients averaged uncompressed, then the variance frozen and each
+            rank's momentum sent through the codec with error feedback, the optimizer's step()
+            applying the averaged momentum with the frozen variance (register takes over
+            optimizer.step for that). What it cannot take (amsgrad, maximize, capturable,
+            differentiable, fused; momentum= or weight_decay= among the options, which are
+            SGD's) is a ValueError.
+        codec: a spec or gcomp.Codec.
+        variance: for Adam: "frozen"; None leaves the optimizer as it is and compresses its
+            gradients, with a warning; gcomp.AdamSchedule.zero_one(freeze_step, ...) runs 0/1
+            Adam: the variance refreshed on the schedule (exact steps on gradients averaged
+            uncompressed) until freeze_step, then local steps, each rank on its own momentum,
+            synchronized on the schedule by optimizer.step() (docs/python.md, "0/1 Adam").
+        period=H (> 1), period_from=S: periodic model averaging (docs/python.md, "Periodic
+            averaging"). Steps before S are synchronized as above; from S on each rank steps on
+            its own (the hook sends nothing) and optimizer.step() averages the models after
+            every H-th local step: each parameter's change since the last average through the
+            codec, with error feedback of its own, so that every rank ends the average with the
+            same parameters.
+        outer_lr, outer_momentum: an outer Nesterov step on the averaged change (DiLoCo's; 1.0
+            and 0.0, the defaults, are plain averaging).
+        momentum_at_average: "local" (each rank keeps its optimizer's momentum, as torch's
+            post-local SGD), "reset" or "average" (averaged with the parameters, through the
+            codec).
+        feedback_decay: beta in [0, 1]: each parameter's residual of the averages is multiplied
+            by beta before the next change is added (SparseLoCo's error feedback in place of an
+            outer momentum; 1.0, the default, keeps it whole).
+    """
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
                         f"model (it has register_comm_hook), not {type(model).__name__}")

@@ -19,27 +19,42 @@ class DistributedOptimizer(_PerParameterFeedback):
     feedback_decay=1.0)
 
     Wraps a torch optimizer so that step() applies gradients averaged over the ranks through
-    gcomp, without torch.distributed. Gradients are allreduced as backward produces them: a
-    hook on each parameter's gradient accumulator collects the ready gradients into buckets of
-    bucket_bytes (float32) and hands each to the communication thread; step() sends the last,
-    waits for all, and steps the wrapped optimizer. per_parameter, as CompressionState's: True,
-    each gradient of a bucket compressed on its own (one collective each); False, the bucket's
-    gradients fused and compressed as one tensor; None, True for sign and TernGrad only. Error
-    feedback is per parameter, as in CompressionState (True: for the codecs whose error
-    contracts). momentum: DGC's momentum correction, as CompressionState's; None (the
-    default) takes the wrapped SGD's momentum and weight decay for the codecs that send much of
-    a gradient late (top-k, random-k, threshold, sign), as register() does, and sets the SGD's
-    to 0; a number is taken as given. stall_seconds, timeout_seconds, state_dict(),
-    load_state_dict(): as CompressionState's. A low-rank codec ("powersgd:rank=4") gets each gradient's shape, as in
-    CompressionState. Every other attribute (param_groups, state_dict, ...) is the wrapped
-    optimizer's. A torch.optim.Adam or AdamW runs as 1-bit Adam, as register() runs it
-    (variance="frozen"; warmup_steps at least 1): its warm-up's steps are its own on the
-    averaged gradients, then each rank's momentum is what is sent and step() applies the
-    averaged momentum with the frozen variance (docs/python.md, "Adam and AdamW");
-    variance=gcomp.AdamSchedule.zero_one(...) runs 0/1 Adam, as register() does. period,
-    period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay: periodic model
-    averaging, as register()'s (docs/python.md, "Periodic averaging"): from step period_from on, step() takes
-    each rank's own step and averages the models after every period-th.
+    gcomp, without torch.distributed:
+
+    1. a hook on each parameter's gradient accumulator collects the ready gradients into
+       buckets of bucket_bytes (float32) and hands each to the communication thread as backward
+       produces them;
+    2. step() sends the last bucket, waits for all, and steps the wrapped optimizer.
+
+    Every other attribute (param_groups, state_dict, ...) is the wrapped optimizer's.
+
+    Args:
+        optimizer: the torch optimizer. A torch.optim.Adam or AdamW runs as 1-bit Adam, as
+            register() runs it (variance="frozen"; warmup_steps at least 1): its warm-up's steps
+            are its own on the averaged gradients, then each rank's momentum is what is sent
+            and step() applies the averaged momentum with the frozen variance (docs/python.md,
+            "Adam and AdamW").
+        named_parameters: (name, parameter) pairs, as CompressionState's names.
+        codec, error_feedback, warmup_steps, algorithm, dense_below, seed, synchronous,
+        allow_uncompressed, stall_seconds, timeout_seconds: as CompressionState's (a low-rank
+            codec, "powersgd:rank=4", gets each gradient's shape). There is no whole-step check
+            here: auto may send any bucket uncompressed unless allow_uncompressed is False.
+        bucket_bytes: the float32 bytes of a bucket.
+        per_parameter: as CompressionState's: True, each gradient of a bucket compressed on its
+            own (one collective each); False, the bucket's gradients fused and compressed as one
+            tensor; None, True for sign and TernGrad only.
+        momentum, weight_decay: DGC's momentum correction, as CompressionState's; None takes the
+            wrapped SGD's momentum and weight decay for the codecs that send much of a gradient
+            late (top-k, random-k, threshold, sign), as register() does, and sets the SGD's to
+            0; a number is taken as given.
+        variance: "frozen" (1-bit Adam) or gcomp.AdamSchedule.zero_one(...) (0/1 Adam), as
+            register()'s.
+        period, period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay:
+            periodic model averaging, as register()'s (docs/python.md, "Periodic averaging"):
+            from step period_from on, step() takes each rank's own step and averages the models
+            after every period-th.
+
+    state_dict() / load_state_dict(): as CompressionState's.
     """
 
     def __init__(self, optimizer, named_parameters=None, codec="none", error_feedback=True,
