@@ -19,6 +19,18 @@ void check_size(const DecodeCall& d) {
   }
 }
 
+void finish_encode(const EncodeCall& c) {
+  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+}
+
+const Report* decode_failure(const DecodeCall& d, Stages* stages) {
+  const Report& r = d.ws->finish();
+  if (stages) stages->mark("finish");
+  if (r.code == kBadPayload) return &r;
+  check_size(d);
+  return nullptr;
+}
+
 unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len) {
   write_small(c.out, small_bytes(reinterpret_cast<const std::byte*>(host_header), len),
               c.ws->stream());

@@ -212,7 +212,7 @@ std::size_t encode_dense(const EncodeCall& c) {
     if (kind == CodecKind::fp16) launch_encode<CodecKind::fp16>(c, data);
     if (kind == CodecKind::bf16) launch_encode<CodecKind::bf16>(c, data);
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  finish_encode(c);
   return need;
 }
 

@@ -43,6 +43,14 @@ struct DecodeCall {
 // Throws Error(mismatch) when the accumulator's size is not the payload's element count.
 void check_size(const DecodeCall& d);
 
+// The end of an encode: waits for its kernels; Error(nonfinite) naming the first NaN or Inf in x
+// or x + e where a kernel found one.
+void finish_encode(const EncodeCall& c);
+// The end of a decode_add: waits for its kernels (marking the stage "finish" where stages are
+// given); their report where they found the payload bad (the caller names what, as the CPU
+// does), else null once check_size has passed.
+const Report* decode_failure(const DecodeCall& d, Stages* stages = nullptr);
+
 // Writes the header (computed on the host by the CPU's write_header) at the payload's start and
 // returns the device address of the first section.
 unsigned char* put_header(const EncodeCall& c, const unsigned char* host_header, std::size_t len);

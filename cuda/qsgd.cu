@@ -371,15 +371,10 @@ std::size_t encode_qsgd(const EncodeCall& c) {
     }
     GCOMP_LAUNCHED("qsgd norms");
     stages.mark("norms");
-    const float* src = c.e_old ? c.e_new : c.x;
     const QsgdQ q{bk, bucket, levels, bits, c.n < (std::size_t{1} << 32)};
-    codes_kernel<QsgdQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
-        q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, CodecKind::qsgd), codes,
-        code_bytes, c.ws->report());
-    GCOMP_LAUNCHED("qsgd codes");
-    stages.mark("codes");
+    launch_codes(c, q, bits, codes, code_bytes, "qsgd codes", stages);
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  finish_encode(c);
   stages.mark("finish");
   return need;
 }
@@ -416,11 +411,10 @@ void decode_qsgd(const DecodeCall& d) {
     GCOMP_LAUNCHED("qsgd decode_add");
     stages.mark("add");
   }
-  const Report& r = d.ws->finish();
-  stages.mark("finish");
-  if (r.code != kBadPayload) return check_size(d);
-  if (r.what & 1u) {
-    gcomp::detail::bad_payload("qsgd norm of bucket " + std::to_string(r.first) +
+  const Report* r = decode_failure(d, &stages);
+  if (!r) return;
+  if (r->what & 1u) {
+    gcomp::detail::bad_payload("qsgd norm of bucket " + std::to_string(r->first) +
                                " is negative, NaN or Inf");
   }
   gcomp::detail::bad_payload("qsgd code padding bits are not zero");

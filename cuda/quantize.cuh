@@ -269,5 +269,18 @@ unsigned char* header_for(const EncodeCall& c, const std::byte* params,
                     static_cast<std::size_t>(end - head));
 }
 
+
+// The codes pass of c: v (x, or x + e in e_new) coded by q in `bits` bits into `codes`
+// (code_bytes), with error feedback e_new = v - decode; `what` names the launch.
+template <class Q>
+void launch_codes(const EncodeCall& c, const Q& q, int bits, unsigned char* codes,
+                  std::size_t code_bytes, const char* what, Stages& stages) {
+  const float* src = c.e_old ? c.e_new : c.x;
+  codes_kernel<Q><<<grid_for(c.n, kTile), kThreads, 0, c.ws->stream()>>>(
+      q, bits, src, c.e_old ? c.e_new : nullptr, c.n, draw_key_of(c.seed, c.codec->kind()), codes,
+      code_bytes, c.ws->report());
+  GCOMP_LAUNCHED(what);
+  stages.mark("codes");
+}
 }  // namespace
 }  // namespace gcomp::cuda::detail

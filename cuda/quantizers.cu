@@ -213,7 +213,7 @@ std::size_t encode_sign(const EncodeCall& c) {
     GCOMP_LAUNCHED("sign residual");
     stages.mark("residual");
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  finish_encode(c);
   stages.mark("finish");
   return need;
 }
@@ -246,15 +246,8 @@ std::size_t encode_terngrad(const EncodeCall& c) {
                                             c.ws->report());
   GCOMP_LAUNCHED("terngrad scaler");
   stages.mark("scaler");
-  if (c.n > 0) {
-    const float* src = c.e_old ? c.e_new : c.x;
-    codes_kernel<TernQ><<<grid_for(c.n, kTile), kThreads, 0, s>>>(
-        TernQ{t}, 2, src, c.e_old ? c.e_new : nullptr, c.n,
-        draw_key_of(c.seed, CodecKind::terngrad), data + 4, code_bytes, c.ws->report());
-    GCOMP_LAUNCHED("terngrad codes");
-    stages.mark("codes");
-  }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  if (c.n > 0) launch_codes(c, TernQ{t}, 2, data + 4, code_bytes, "terngrad codes", stages);
+  finish_encode(c);
   stages.mark("finish");
   return need;
 }
@@ -271,9 +264,9 @@ void decode_sign(const DecodeCall& d) {
                                                                d.acc, d.alpha, d.ws->report());
     GCOMP_LAUNCHED("sign decode_add");
   }
-  const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return check_size(d);
-  if (r.what & 1u) gcomp::detail::bad_payload("sign scale is negative, NaN or Inf");
+  const Report* r = decode_failure(d);
+  if (!r) return;
+  if (r->what & 1u) gcomp::detail::bad_payload("sign scale is negative, NaN or Inf");
   gcomp::detail::bad_payload("sign padding bits are not zero");
 }
 
@@ -290,11 +283,11 @@ void decode_terngrad(const DecodeCall& d) {
                                                                d.acc, d.alpha, d.ws->report());
     GCOMP_LAUNCHED("terngrad decode_add");
   }
-  const Report& r = d.ws->finish();
-  if (r.code != kBadPayload) return check_size(d);
-  if (r.what & 1u) gcomp::detail::bad_payload("terngrad scaler is negative, NaN or Inf");
-  if (r.what & 2u) {
-    gcomp::detail::bad_payload("invalid terngrad code 3 in byte " + std::to_string(r.first));
+  const Report* r = decode_failure(d);
+  if (!r) return;
+  if (r->what & 1u) gcomp::detail::bad_payload("terngrad scaler is negative, NaN or Inf");
+  if (r->what & 2u) {
+    gcomp::detail::bad_payload("invalid terngrad code 3 in byte " + std::to_string(r->first));
   }
   gcomp::detail::bad_payload("terngrad code padding bits are not zero");
 }

@@ -126,12 +126,11 @@ void decode_sparse(const DecodeCall& d) {
     GCOMP_LAUNCHED("sparse decode_add");
     stages.mark("validate_add");
   }
-  const Report& r = d.ws->finish();
-  stages.mark("finish");
-  if (r.code != kBadPayload) return check_size(d);
-  if (r.what & 1u) {
+  const Report* r = decode_failure(d, &stages);
+  if (!r) return;
+  if (r->what & 1u) {
     // The first bad entry, named as the CPU names it.
-    const std::size_t j = r.first;
+    const std::size_t j = r->first;
     const std::size_t ib = wide ? 8 : 4;
     std::uint64_t pair[2] = {0, 0};  // prev, i
     unsigned char buf[16] = {};
@@ -151,7 +150,7 @@ void decode_sparse(const DecodeCall& d) {
                                " (" + std::to_string(pair[0]) + " then " +
                                std::to_string(pair[1]) + ")");
   }
-  gcomp::detail::bad_payload("value of entry " + std::to_string(r.second) + " is NaN or Inf");
+  gcomp::detail::bad_payload("value of entry " + std::to_string(r->second) + " is NaN or Inf");
 }
 
 }  // namespace gcomp::cuda::detail

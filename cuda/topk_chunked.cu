@@ -402,7 +402,7 @@ std::size_t encode_chunked_as(const EncodeCall& c) {
     GCOMP_CUDA(cudaMemcpyAsync(&last[1], block_bytes + blocks - 1, sizeof last[1],
                                cudaMemcpyDeviceToHost, st));
   }
-  if (c.ws->finish().code == kNonfinite) throw_nonfinite(c.x, c.e_old, c.n, *c.ws);
+  finish_encode(c);
   stages.mark("widths");
   const unsigned w = static_cast<unsigned>(std::bit_width(s.chunk - 1));
   const std::size_t fixed = static_cast<std::size_t>((static_cast<unsigned __int128>(nnz) * w + 7) / 8);

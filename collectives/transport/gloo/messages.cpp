@@ -121,26 +121,16 @@ std::uint64_t GlooMessages::receive(int from, std::vector<std::byte>& recv, Ms l
   return n;
 }
 
-void GlooMessages::send(int to, std::span<const std::byte> bytes) {
-  Outgoing out;
-  start_send(to, bytes, out);
-  finish_send(out);
-}
-
-std::uint64_t GlooMessages::recv(int from, std::vector<std::byte>& recv) {
-  return receive(from, recv);
-}
-
 // Both first parts, then both rests.
 std::uint64_t GlooMessages::sendrecv(int to, std::span<const std::byte> bytes, int from,
                                      std::vector<std::byte>& recv) {
   Outgoing out;
-  start_send(to, bytes, out);
+  if (to >= 0) start_send(to, bytes, out);
   Segments rest;
-  const std::uint64_t n = receive_head(from, recv, rest);
-  post_rest(out);
+  const std::uint64_t n = from >= 0 ? receive_head(from, recv, rest) : 0;
+  if (to >= 0) post_rest(out);
   rest.wait();
-  finish_send(out);
+  if (to >= 0) finish_send(out);
   return n;
 }
 
@@ -247,34 +237,19 @@ void SocketMessages::take_first(const std::vector<std::byte>& f, int from, std::
   recv_rest(from, n, at, rest);
 }
 
-void SocketMessages::send(int to, std::span<const std::byte> bytes) {
-  std::vector<std::byte> none;
-  mesh().exchange(to, first_part(bytes), -1, none, 0);
-  Segments rest;
-  send_rest(to, bytes, rest);
-  rest.wait();
-}
-
-std::uint64_t SocketMessages::recv(int from, std::vector<std::byte>& recv) {
-  std::vector<std::byte> first;
-  mesh().exchange(-1, {}, from, first, 0);
-  const std::uint64_t n = parse_first(first, from);
-  recv.resize(static_cast<std::size_t>(n));
-  Segments rest;
-  take_first(first, from, n, recv.data(), rest);
-  rest.wait();
-  return n;
-}
-
 std::uint64_t SocketMessages::sendrecv(int to, std::span<const std::byte> bytes, int from,
                                        std::vector<std::byte>& recv) {
+  const std::vector<std::byte> head = to >= 0 ? first_part(bytes) : std::vector<std::byte>{};
   std::vector<std::byte> first;
-  mesh().exchange(to, first_part(bytes), from, first, 0);
-  const std::uint64_t n = parse_first(first, from);
-  recv.resize(static_cast<std::size_t>(n));
+  mesh().exchange(to, head, from, first, 0);
+  std::uint64_t n = 0;
   Segments rest;
-  take_first(first, from, n, recv.data(), rest);
-  send_rest(to, bytes, rest);
+  if (from >= 0) {
+    n = parse_first(first, from);
+    recv.resize(static_cast<std::size_t>(n));
+    take_first(first, from, n, recv.data(), rest);
+  }
+  if (to >= 0) send_rest(to, bytes, rest);
   rest.wait();
   return n;
 }

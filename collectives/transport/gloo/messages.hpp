@@ -36,12 +36,17 @@ class Messages {
   // The most bytes of a first part (its 8-byte size included).
   std::size_t capacity() const noexcept { return capacity_; }
 
-  virtual void send(int to, std::span<const std::byte> bytes) = 0;
-  // Returns the message's size (recv is resized to it).
-  virtual std::uint64_t recv(int from, std::vector<std::byte>& recv) = 0;
-  // One message to `to` and one from `from` (the same rank or not), at once.
+  // One message to `to` and one from `from` (the same rank or not), at once; either may be
+  // absent (-1). Returns the size of the message received (recv is resized to it), or 0.
   virtual std::uint64_t sendrecv(int to, std::span<const std::byte> bytes, int from,
                                  std::vector<std::byte>& recv) = 0;
+  void send(int to, std::span<const std::byte> bytes) {
+    std::vector<std::byte> none;
+    sendrecv(to, bytes, -1, none);
+  }
+  std::uint64_t recv(int from, std::vector<std::byte>& recv) {
+    return sendrecv(-1, {}, from, recv);
+  }
   // One message each way between every pair: to[r] goes to rank r, and place(sizes) says where
   // each arrives (to[rank] is copied to its place). The first parts all go at once, so a call
   // whose messages fit costs one message time with no size exchange before it; the rests follow
@@ -105,8 +110,6 @@ class GlooMessages final : public Messages {
   GlooMessages(int rank, int size, Context& up, Context& down, Context& rests, std::uint64_t slot,
                std::uint64_t bulk, std::size_t capacity);
 
-  void send(int to, std::span<const std::byte> bytes) override;
-  std::uint64_t recv(int from, std::vector<std::byte>& recv) override;
   std::uint64_t sendrecv(int to, std::span<const std::byte> bytes, int from,
                          std::vector<std::byte>& recv) override;
   void exchange_all(const std::vector<std::span<const std::byte>>& to, const Place& place) override;
@@ -160,8 +163,6 @@ class SocketMessages final : public Messages {
                  std::size_t capacity)
       : Messages(mesh->rank(), mesh->size(), rests, bulk, capacity), mesh_(std::move(mesh)) {}
 
-  void send(int to, std::span<const std::byte> bytes) override;
-  std::uint64_t recv(int from, std::vector<std::byte>& recv) override;
   std::uint64_t sendrecv(int to, std::span<const std::byte> bytes, int from,
                          std::vector<std::byte>& recv) override;
   void exchange_all(const std::vector<std::span<const std::byte>>& to, const Place& place) override;
