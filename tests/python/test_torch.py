@@ -1486,3 +1486,240 @@ def test_periodic_averaging_under_join_with_uneven_inputs():
     assert state.step == longest
     assert state.stats()["averages"] == (longest - 1) // 2
     same_on_every_rank(list(m.parameters()))
+
+
+# ---- streaming averages (fragments=F, overlap_steps=T) ----
+
+
+def test_fragments_cut_the_parameters_in_order_at_rows_into_about_equal_parts():
+    # Every element in exactly one piece, the pieces in registration order, each cut at a row's
+    # edge, each fragment within a row (of the parameter cut there) of total / F on either side.
+    from gcomp.torch._periodic import _fragments
+    named = list(model().named_parameters())
+    total = sum(p.numel() for _, p in named)
+    for count in (1, 2, 3, 4, 7):
+        frags = _fragments(named, count, "test")
+        assert len(frags) == count
+        flat = [pc for f in frags for pc in f]
+        covered = [(pc.name, pc.lo, pc.hi) for pc in flat]
+        expect, k = [], 0
+        for name, p in named:  # consecutive, whole rows, nothing missed or twice
+            row = p.numel() // p.shape[0]
+            mine = [(lo, hi) for n, lo, hi in covered if n == name]
+            assert mine[0][0] == 0 and mine[-1][1] == p.numel(), (count, name)
+            assert all(a[1] == b[0] for a, b in zip(mine, mine[1:]))
+            assert all(lo % row == 0 and hi % row == 0 for lo, hi in mine)
+            expect += [(name, lo, hi) for lo, hi in mine]
+        assert covered == expect
+        widest_row = max(p.numel() // p.shape[0] for _, p in named)
+        for f in frags:
+            size_f = sum(pc.hi - pc.lo for pc in f)
+            assert abs(size_f - total / count) <= widest_row, (count, size_f, total)
+        if count == 1:
+            assert all(pc.key == pc.name and pc.slot == id(pc.param) for pc in flat)
+    with pytest.raises(ValueError, match="empty"):
+        _fragments([("w", torch.nn.Parameter(torch.zeros(2, 3)))], 3, "test")
+
+
+def test_streaming_options_are_checked():
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    for bad, words in [(dict(period=4, fragments=0), "fragments must"),
+                       (dict(period=4, fragments=1.5), "fragments must"),
+                       (dict(period=4, fragments=5), "more than period"),
+                       (dict(period=4, overlap_steps=-1), "overlap_steps must"),
+                       (dict(period=4, overlap_steps=4), "less than period"),
+                       (dict(period=4, overlap_steps=True), "overlap_steps must"),
+                       (dict(fragments=2), "without period"),
+                       (dict(overlap_steps=1), "without period")]:
+        with pytest.raises(ValueError, match=words):
+            gt.register(m, opt, "none", **bad)
+    with pytest.raises(ValueError, match="less than period"):
+        gt.DistributedOptimizer(opt, codec="none", period=2, overlap_steps=2)
+    # A checkpoint of another streaming schedule is refused.
+    a = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=4, fragments=2)
+    b = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=4, fragments=2, overlap_steps=1)
+    with pytest.raises(ValueError, match="periodic averaging"):
+        b.load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize("codec", ["none", "topk:ratio=0.1"])
+def test_streaming_defaults_are_the_periodic_average_bit_for_bit(codec):
+    # fragments=1, overlap_steps=0 given against not given, through an average_parameters()
+    # between two of the schedule's averages: the same parameters, bit for bit, one collective
+    # an average, the same bytes.
+    kw = dict(algorithm="allgather" if codec == "none" else "sparse_allgather", seed=5,
+              allow_uncompressed=False, period=3, period_from=2)
+    runs = []
+    for extra in ({}, dict(fragments=1, overlap_steps=0)):
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        state = gt.register(m, opt, codec, **kw, **extra)
+        train(m, opt, 7)
+        state.average_parameters()
+        train(m, opt, 4, first=7)
+        runs.append(([p.detach().clone() for p in m.parameters()], state.stats()))
+    (pa, sa), (pb, sb) = runs
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
+    for key in ("calls", "averages", "average_bytes_sent", "local_steps"):
+        assert sa[key] == sb[key], key
+    assert sa["averages"] == 4  # after 5 and 8 steps, average_parameters() after 7, after 11
+
+
+def streaming_setup(way, **kw):
+    """SGD (no momentum, lr 1/8) on the int model with parameters on a grid of 1/8, period 4
+    from step 1 (codec none, summed in rank order), streaming options kw: (model, optimizer,
+    state, the parameters after each of the optimizer's own steps, before any average)."""
+    m = int_model()
+    with torch.no_grad():
+        for q in m.parameters():
+            q.copy_(torch.round(q * 8) / 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.125)
+    seen = recorded(opt, list(m.parameters()))
+    args = dict(algorithm="allgather", period=4, period_from=1, **kw)
+    if way == "hook":
+        m = DDP(m)
+        state = gt.register(m, opt, "none", **args)
+    else:
+        state = opt = gt.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
+                                              codec="none", **args)
+    return m, opt, state, seen
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+@pytest.mark.parametrize("fragments, overlap", [(2, 0), (4, 0), (2, 1), (4, 2)])
+def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_steps_later(
+        way, fragments, overlap):
+    # The reference, in double from every rank's values after each of its optimizer's steps:
+    # fragment f starts after the local steps k = f H // F, + H, ... with x_r = a - v_r + c_r;
+    # T steps later its pieces become a - mean_r x_r (outer_lr 1) on every rank, the anchor
+    # with them, and c_r = v_r(start) - v_r(merge) (none without overlap: merged at once); the
+    # rest of the model keeps each rank's own values, bit for bit. With parameters on a grid
+    # of 1/8, integer gradients (independent of the parameters) and lr 1/8 every value is exact
+    # in float32 for P a power of two: the reference bit for bit. For other P, within one
+    # average's roundings of it: x_r = fl(fl(a - v_r) + c_r) (2u M, M the largest of |a - v_r|,
+    # |c_r|, |x_r|), their float32 mean (mean_bound of M), the subtraction (u |result|, twice
+    # for the slack of 1 / (1 - u)); the reference's anchors are set to the merged values
+    # (the same on every rank), so no error carries over to the next average.
+    p, H, S, steps = size(), 4, 1, 15
+    m, opt, state, seen = streaming_setup(way, fragments=fragments, overlap_steps=overlap)
+    periodic = state._periodic
+    pieces = [(f, pc) for f, frag in enumerate(periodic.pieces) for pc in frag]
+    params = list(m.parameters())
+    slot = {id(q): j for j, q in enumerate(params)}
+    exact = p & (p - 1) == 0
+    anchor, carry, flights, starts, merges = None, {}, [], 0, 0
+    flight_m = {}  # piece index -> M of its average in flight, element-wise (the bound's)
+
+    def merge(flight, vals, keep_carry):
+        _, chosen, xbar, begun = flight
+        for i, x, v0 in zip(chosen, xbar, begun):
+            pc = pieces[i][1]
+            j = slot[id(pc.param)]
+            anchor[j][pc.lo:pc.hi] -= x
+            if keep_carry:
+                carry[i] = v0 - vals[j][:, pc.lo:pc.hi]
+            vals[j][:, pc.lo:pc.hi] = anchor[j][pc.lo:pc.hi]
+            bound[j][pc.lo:pc.hi] = (3 * U * flight_m[i] + mean_bound(flight_m[i], p)
+                                     + 2 * U * anchor[j][pc.lo:pc.hi].abs())
+            merged[j][pc.lo:pc.hi] = True
+
+    for s in range(steps):
+        opt.zero_grad()
+        int_backward(m, s)
+        opt.step()
+        taken = s + 1
+        vals = [torch.stack(gathered(v.reshape(-1))).double() for v in seen[-1]]  # P x n
+        bound = [torch.zeros(v.shape[1], dtype=torch.float64) for v in vals]
+        merged = [torch.zeros(v.shape[1], dtype=torch.bool) for v in vals]
+        if taken <= S:  # synchronized: the same model on every rank, the anchor of the first
+            anchor = [v[0].clone() for v in vals]
+            same_on_every_rank(params)
+            continue
+        for flight in [f for f in flights if f[0] == taken]:
+            flights.remove(flight)
+            merge(flight, vals, True)
+            merges += 1
+        k = taken - S
+        due = [f for f in range(fragments) if k > 0 and (k - (f * H) // fragments) % H == 0]
+        if due:
+            chosen = [i for i, (f, _) in enumerate(pieces) if f in due]
+            xbar, begun = [], []
+            for i in chosen:
+                pc = pieces[i][1]
+                j = slot[id(pc.param)]
+                v = vals[j][:, pc.lo:pc.hi]
+                c = carry.pop(i, torch.zeros_like(v))
+                x = anchor[j][pc.lo:pc.hi] - v + c
+                flight_m[i] = torch.stack([(anchor[j][pc.lo:pc.hi] - v).abs(), c.abs(),
+                                           x.abs()]).amax(dim=(0, 1))
+                xbar.append(x.mean(0))
+                begun.append(v.clone())
+            starts += 1
+            flights.append((taken + overlap, chosen, xbar, begun))
+            if overlap == 0:
+                merge(flights.pop(), vals, False)
+                merges += 1
+        now = [torch.stack(gathered(q.detach().reshape(-1))).double() for q in params]
+        for j, (got, want) in enumerate(zip(now, vals)):
+            assert torch.equal(got[:, ~merged[j]], want[:, ~merged[j]]), (taken, j)
+            if exact:
+                assert torch.equal(got, want), (taken, j)
+            else:
+                assert torch.all((got - want).abs() <= bound[j]), (taken, j)
+            assert torch.equal(got[:, merged[j]], got[:1, merged[j]].expand(p, -1)), (taken, j)
+        for j in range(len(params)):  # the reference's anchors where a merge set them
+            anchor[j][merged[j]] = now[j][0, merged[j]]
+    st = state.stats()
+    assert starts > fragments and merges == st["averages"]
+    assert st["averages_in_flight"] == len(flights) == len(periodic.inflight)
+
+
+@pytest.mark.parametrize("codec, extra", [
+    ("topk:ratio=0.1", dict(fragments=3, overlap_steps=2)),
+    ("none", dict(fragments=2, overlap_steps=1, momentum_at_average="average", outer_lr=0.7,
+                  outer_momentum=0.5)),
+    ("topk:ratio=0.05,chunk=64,bits=2", dict(fragments=4, overlap_steps=3, feedback_decay=0.9))])
+def test_streaming_resumes_bit_for_bit_with_averages_in_flight(codec, extra, tmp_path):
+    # Period 4 from step 2, saved after 4 steps with averages started and not merged (waited
+    # for and saved with the values at their start), resumed across their merges and the next
+    # starts: the same parameters as the run that went straight on, bit for bit.
+    pinned = "sparse_allgather" if codec.startswith("topk") else "allgather"
+
+    def make():
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        state = gt.register(m, opt, codec, period=4, period_from=2, allow_uncompressed=False,
+                            algorithm=pinned, **extra)
+        return m, opt, state
+
+    path = tmp_path / f"ckpt.{rank()}.pt"
+    check_resume(make, backward, 4, 6, path, True)
+    saved = torch.load(path)["gcomp"]["periodic"]
+    assert saved["inflight"] and all(f["merge_at"] > 4 for f in saved["inflight"])
+    assert saved["settings"]["fragments"] == extra["fragments"]
+
+
+def test_average_parameters_merges_the_averages_in_flight_and_join_takes_part():
+    # Under DDP's join with uneven inputs (rank r takes 3 + 2 r steps) the ranks that ran out
+    # take part in the others' starts and merges; average_parameters() then merges what is in
+    # flight and averages the whole model: every rank the same, nothing in flight.
+    m = DDP(model())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    state = gt.register(m, opt, "topk:ratio=0.1", period=4, period_from=1, fragments=2,
+                        overlap_steps=2)
+    with m.join():
+        for s in range(uneven_steps(rank())):
+            opt.zero_grad()
+            backward(m, s)
+            opt.step()
+    longest = uneven_steps(size() - 1)
+    assert state.step == longest
+    before = state.stats()
+    state.average_parameters()
+    same_on_every_rank(list(m.parameters()))
+    st = state.stats()
+    assert st["averages_in_flight"] == 0
+    assert st["averages"] == before["averages"] + before["averages_in_flight"] + 1

@@ -45,14 +45,15 @@ class _PerParameterFeedback:
         """Local steps (a period > 1, or 0/1 Adam's variance=gcomp.AdamSchedule with
         max_local_steps > 1): averages the ranks' parameters now, an average ahead of the
         schedule, so that every rank has the same model to evaluate or save; the schedule's
-        averages go on as before (a period's counted from its start, not from this one).
+        averages go on as before (a period's counted from its start, not from this one);
+        with streaming, the averages in flight are merged first.
         Collective: every rank calls it between the same two steps. Nothing is sent where the
         ranks already agree (before the local steps, or right after an average) or without
         local steps."""
         taken = self._steps_taken()
         periodic = self._periodic
         if periodic is not None:
-            if taken > periodic.period_from and periodic.averaged_after != taken:
+            if taken > periodic.period_from and periodic.agreed_after != taken:
                 periodic.average(taken, index=4)
         elif self._adam is not None:
             self._adam.average_now(taken)

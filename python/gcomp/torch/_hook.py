@@ -419,6 +419,12 @@ def register(model, optimizer, codec, **options):
         feedback_decay: beta in [0, 1]: each parameter's residual of the averages is multiplied
             by beta before the next change is added (SparseLoCo's error feedback in place of an
             outer momentum; 1.0, the default, keeps it whole).
+        fragments=F (1 to period): streaming averages (docs/python.md, "Streaming"): the
+            parameters cut into F fragments of about equal bytes, in registration order,
+            fragment f averaged after the local steps f H // F, + H, ...
+        overlap_steps=T (0 to period - 1): a fragment's average runs while T more steps go on
+            and is merged after them (every rank's fragment then the same); what the rank moved
+            it meanwhile goes into the fragment's next change.
     """
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "

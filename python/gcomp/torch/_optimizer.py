@@ -53,6 +53,9 @@ class DistributedOptimizer(_PerParameterFeedback):
             periodic model averaging, as register()'s (docs/python.md, "Periodic averaging"):
             from step period_from on, step() takes each rank's own step and averages the models
             after every period-th.
+        fragments, overlap_steps: streaming averages, as register()'s (docs/python.md,
+            "Streaming"): the parameters in fragments averaged at staggered steps, each average
+            merged overlap_steps steps after it starts.
 
     state_dict() / load_state_dict(): as CompressionState's.
     """
@@ -62,7 +65,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
                  variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
-                 momentum_at_average="local", feedback_decay=1.0):
+                 momentum_at_average="local", feedback_decay=1.0, fragments=1, overlap_steps=0):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -78,7 +81,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         periodic = _periodic_of({"period": period, "period_from": period_from,
                                  "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                                  "momentum_at_average": momentum_at_average,
-                                 "feedback_decay": feedback_decay}, who)
+                                 "feedback_decay": feedback_decay, "fragments": fragments,
+                                 "overlap_steps": overlap_steps}, who)
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
         if periodic is not None:

@@ -13,13 +13,19 @@ gradients'), averaged over the ranks by the owner's algorithm; then p = anchor -
 d the average (with outer_momentum, Nesterov's: b = mu b + avg, d = avg + mu b, DiLoCo's outer
 step), and anchor = p. Every rank computes the same d from the same bits, so the parameters are
 identical on every rank after an average. outer_lr 1 and no outer momentum is plain averaging
-(post-local SGD). What the optimizer's momentum does at an average (momentum_at_average):
+(post-local SGD). Streaming (fragments=F, overlap_steps=T; docs/python.md, "Streaming"): the
+parameters are cut into F fragments of about equal elements, fragment f averaged after the local
+steps k = o_f, o_f + H, ... (o_f = f H // F); with T > 0 its collective runs on the communication
+thread while T more local steps go on, and is merged after them: the fragment's parameters become
+the averaged ones (the same on every rank) and what this rank moved them in those T steps is
+added to the fragment's next change (nothing of it is lost). What the optimizer's momentum does at an average (momentum_at_average):
 "local" keeps each rank's own (torch's post-local SGD), "reset" zeroes it, "average" averages it
 over the ranks: its change since its own anchor (zeros at first) in the same collective as
 the parameters', through the codec with residuals of its own. feedback_decay beta (SparseLoCo's
 error feedback in place of an outer momentum): each parameter's residual is multiplied by beta
 before the next change is added to it (1, the default, keeps all of it; 0 keeps none)."""
 
+import collections
 import time
 
 import torch
@@ -30,10 +36,18 @@ from ._pipeline import _MASK, Bucket, Collective
 MOMENTA = ("local", "reset", "average")
 
 
+def _whole_number(value, least, what, who):
+    """value as an int >= least (ValueError naming what otherwise; bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value \
+            or int(value) < least:
+        raise ValueError(f"{who}: {what} must be an integer >= {least}, not {value!r}")
+    return int(value)
+
+
 def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay,
-           who):
+           who, fragments=1, overlap_steps=0):
     """The periodic options, checked: (period, period_from, outer_lr, outer_momentum,
-    feedback_decay)."""
+    feedback_decay, fragments, overlap_steps)."""
     if isinstance(period, bool) or int(period) != period or int(period) < 1:
         raise ValueError(f"{who}: period must be an integer >= 1 (1: every step synchronized), "
                          f"not {period!r}")
@@ -54,21 +68,32 @@ def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, f
     if beta is None or not 0.0 <= beta <= 1.0:
         raise ValueError(f"{who}: feedback_decay must be a number in [0, 1] (1: the residual "
                          f"kept whole), not {feedback_decay!r}")
-    return int(period), int(period_from), lr, mu, beta
+    f = _whole_number(fragments, 1, "fragments", who)
+    t = _whole_number(overlap_steps, 0, "overlap_steps", who)
+    if f > int(period) and int(period) > 1:
+        raise ValueError(f"{who}: fragments={f} is more than period={int(period)}: each fragment "
+                         "is averaged at its own step of the period")
+    if t >= int(period) > 1:
+        raise ValueError(f"{who}: overlap_steps={t} must be less than period={int(period)} (a "
+                         "fragment's average is merged before its next one starts)")
+    return int(period), int(period_from), lr, mu, beta, f, t
 
 
 def _periodic_of(options, who):
     """Pops the periodic options from options (register's or DistributedOptimizer's): a dict of
     checked ones, or None where period is 1 and nothing else periodic is asked."""
     given = {k: options.pop(k) for k in ("period", "period_from", "outer_lr", "outer_momentum",
-                                         "momentum_at_average", "feedback_decay") if k in options}
-    period, period_from, lr, mu, beta = _check(
+                                         "momentum_at_average", "feedback_decay", "fragments",
+                                         "overlap_steps") if k in options}
+    period, period_from, lr, mu, beta, fragments, overlap = _check(
         given.get("period", 1), given.get("period_from", 0), given.get("outer_lr", 1.0),
         given.get("outer_momentum", 0.0), given.get("momentum_at_average", "local"),
-        given.get("feedback_decay", 1.0), who)
+        given.get("feedback_decay", 1.0), who, given.get("fragments", 1),
+        given.get("overlap_steps", 0))
     if period == 1:
         defaults = {"period_from": 0, "outer_lr": 1.0, "outer_momentum": 0.0,
-                    "momentum_at_average": "local", "feedback_decay": 1.0}
+                    "momentum_at_average": "local", "feedback_decay": 1.0, "fragments": 1,
+                    "overlap_steps": 0}
         extra = sorted(k for k in given if k != "period" and given[k] != defaults[k])
         if extra:
             raise ValueError(f"{who}: {', '.join(extra)} without period > 1 (every step "
@@ -76,7 +101,7 @@ def _periodic_of(options, who):
         return None
     return {"period": period, "period_from": period_from, "outer_lr": lr, "outer_momentum": mu,
             "momentum_at_average": given.get("momentum_at_average", "local"),
-            "feedback_decay": beta}
+            "feedback_decay": beta, "fragments": fragments, "overlap_steps": overlap}
 
 
 def _periodic_allowed(optimizer, adam, who):
@@ -91,31 +116,84 @@ def _periodic_allowed(optimizer, adam, who):
                          "period) or no period")
 
 
+# One fragment's part of a parameter: its flat elements [lo, hi) (whole rows), its key in a
+# checkpoint (the name; "name[lo:hi]" for a part), its slot in the per-piece tables (id(param) for
+# a whole parameter, (id(param), lo) for a part) and its shape for a codec that takes shapes.
+Piece = collections.namedtuple("Piece", "name param lo hi key slot shape")
+
+
+def _fragments(named, count, who):
+    """named's (name, parameter) pairs cut into count fragments of about equal elements, in their
+    order, between rows (a row: a parameter's elements for one index of its first dimension):
+    a list of count lists of Pieces. ValueError where some fragment would be empty."""
+    total = sum(p.numel() for _, p in named)
+    cuts = [(f * total) // count for f in range(1, count)]  # where fragment f + 1 starts
+    out = [[] for _ in range(count)]
+    pos, f = 0, 0
+    for name, p in named:
+        n = p.numel()
+        if n == 0:
+            continue
+        if count > 1 and not p.is_contiguous():
+            raise ValueError(f"{who}: fragments={count} needs contiguous parameters; {name} is not")
+        row = n // p.shape[0] if p.dim() > 0 else n
+        lo = 0
+
+        def add(a, b):
+            whole = a == 0 and b == n
+            shape = tuple(p.shape) if whole else ((b - a) // row,) + tuple(p.shape[1:])
+            out[f].append(Piece(name, p, a, b, name if whole else f"{name}[{a}:{b}]",
+                                id(p) if whole else (id(p), a), shape))
+
+        while f < count - 1 and cuts[f] < pos + n:  # a cut in this parameter: at a row's edge
+            c = min(n, (cuts[f] - pos + row // 2) // row * row)
+            if c > lo:
+                add(lo, c)
+                lo = c
+            f += 1
+        if lo < n:
+            add(lo, n)
+        pos += n
+    empty = sum(1 for frag in out if not frag)
+    if empty:
+        raise ValueError(f"{who}: fragments={count} leaves {empty} of them empty: the parameters "
+                         f"have too few rows ({total} elements) to cut so")
+    return out
+
+
 class _Periodic:
     """Periodic averaging for owner (a CompressionState or DistributedOptimizer, whose codec,
     algorithm, seed, error_feedback, weight decay, momentum correction, statistics and
     communication thread it uses) and optimizer (the torch optimizer that steps the
     parameters). named: (name, parameter) pairs, the order of every average's collective and
-    the checkpoint's keys."""
+    the checkpoint's keys; fragments and overlap_steps: streaming (the module's docstring)."""
 
     def __init__(self, owner, optimizer, named, period, period_from, outer_lr, outer_momentum,
-                 momentum_at_average, feedback_decay=1.0):
+                 momentum_at_average, feedback_decay=1.0, fragments=1, overlap_steps=0):
         self.owner, self.optimizer = owner, optimizer
         self.named = [(n, p) for n, p in named if p.requires_grad]
         self.period, self.period_from = period, period_from
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.momentum_at_average = momentum_at_average
         self.feedback_decay = feedback_decay
+        self.fragments, self.overlap_steps = fragments, overlap_steps
+        self.pieces = _fragments(self.named, fragments, "periodic averaging")
         self.anchors = {}  # parameter id -> its flat anchor (the parameters at the last average)
-        self.feedback = {}  # parameter id -> the ErrorFeedback of its changes
+        self.feedback = {}  # piece slot -> the ErrorFeedback of its changes
         self.outer = {}  # parameter id -> the outer Nesterov momentum buffer
         # momentum_at_average "average": each momentum's anchor (zeros at first, on every rank
-        # alike) and the ErrorFeedback of its changes.
+        # alike, by parameter id) and the ErrorFeedback of its changes (by piece slot).
         self.momentum_anchors, self.momentum_feedback = {}, {}
+        # overlap_steps > 0: piece slot -> what this rank moved the piece (its momentum) while
+        # its last average was in flight, added to its next change.
+        self.carry, self.momentum_carry = {}, {}
+        self.inflight = []  # the averages started and not merged, oldest first (_Flight)
         self.folded = set()  # parameter ids whose gradient residual went into a local step
-        self.averaged_after = None  # the step count of the last average
+        self.averaged_after = None  # the step count of the last average started or merged
+        self.agreed_after = None  # the step count after which every rank had the same model
         self.averages, self.bytes_sent, self.bytes_received, self.seconds = 0, 0, 0, 0.0
         self.local_steps = 0
+        self._mark = None  # the statistics when the oldest average in flight started
         self._loaded = {}  # a checkpoint's anchors, residuals, outer buffers until first used
 
     # ---- the schedule ----
@@ -124,10 +202,21 @@ class _Periodic:
         """Whether step (counted from 0) is a local one."""
         return step >= self.period_from
 
-    def due(self, taken):
-        """Whether an average follows the taken-th step (taken counted from 1)."""
-        return taken > self.period_from and (taken - self.period_from) % self.period == 0
+    def offset(self, f):
+        """Fragment f's place in the period: it is averaged after the local steps offset(f),
+        offset(f) + period, ... (fragment 0: period, 2 period, ...)."""
+        return (f * self.period) // self.fragments
 
+    def due_fragments(self, taken):
+        """The fragments whose average starts after the taken-th step (taken counted from 1)."""
+        k = taken - self.period_from
+        if k <= 0:
+            return []
+        return [f for f in range(self.fragments) if (k - self.offset(f)) % self.period == 0]
+
+    def due(self, taken):
+        """Whether an average starts after the taken-th step (taken counted from 1)."""
+        return bool(self.due_fragments(taken))
     # ---- a local step, before the optimizer's ----
 
     def local_step(self, params, grads, last):
@@ -168,81 +257,162 @@ class _Periodic:
                 self.anchors[id(p)] = (a.to(p.device, copy=True) if a is not None and
                                        a.numel() == p.numel() else p.detach().reshape(-1).clone())
 
-    # ---- an average ----
+    # ---- an average: started, then merged (at once, or overlap_steps later) ----
 
     def maybe_average(self, taken):
-        """After the optimizer's step (taken steps so far): the average, where one is due and
-        has not run after this step yet."""
-        if self.due(taken) and self.averaged_after != taken:
-            self.average(taken)
+        """After the optimizer's step (taken steps so far), once per step count: merges the
+        averages in flight whose overlap has run out, then starts those of the fragments due
+        (and with overlap_steps 0 merges them at once)."""
+        if self.averaged_after == taken:
+            return
+        ran = False
+        for flight in [f for f in self.inflight if f.merge_at <= taken]:
+            self._merge(flight, taken)
+            ran = True
+        due = self.due_fragments(taken)
+        if due:
+            flight = self._start(due, taken, 2)
+            if self.overlap_steps == 0:
+                self._merge(flight, taken)
+            ran = True
+        if ran:
+            self.averaged_after = taken
 
     def average(self, taken, index=2):
-        """The ranks' models averaged now (collective: every rank calls it after the same
-        step): each parameter's change since its anchor through the codec with its error
-        feedback, in one collective (with momentum_at_average "average", each momentum's
-        change since its own anchor too, with residuals of their own), then the outer step and
-        new anchors; with "reset", the momenta zeroed."""
+        """The ranks' whole models averaged now (collective: every rank calls it after the same
+        step): the averages in flight merged first, then every fragment's change since its
+        anchor in one collective, merged at once."""
+        for flight in list(self.inflight):
+            self._merge(flight, taken)
+        self._merge(self._start(range(self.fragments), taken, index), taken)
+        self.averaged_after = taken
+
+    def _start(self, fragments, taken, index):
+        """Starts the average of fragments (collective): each piece's change since its anchor
+        (with its carry), with momentum_at_average "average" each momentum's change since its
+        own anchor too, handed to the communication thread through the codec with error
+        feedback (residuals of their own, faded by feedback_decay); returns the _Flight."""
         entered = time.perf_counter()
         owner = self.owner
         if not self.anchors:
             self._make_anchors()
-        named = self.named
+        pieces = [pc for f in fragments for pc in self.pieces[f]]
+        keep = self.overlap_steps > 0  # the values at the start, for the carry at the merge
         with torch.no_grad():
-            xs = [self.anchors[id(p)] - p.detach().reshape(-1) for _, p in named]
-            moms = []  # (name, parameter, its flat momentum)
+            xs, starts = [], []
+            for pc in pieces:
+                v = pc.param.detach().reshape(-1)[pc.lo:pc.hi]
+                x = self.anchors[id(pc.param)][pc.lo:pc.hi] - v
+                self._add_carry(x, self.carry, "carry", pc)
+                xs.append(x)
+                if keep:
+                    starts.append(v.clone())
+            moms = []  # the pieces whose momentum is averaged (those that have one now)
             if self.momentum_at_average == "average":
-                moms = [(n, p, u) for n, p in named for u in [self._momentum_of(p)]
-                        if u is not None]
-                for n, p, u in moms:
-                    xs.append(self._anchor_of("momentum_anchors", self.momentum_anchors, n, p,
-                                              zero=True) - u)
+                for pc in pieces:
+                    u = self._momentum_of(pc.param)
+                    if u is None:
+                        continue
+                    moms.append(pc)
+                    a = self._anchor_of("momentum_anchors", self.momentum_anchors, pc.name,
+                                        pc.param, zero=True)
+                    x = a[pc.lo:pc.hi] - u[pc.lo:pc.hi]
+                    self._add_carry(x, self.momentum_carry, "momentum_carry", pc)
+                    xs.append(x)
+                    if keep:
+                        starts.append(u[pc.lo:pc.hi].clone())
         efs = None
         if owner.error_feedback:
-            efs = [self._feedback_of(self.feedback, "residuals", n, p) for n, p in named]
+            efs = [self._feedback_of(self.feedback, "residuals", pc) for pc in pieces]
             if self.feedback_decay != 1.0:
                 with torch.no_grad():
                     for ef in efs:  # SparseLoCo's: what the codec left of earlier changes fades
                         _cuda._residual_of(ef).mul_(self.feedback_decay)
-            efs += [self._feedback_of(self.momentum_feedback, "momentum_residuals", n, p)
-                    for n, p, _ in moms]
+            efs += [self._feedback_of(self.momentum_feedback, "momentum_residuals", pc)
+                    for pc in moms]
         whole = max(4 * sum(x.numel() for x in xs), 1)
         shaped = owner._shaped
-        params = [p for _, p in named] + [p for _, p, _ in moms]
+        params = [pc.param for pc in pieces] + [pc.param for pc in moms]
         collective = Collective("allreduce_buckets", xs, owner.codec, {
             "efs": efs, "average": True, "seed": owner.seed & _MASK,
             "algorithm": owner.algorithm, "allow_uncompressed": owner.allow_uncompressed,
             "step": taken, "index": index,
             "bucket_bytes": 1 if owner._split and not shaped else whole,
             "dense_below": owner.dense_below if owner._split else 0,
-            "shapes": [tuple(p.shape) for p in params] if shaped else None})
-        before = owner._stats.snapshot()
-        Bucket(owner, "model average", taken, index, params, xs, xs, False, entered,
-               plain=True).submit(collective, False).wait()
-        after = owner._stats.snapshot()
+            "shapes": [pc.shape for pc in pieces + moms] if shaped else None})
+        if not self.inflight:
+            self._mark = owner._stats.snapshot()
+        future = Bucket(owner, "model average", taken, index, params, xs, xs, False, entered,
+                        plain=True).submit(collective, False)
+        flight = _Flight(sorted(set(fragments)), taken, taken + self.overlap_steps, pieces, moms,
+                         xs, starts, future)
+        self.inflight.append(flight)
+        self.seconds += time.perf_counter() - entered
+        return flight
+
+    def _add_carry(self, x, table, part, pc):
+        """Adds to x (in place) what table holds for pc (a checkpoint's where loaded), spent."""
+        c = table.pop(pc.slot, None)
+        if c is None:
+            c = self._loaded.get(part, {}).pop(pc.key, None)
+        if c is not None:
+            x.add_(c.to(x.device))
+
+    def _wait(self, flight):
+        """Waits for flight's collective; its bytes (and those of the averages that ran before
+        it) go into the counts."""
+        if flight.future is not None:
+            flight.future.wait()
+            flight.future = None
+            after = self.owner._stats.snapshot()
+            if self._mark is not None:
+                self.bytes_sent += after["bytes_sent"] - self._mark["bytes_sent"]
+                self.bytes_received += after["bytes_received"] - self._mark["bytes_received"]
+            self._mark = after
+
+    def _merge(self, flight, taken):
+        """Merges flight after the taken-th step: the outer step on each piece's averaged change
+        d (Nesterov: b = mu b + d, d + mu b), anchor -= outer_lr d, the piece's parameters =
+        the anchor, the same on every rank; with overlap, what this rank moved the piece since
+        the start kept as its carry; the momenta averaged ("average") or zeroed ("reset")."""
+        entered = time.perf_counter()
+        self._wait(flight)
         mu, lr = self.outer_momentum, self.outer_lr
+        starts = iter(flight.starts)
         with torch.no_grad():
-            for (name, p), x in zip(named, xs):
+            for pc, x in zip(flight.pieces, flight.xs):
                 d = x
                 if mu:
-                    b = self._anchor_of("outer", self.outer, name, p, zero=True)
+                    b = self._anchor_of("outer", self.outer, pc.name, pc.param,
+                                        zero=True)[pc.lo:pc.hi]
                     b.mul_(mu).add_(x)
                     d = x.add(b, alpha=mu)  # Nesterov: the step looks ahead along b
-                a = self.anchors[id(p)]
+                a = self.anchors[id(pc.param)][pc.lo:pc.hi]
                 a.sub_(d, alpha=lr)
-                p.copy_(a.view_as(p))
-            for (name, p, u), x in zip(moms, xs[len(named):]):
-                a = self.momentum_anchors[id(p)]
+                if flight.starts:
+                    v = pc.param.detach().reshape(-1)[pc.lo:pc.hi]
+                    self.carry[pc.slot] = next(starts) - v
+                if pc.lo == 0 and pc.hi == pc.param.numel():
+                    pc.param.copy_(a.view_as(pc.param))
+                else:
+                    pc.param.detach().view(-1)[pc.lo:pc.hi].copy_(a)
+            for pc, x in zip(flight.moms, flight.xs[len(flight.pieces):]):
+                u = self._momentum_of(pc.param)
+                a = self._anchor_of("momentum_anchors", self.momentum_anchors, pc.name,
+                                    pc.param, zero=True)[pc.lo:pc.hi]
                 a.sub_(x)
-                u.copy_(a)
+                if flight.starts:
+                    self.momentum_carry[pc.slot] = next(starts) - u[pc.lo:pc.hi]
+                u[pc.lo:pc.hi].copy_(a)
             if self.momentum_at_average == "reset":
-                for _, p in named:
-                    u = self._momentum_of(p)
+                for pc in flight.pieces:
+                    u = self._momentum_of(pc.param)
                     if u is not None:
-                        u.zero_()
-        self.averaged_after = taken
+                        u[pc.lo:pc.hi].zero_()
+        self.inflight.remove(flight)
         self.averages += 1
-        self.bytes_sent += after["bytes_sent"] - before["bytes_sent"]
-        self.bytes_received += after["bytes_received"] - before["bytes_received"]
+        if len(flight.fragments) == self.fragments and not self.inflight:
+            self.agreed_after = taken
         self.seconds += time.perf_counter() - entered
 
     def _anchor_of(self, part, table, name, p, zero):
@@ -257,16 +427,17 @@ class _Periodic:
             table[id(p)] = a
         return a
 
-    def _feedback_of(self, table, part, name, p):
-        """p's ErrorFeedback in table (the changes' or the momenta's), made once, with a loaded
-        checkpoint's residual and kept state where it has them."""
-        ef = table.get(id(p))
+    def _feedback_of(self, table, part, pc):
+        """Piece pc's ErrorFeedback in table (the changes' or the momenta's), made once, with a
+        loaded checkpoint's residual and kept state where it has them."""
+        ef = table.get(pc.slot)
         if ef is None:
-            ef = table[id(p)] = _cuda._new_feedback(p.numel(), p)
-            r = self._loaded.get(part, {}).pop(name, None)
-            if r is not None and r.numel() == p.numel():
+            n = pc.hi - pc.lo
+            ef = table[pc.slot] = _cuda._new_feedback(n, pc.param)
+            r = self._loaded.get(part, {}).pop(pc.key, None)
+            if r is not None and r.numel() == n:
                 _cuda._residual_of(ef).copy_(r)
-            k = self._loaded.get("kept_" + part, {}).pop(name, None)
+            k = self._loaded.get("kept_" + part, {}).pop(pc.key, None)
             if k is not None:
                 ef.kept = k.numpy()
         return ef
@@ -289,51 +460,71 @@ class _Periodic:
                 "average_bytes_sent": self.bytes_sent,
                 "average_bytes_received": self.bytes_received,
                 "bytes_per_average": self.bytes_sent / self.averages if self.averages else 0.0,
-                "average_seconds": self.seconds}
+                "average_seconds": self.seconds, "averages_in_flight": len(self.inflight)}
 
     def settings(self):
         """What a checkpoint says of the schedule (a resumed job must have the same); the
-        feedback decay only where it is not 1, so that checkpoints from before it load."""
+        feedback decay, fragments and overlap only where they are not 1, 1 and 0, so that
+        checkpoints from before them load."""
         out = {"period": self.period, "period_from": self.period_from,
                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                "momentum_at_average": self.momentum_at_average}
         if self.feedback_decay != 1.0:
             out["feedback_decay"] = self.feedback_decay
+        if self.fragments != 1:
+            out["fragments"] = self.fragments
+        if self.overlap_steps:
+            out["overlap_steps"] = self.overlap_steps
         return out
 
-    def _tables(self):
-        """(checkpoint part, table, kind): the per-parameter state, "tensor" (flat tensors) or
-        "feedback" (ErrorFeedback objects: their residuals; their kept states under "kept_"
-        + part)."""
-        return [("anchors", self.anchors, "tensor"), ("outer", self.outer, "tensor"),
-                ("momentum_anchors", self.momentum_anchors, "tensor"),
-                ("residuals", self.feedback, "feedback"),
-                ("momentum_residuals", self.momentum_feedback, "feedback")]
+    # (checkpoint part, table, kind, keyed by): the per-parameter and per-piece state, "tensor"
+    # (flat tensors) or "feedback" (ErrorFeedback objects: their residuals; their kept states
+    # under "kept_" + part).
+    _TABLES = (("anchors", "anchors", "tensor", "parameter"),
+               ("outer", "outer", "tensor", "parameter"),
+               ("momentum_anchors", "momentum_anchors", "tensor", "parameter"),
+               ("residuals", "feedback", "feedback", "piece"),
+               ("momentum_residuals", "momentum_feedback", "feedback", "piece"),
+               ("carry", "carry", "tensor", "piece"),
+               ("momentum_carry", "momentum_carry", "tensor", "piece"))
 
     _PARTS = ("anchors", "outer", "momentum_anchors", "residuals", "momentum_residuals",
-              "kept_residuals", "kept_momentum_residuals")
+              "kept_residuals", "kept_momentum_residuals", "carry", "momentum_carry")
+
+    def _entries(self, keyed):
+        """(key, slot) of every parameter ("parameter": name, id) or piece ("piece")."""
+        if keyed == "parameter":
+            return [(n, id(p)) for n, p in self.named]
+        return [(pc.key, pc.slot) for frag in self.pieces for pc in frag]
 
     def state_dict(self):
         """The anchors, the outer momentum, the momenta's anchors, the changes' residuals and
-        kept states (float32 copies, by parameter name), which parameters' gradient residuals
-        went into a local step, and the counts."""
+        kept states, the carries (float32 copies, by parameter name, or "name[lo:hi]" for a
+        fragment's part of one), the averages in flight (waited for, not merged: each one's
+        averaged changes and the values at its start, merged at its step by the job that
+        loads it), which parameters' gradient residuals went into a local step, and the
+        counts."""
         out = {part: {} for part in self._PARTS}
         out.update(settings=self.settings(), folded=[], averaged_after=self.averaged_after,
-                   averages=self.averages, bytes_sent=self.bytes_sent,
-                   bytes_received=self.bytes_received, local_steps=self.local_steps)
-        for name, p in self.named:
-            for part, table, kind in self._tables():
-                v = table.get(id(p))
+                   agreed_after=self.agreed_after, averages=self.averages,
+                   bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
+                   local_steps=self.local_steps, inflight=[])
+        for flight in self.inflight:
+            self._wait(flight)
+            out["inflight"].append(flight.saved())
+        for part, attr, kind, keyed in self._TABLES:
+            table = getattr(self, attr)
+            for key, slot in self._entries(keyed):
+                v = table.get(slot)
                 if v is None:
                     continue
                 if kind == "tensor":
-                    out[part][name] = v.to("cpu", copy=True)
+                    out[part][key] = v.to("cpu", copy=True)
                 else:
-                    out[part][name] = _cuda._residual_of(v).to("cpu", copy=True)
+                    out[part][key] = _cuda._residual_of(v).to("cpu", copy=True)
                     if v.kept.size:
-                        out["kept_" + part][name] = torch.from_numpy(v.kept.copy())
-            if id(p) in self.folded:
-                out["folded"].append(name)
+                        out["kept_" + part][key] = torch.from_numpy(v.kept.copy())
+        out["folded"] = [n for n, p in self.named if id(p) in self.folded]
         for part in self._PARTS:  # not used since a load: carried on as loaded
             for k, v in self._loaded.get(part, {}).items():
                 out[part].setdefault(k, v)
@@ -349,20 +540,71 @@ class _Periodic:
     def load_state_dict(self, sd, who):
         """Goes on from a state_dict() of the same settings (ValueError otherwise)."""
         self.check_settings(sd, who)
-        for _, table, _ in self._tables():
-            table.clear()
+        for _, attr, _, _ in self._TABLES:
+            getattr(self, attr).clear()
         self._loaded = {part: {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1)
                                for k, v in dict(sd.get(part, {})).items()}
                         for part in self._PARTS}
         names = set(sd.get("folded", []))
         self.folded = {id(p) for n, p in self.named if n in names}
         self.averaged_after = sd.get("averaged_after")
+        self.agreed_after = sd.get("agreed_after", self.averaged_after)
         self.averages = int(sd.get("averages", 0))
         self.bytes_sent = int(sd.get("bytes_sent", 0))
         self.bytes_received = int(sd.get("bytes_received", 0))
         self.local_steps = int(sd.get("local_steps", 0))
+        self.inflight = [_Flight.loaded(saved, self.pieces, who)
+                         for saved in sd.get("inflight", [])]
+        self._mark = None
         if self._loaded["anchors"]:
             self._make_anchors()
+
+
+class _Flight:
+    """An average started and not merged: its fragments, the step count after which it started
+    and the one after which it is merged, its pieces (and those whose momentum it averages),
+    the changes (the averages once done), the values at the start (overlap only: the pieces',
+    then the momenta's) and the future of its collective (None once waited for)."""
+
+    __slots__ = ("fragments", "taken", "merge_at", "pieces", "moms", "xs", "starts", "future")
+
+    def __init__(self, fragments, taken, merge_at, pieces, moms, xs, starts, future):
+        self.fragments, self.taken, self.merge_at = fragments, taken, merge_at
+        self.pieces, self.moms, self.xs, self.starts = pieces, moms, xs, starts
+        self.future = future
+
+    def saved(self):
+        """A checkpoint's record of it (waited for): float32 copies by piece key."""
+        n = len(self.pieces)
+
+        def by_key(pieces, tensors):
+            return {pc.key: t.to("cpu", copy=True) for pc, t in zip(pieces, tensors)}
+
+        starts = self.starts or [None] * (n + len(self.moms))
+        return {"fragments": list(self.fragments), "taken": self.taken,
+                "merge_at": self.merge_at, "results": by_key(self.pieces, self.xs[:n]),
+                "momentum_results": by_key(self.moms, self.xs[n:]),
+                "starts": by_key(self.pieces, starts[:n]) if self.starts else {},
+                "momentum_starts": by_key(self.moms, starts[n:]) if self.starts else {}}
+
+    @classmethod
+    def loaded(cls, saved, fragments, who):
+        """The flight a checkpoint's record describes, on the parameters' devices."""
+        pieces = [pc for f in saved["fragments"] for pc in fragments[f]]
+        moms = [pc for pc in pieces if pc.key in saved["momentum_results"]]
+
+        def tensors(table, of):
+            try:
+                return [torch.as_tensor(table[pc.key], dtype=torch.float32).reshape(-1).to(
+                    pc.param.device) for pc in of]
+            except KeyError as e:
+                raise ValueError(f"{who}: the checkpoint's average in flight lacks {e}") from None
+
+        xs = tensors(saved["results"], pieces) + tensors(saved["momentum_results"], moms)
+        starts = (tensors(saved["starts"], pieces) + tensors(saved["momentum_starts"], moms)
+                  if saved["starts"] else [])
+        return cls(list(saved["fragments"]), saved["taken"], saved["merge_at"], pieces, moms,
+                   xs, starts, None)
 
 
 class _JoinHook:
