@@ -12,7 +12,9 @@ or the same under torchrun (--nproc_per_node 3; gcomp then runs on Gloo through 
 take local AdamW steps from --period-from on and average every H steps: each rank's change since
 the last average goes through the codec with error feedback (decayed by --feedback-decay before
 each new change is added: SparseLoCo's error feedback in place of the outer momentum), then the
-outer step (--outer-lr, Nesterov --outer-momentum: DiLoCo's 0.7 and 0.9). Before --period-from
+outer step (--outer-lr, Nesterov --outer-momentum: DiLoCo's 0.7 and 0.9); --fragments F and
+--overlap-steps T stream the averages (F fragments at staggered steps, each merged T steps after
+it starts; the whole model averaged once more at the end). Before --period-from
 every step is synchronized through the codec (AdamW as it is: variance=None). --algorithm is
 gcomp's collective (default fewest_bytes: the codec's own bytes on the algorithm that sends the
 fewest; auto chooses by time, and may send float32 where that is faster). AdamW lr
@@ -78,6 +80,12 @@ def main():
     ap.add_argument("--momentum-at-average", default="local", choices=["local", "reset", "average"],
                     help="AdamW's first moment at an average: each rank's own, zeroed, or "
                          "averaged through the codec")
+    ap.add_argument("--fragments", type=int, default=1,
+                    help="with --period: streaming, the model averaged in F fragments at "
+                         "staggered steps")
+    ap.add_argument("--overlap-steps", type=int, default=0,
+                    help="with --period: each average merged this many steps after it starts, "
+                         "its bytes sent while they run")
     ap.add_argument("--algorithm", default="fewest_bytes",
                     help="gcomp's algorithm (default fewest_bytes: the codec's bytes on the "
                          "algorithm that sends the fewest; auto chooses by time)")
@@ -105,7 +113,8 @@ def main():
         if a.period > 1:
             options.update(period=a.period, period_from=a.period_from, outer_lr=a.outer_lr,
                            outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,
-                           momentum_at_average=a.momentum_at_average)
+                           momentum_at_average=a.momentum_at_average, fragments=a.fragments,
+                           overlap_steps=a.overlap_steps)
         state = gt.register(model, opt, a.codec, **options)  # the one gcomp line
     start = time.perf_counter()
     for step in range(a.steps):
@@ -120,6 +129,8 @@ def main():
             if rank == 0:
                 print(f"step {step + 1}: validation loss {v:.4f} nats/byte", flush=True)
     seconds = time.perf_counter() - start
+    if state is not None and (a.fragments > 1 or a.overlap_steps > 0):
+        state.average_parameters()  # what is in flight merged, the whole model averaged
     v = evaluate(model.module, valid, size)
     n = sum(p.numel() for p in model.parameters())
     ring = 2 * (size - 1) / size * 4 * n * a.steps
@@ -134,10 +145,15 @@ def main():
         per = (f", {st['averages']} averages of {st['bytes_per_average'] / 1e3:.1f} kB "
                f"({4 * n / max(1.0, st['bytes_per_average']):.0f}x less than the float32 model)"
                if st.get("averages") else "")
-        print(f"result: codec {a.codec}, period {a.period}, {size} ranks, {a.steps} steps, "
+        streaming = (f", fragments {a.fragments}, overlap {a.overlap_steps}"
+                     if a.fragments > 1 or a.overlap_steps else "")
+        waited = (f", {st['average_seconds']:.2f} s of it in averages" if "average_seconds" in st
+                  else "")
+        print(f"result: codec {a.codec}, period {a.period}{streaming}, {size} ranks, "
+              f"{a.steps} steps, "
               f"validation loss {v:.4f} nats/byte, sent {sent / 1e6:.2f} MB per rank, DDP's "
               f"ring {ring / 1e6:.2f} MB ({ring / max(1, sent):.1f}x fewer){per}, same "
-              f"parameters on every rank: {bool(same.item())}, {seconds:.1f} s", flush=True)
+              f"parameters on every rank: {bool(same.item())}, {seconds:.1f} s{waited}", flush=True)
     del model, state  # DDP's reducer holds the process group too
     dist.destroy_process_group()
     # The tensors handed to gloo last, dropped after its threads have ended (a finished call's

@@ -26,4 +26,22 @@ assert float(m.group(2)) < 14.5 and int(m.group(3)) > 100, line
 loss = float(re.search(r"validation loss ([0-9.]+)", line).group(1))
 assert 0 < loss < 5.6, line  # below a uniform guess over 256 bytes, ln 256 = 5.55
 PY
+# Streaming: 2 fragments, each merged a step after it starts, over the same 40 steps: fragment 0
+# starts after the local steps 4, 8, ..., 32 (8 starts), fragment 1 after 2, 6, ..., 30 (8); all
+# but the last merged in the loop, that one by average_parameters() at the end, which then
+# averages the whole model once more (17 averages): every rank the same parameters.
+out=$(timeout -k 10 600 "$mpiexec" -n 3 "$python" "$here/../../python_examples/ddp_gpt.py" \
+  --codec topk:ratio=0.01,chunk=4096,bits=2 --period 4 --period-from 8 --fragments 2 \
+  --overlap-steps 1 --algorithm fewest_bytes --steps 40 --eval-every 0 </dev/null)
+echo "$out"
+line=$(grep "^result:" <<<"$out")
+"$python" - "$line" <<'PY'
+import re, sys
+line = sys.argv[1]
+assert "fragments 2, overlap 1" in line and "same parameters on every rank: True" in line, line
+m = re.search(r"(\d+) averages of ([0-9.]+) kB", line)
+assert m and int(m.group(1)) == 17, line  # 16 fragment averages and the final whole one
+loss = float(re.search(r"validation loss ([0-9.]+)", line).group(1))
+assert 0 < loss < 5.6, line
+PY
 echo "gpt_example_test: passed"
