@@ -18,7 +18,8 @@
 //   encode_s, comm_s, decode_s   rank 0's split of its last call (CallStats)
 //   ranks
 // Flags besides Google Benchmark's: --sizes=N,N,... (default 1048576,16777216),
-// --set=full|targets|paired|cluster (targets: only what the network targets need; paired: auto
+// --set=full|targets|paired|cluster|versus|timeline (timeline: bm_timeline, what recording a
+// timeline costs a call; targets: only what the network targets need; paired: auto
 // and MPI_Allreduce alternating, reporting median times and their ratio; cluster: codecs none,
 // fp16, QSGD 4-bit, top-k 1% and PowerSGD rank 4 with error feedback, each with auto and every
 // algorithm that applies to it, the set scripts/bench-network --cluster runs; versus: auto
@@ -42,10 +43,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gcomp/communicator.hpp"
 #include "gcomp/cost_model.hpp"
+#include "gcomp/timeline.hpp"
 
 #ifdef GCOMP_BENCH_HAVE_GLOO
 #include <gloo/allreduce.h>
@@ -341,6 +344,53 @@ void bm_paired(benchmark::State& st, std::string spec, std::size_t n, bool allow
   st.counters["ratio"] = median(mpi) > 0 ? median(ours) / median(mpi) : 0;
   st.counters["chosen"] = static_cast<double>(static_cast<int>(comm->last_stats().algorithm));
   st.counters["compressed"] = comm->last_stats().compressed ? 1 : 0;
+  st.counters["ranks"] = world_size;
+}
+
+// What the timeline (gcomp/timeline.hpp) costs a call: the same call with the timeline paused
+// (off) and recording (on) in alternation, iteration by iteration; medians of the slowest rank's
+// times, their ratio (on / off) and the events a call writes. The timeline is opened at start
+// (--set=timeline) to a file of TMPDIR's, removed at the end.
+void bm_timeline(benchmark::State& st, std::string spec, gcomp::Algorithm alg, std::size_t n,
+                 bool ef) {
+  const gcomp::Codec codec(spec);
+  const auto x = input(n);
+  std::vector<float> out(n);
+  gcomp::ErrorFeedback memory(n);
+  gcomp::AllreduceOptions opt;
+  opt.algorithm = alg;
+  gcomp::timeline::pause();
+  for (int i = 0; i < kAutoWarmup; ++i) {
+    opt.seed = static_cast<std::uint64_t>(i) + 1;
+    comm->allreduce(x, out, codec, ef ? &memory : nullptr, opt);
+  }
+  std::vector<double> off, on;
+  std::uint64_t events = 0, calls = 0;
+  std::uint64_t seed = 1000;
+  for (auto _ : st) {
+    double both = 0;
+    for (const bool recording : {false, true}) {
+      if (recording) gcomp::timeline::resume();
+      const std::uint64_t before = gcomp::timeline::events();
+      opt.seed = seed++;
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double start = MPI_Wtime();
+      comm->allreduce(x, out, codec, ef ? &memory : nullptr, opt);
+      const double t = slowest(MPI_Wtime() - start);
+      gcomp::timeline::pause();
+      (recording ? on : off).push_back(t);
+      if (recording) {
+        events += gcomp::timeline::events() - before;
+        ++calls;
+      }
+      both += t;
+    }
+    st.SetIterationTime(both);
+  }
+  st.counters["off_median_s"] = median(off);
+  st.counters["on_median_s"] = median(on);
+  st.counters["ratio"] = median(off) > 0 ? median(on) / median(off) : 0;
+  st.counters["events_per_call"] = calls ? static_cast<double>(events) / calls : 0;
   st.counters["ranks"] = world_size;
 }
 
@@ -771,6 +821,7 @@ int main(int argc, char** argv) {
   bool paired = false;
   bool cluster = false;
   bool versus = false;
+  bool timeline_set = false;
   bool on_gloo = false;
   bool transports = false;
   std::vector<char*> rest = {argv[0]};
@@ -800,6 +851,8 @@ int main(int argc, char** argv) {
       cluster = true;
     } else if (a == "--set=versus") {
       versus = true;
+    } else if (a == "--set=timeline") {
+      timeline_set = true;
     } else if (a == "--model-table") {
       table = true;
     } else if (a == "--two-level-table") {
@@ -872,7 +925,31 @@ int main(int argc, char** argv) {
             c.host_network().beta_all * 1e9, c.host_network().beta_one * 1e9);
       }
     }
+    std::string timeline_file;
+    if (timeline_set) {
+      const char* tmp = std::getenv("TMPDIR");
+      timeline_file = std::string(tmp && *tmp ? tmp : "/tmp") + "/gcomp_bench_timeline_" +
+                      std::to_string(getpid()) + ".json";
+      gcomp::timeline::open(timeline_file, world_rank);
+    }
     for (std::size_t n : sizes) {
+      if (timeline_set) {
+        for (const auto& [spec, alg, ef] :
+             std::vector<std::tuple<const char*, gcomp::Algorithm, bool>>{
+                 {"none", gcomp::Algorithm::dense, false},
+                 {"qsgd:bits=4", gcomp::Algorithm::allgather, false},
+                 {"topk:ratio=0.01", gcomp::Algorithm::sparse_allgather, true},
+                 {"topk:ratio=0.01", gcomp::Algorithm::automatic, true}}) {
+          benchmark::RegisterBenchmark(
+              (std::string("timeline/") + gcomp::algorithm_name(alg) + "/" + spec +
+               (ef ? "+ef/" : "/") + std::to_string(n))
+                  .c_str(),
+              bm_timeline, std::string(spec), alg, n, ef)
+              ->UseManualTime()
+              ->Unit(benchmark::kMillisecond);
+        }
+        continue;
+      }
       if (paired) {
         for (const char* spec : {"none", "fp16", "qsgd:bits=4", "sign", "topk:ratio=0.01"}) {
           for (const bool unc : {false, true}) {
@@ -939,6 +1016,10 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks(&quiet);
     }
     comm = nullptr;
+    if (timeline_set) {
+      gcomp::timeline::close();
+      std::remove(gcomp::timeline::path_for(timeline_file, world_rank).c_str());
+    }
 #ifdef GCOMP_BENCH_HAVE_GLOO
     comm_mpi = comm_gloo = nullptr;
     gloo_peer.reset();

@@ -24,6 +24,7 @@
 
 #include "binding.hpp"
 #include "gcomp/communicator.hpp"
+#include "gcomp/timeline.hpp"
 
 namespace py = pybind11;
 
@@ -143,6 +144,35 @@ PYBIND11_MODULE(_gcomp, m) {
       "from the user's seed, the step and the call's index within the step (a bucket's), so\n"
       "that the calls of a step, and the steps, draw differently. Communicator.allreduce\n"
       "and allreduce_buckets use it when given a step.");
+  // The timeline's raw calls (gcomp/timeline.hpp); gcomp/timeline.py is their Python face.
+  namespace tl = gcomp::timeline;
+  m.def("_timeline_open", [](std::string_view file, int rank) { tl::open(file, rank); },
+        py::arg("file"), py::arg("rank"));
+  m.def("_timeline_close", [] {
+    py::gil_scoped_release nogil;
+    tl::close();
+  });
+  m.def("_timeline_on", &tl::on);
+  m.def("_timeline_pause", &tl::pause);
+  m.def("_timeline_resume", &tl::resume);
+  m.def("_timeline_path", &tl::path);
+  m.def("_timeline_now", &tl::now);
+  m.def("_timeline_events", &tl::events);
+  m.def("_timeline_span",
+        [](std::string_view name, std::string_view category, double start, double end,
+           std::string_view args) { tl::span(name, category, start, end, args); },
+        py::arg("name"), py::arg("category"), py::arg("start"), py::arg("end"),
+        py::arg("args") = "");
+  m.def("_timeline_async",
+        [](std::string_view phase, std::string_view name, std::string_view category,
+           std::uint64_t id, double t, std::string_view args) {
+          if (phase.size() != 1) throw gcomp::Error(gcomp::Status::invalid_argument,
+                                                    "timeline: an async event's phase is b or e");
+          tl::async(phase[0], name, category, id, t, args);
+        },
+        py::arg("phase"), py::arg("name"), py::arg("category"), py::arg("id"), py::arg("t"),
+        py::arg("args") = "");
+  m.def("_timeline_thread_name", [](std::string_view name) { tl::thread_name(name); });
   m.def(
       "wait_policy",
       [] { return std::string(gcomp::wait_policy_name(gcomp::effective_wait_policy())); },

@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="with --period: each average merged this many steps after it starts, "
                          "its bytes sent while they run")
+    ap.add_argument("--timeline", default=None,
+                    help="each rank's calls, steps, buckets and averages as Chrome trace events "
+                         "in this file's rank files (scripts/timeline merge puts them together)")
     ap.add_argument("--algorithm", default="fewest_bytes",
                     help="gcomp's algorithm (default fewest_bytes: the codec's bytes on the "
                          "algorithm that sends the fewest; auto chooses by time)")
@@ -109,14 +112,14 @@ def main():
         # every call (auto would send float32 where that is faster, not what a metered link
         # wants).
         options = dict(variance=None, seed=a.seed, algorithm=a.algorithm,
-                       allow_uncompressed=False)
+                       allow_uncompressed=False, timeline=a.timeline)
         if a.period > 1:
             options.update(period=a.period, period_from=a.period_from, outer_lr=a.outer_lr,
                            outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,
                            momentum_at_average=a.momentum_at_average, fragments=a.fragments,
                            overlap_steps=a.overlap_steps)
         state = gt.register(model, opt, a.codec, **options)  # the one gcomp line
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.monotonic()
     for step in range(a.steps):
         for g in opt.param_groups:
             g["lr"] = learning_rate(step, a.steps, a.lr, a.warmup)
@@ -128,7 +131,7 @@ def main():
             v = evaluate(model.module, valid, size)
             if rank == 0:
                 print(f"step {step + 1}: validation loss {v:.4f} nats/byte", flush=True)
-    seconds = time.perf_counter() - start
+    seconds, ended = time.perf_counter() - start, time.monotonic()
     if state is not None and (a.fragments > 1 or a.overlap_steps > 0):
         state.average_parameters()  # what is in flight merged, the whole model averaged
     v = evaluate(model.module, valid, size)
@@ -154,6 +157,8 @@ def main():
               f"validation loss {v:.4f} nats/byte, sent {sent / 1e6:.2f} MB per rank, DDP's "
               f"ring {ring / 1e6:.2f} MB ({ring / max(1, sent):.1f}x fewer){per}, same "
               f"parameters on every rank: {bool(same.item())}, {seconds:.1f} s{waited}", flush=True)
+    if rank == 0:  # the loop's span on CLOCK_MONOTONIC, to cut a link trace to it
+        print(f"loop: monotonic {began:.4f} {ended:.4f}", flush=True)
     del model, state  # DDP's reducer holds the process group too
     dist.destroy_process_group()
     # The tensors handed to gloo last, dropped after its threads have ended (a finished call's

@@ -15,6 +15,7 @@
 #include "gcomp/codec.hpp"
 #include "gcomp/collective_types.hpp"
 #include "gcomp/cost_model.hpp"
+#include "gcomp/timeline.hpp"
 #include "transport.hpp"
 #include "workspace.hpp"
 
@@ -95,20 +96,32 @@ class Meter {
   double encode_seconds = 0;  // the codec's encodes, x + e formed
   double decode_seconds = 0;  // decodes and the sparse algorithms' slicing, merging, selection
 
+  // A timed part of the call: its seconds added to `into` and, with a timeline on, a span
+  // named `name` (gcomp/timeline.hpp).
   class Phase {
    public:
-    explicit Phase(double& into) : into_(into), start_(now()) {}
-    ~Phase() { into_ += now() - start_; }
+    Phase(double& into, const char* name) : into_(into), name_(name), start_(now()) {}
+    ~Phase() {
+      const double end = now();
+      into_ += end - start_;
+      if (timeline::on()) {
+        try {
+          timeline::span(name_, name_, start_, end);
+        } catch (...) {  // a span lost rather than a destructor that throws
+        }
+      }
+    }
     Phase(const Phase&) = delete;
     Phase& operator=(const Phase&) = delete;
 
    private:
     double& into_;
+    const char* name_;
     double start_;
   };
-  [[nodiscard]] Phase encoding() { return Phase(encode_seconds); }
-  [[nodiscard]] Phase decoding() { return Phase(decode_seconds); }
-  [[nodiscard]] Phase communicating() { return Phase(traffic.seconds); }  // MPI called directly
+  [[nodiscard]] Phase encoding() { return Phase(encode_seconds, "encode"); }
+  [[nodiscard]] Phase decoding() { return Phase(decode_seconds, "decode"); }
+  [[nodiscard]] Phase communicating() { return Phase(traffic.seconds, "wire"); }  // MPI directly
 };
 
 struct Job {

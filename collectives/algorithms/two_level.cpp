@@ -213,7 +213,7 @@ class HostStage {
     if (!memory_) return host_reduce_scatter(*two_.host, l, *own_, sums, t);
     // The host's step through its memory counts as communication (the engine's messages, the
     // other way, count themselves): the barrier's wait for the host's ranks and the sums.
-    const Meter::Phase timed(t.seconds);
+    const Meter::Phase timed(t.seconds, "wire");
     two_.host->barrier();
     sums.resize(l.owned.size());
     const auto W = static_cast<std::uint64_t>(l.width);
@@ -243,7 +243,7 @@ class HostStage {
       if (shares) host_allgather(*two_.host, l, *shares, e_next, t, true);
       return complete;
     }
-    const Meter::Phase timed(t.seconds);  // as reduce's
+    const Meter::Phase timed(t.seconds, "wire");  // as reduce's
     const auto W = static_cast<std::uint64_t>(l.width);
     const int L = static_cast<int>(l.host_ranks.size());
     float* result = slot(L);

@@ -75,7 +75,8 @@ double Communicator::predict_uncompressed(std::size_t n) {
                                                  impl_->compute_model(none, n), false, false));
 }
 
-Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) const {
+Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending,
+                                       std::vector<detail::Option>* considered) const {
   ModelInput in = model_input(q.codec, q.n, q.sent, q.bytes, size_, network_, q.compute, q.average,
                               q.error_feedback);
   in.allow_uncompressed = q.allow_uncompressed;
@@ -92,6 +93,7 @@ Choice Communicator::Impl::auto_choice(const AutoQuery& q, bool with_pending) co
   if (in.allow_uncompressed && !in.codec_none) {
     options[m++] = {{detail::kUncompressed, false}, gcomp::predict_uncompressed(in)};
   }
+  if (considered) considered->assign(options.begin(), options.begin() + m);
   return learner_->choose(detail::AutoLearner::group_of(q.codec.spec(), q.n),
                           std::span<const detail::Option>(options.data(), m),
                           with_pending ? pending_key_ : 0, pending_seconds_);

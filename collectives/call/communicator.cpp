@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -30,6 +31,7 @@
 #include "env_setting.hpp"
 #include "fnv.hpp"
 #include "gcomp/cost_model.hpp"
+#include "gcomp/timeline.hpp"
 #include "group_transport.hpp"
 #include "kernels.hpp"
 #include "learner.hpp"
@@ -92,6 +94,7 @@ void Communicator::Impl::init(std::unique_ptr<detail::Net> net, const NetworkMod
   net_ = std::move(net);
   rank_ = net_->rank();
   size_ = net_->size();
+  timeline::open_from_environment(rank_);  // GCOMP_TIMELINE=FILE
   // More ranks on this node than cores: waits must yield, or a spinning rank steals the
   // timeslice of the rank it waits for (the automatic wait policy; GCOMP_WAIT overrides it).
   {
@@ -189,6 +192,8 @@ struct Communicator::Impl::Call {
   double start = detail::now();
   double cpu_start = detail::thread_cpu_seconds();
   std::optional<detail::Job> job;                // made by make_job
+  std::vector<detail::Option> considered;        // auto's options (with a timeline on)
+  bool traced = false;                           // its span is on the timeline
   detail::StateStore::States* states = nullptr;  // the algorithms' of this tensor, or null
   Agreement mine{};
   std::uint64_t sig = 0;  // of what must agree (describe() spells it out)
@@ -218,6 +223,17 @@ void Communicator::Impl::call(std::span<const float> in, std::span<float> out, c
   c.shapes = shapes;
   c.n = in.size();
   c.number = ++self.calls_;
+  // A call that throws is on the timeline too, as failed.
+  struct Traced {
+    Call& c;
+    ~Traced() {
+      if (c.traced || !timeline::on()) return;
+      try {
+        trace(c, nullptr);
+      } catch (...) {  // a span lost rather than a destructor that throws
+      }
+    }
+  } traced{c};
   // 1. Local work that may fail: a failure is this rank's part of the agreement.
   std::exception_ptr local;
   try {
@@ -540,6 +556,7 @@ Agreement Communicator::Impl::agree(Call& c) {
   }
   std::memcpy(&all, agreed, sizeof all);
   c.agree_seconds = detail::now() - start;
+  if (timeline::on()) timeline::span("agreement", "agreement", start, start + c.agree_seconds);
   return all;
 }
 
@@ -584,7 +601,8 @@ Algorithm Communicator::Impl::decide(Call& c, const Agreement& all) {
                                           .average = c.opt.average,
                                           .error_feedback = c.ef != nullptr,
                                           .allow_uncompressed = c.opt.allow_uncompressed,
-                                          .shapes = c.shapes});
+                                          .shapes = c.shapes},
+                                         false, timeline::on() ? &c.considered : nullptr);
   c.job->skip_codec = !choice.compressed;
   return choice.algorithm;
 }
@@ -629,6 +647,44 @@ void Communicator::Impl::record(Call& c, Algorithm alg) {
   s.by_algorithm[static_cast<int>(alg)] = 1;
   s.compressed_calls = s.compressed ? 1 : 0;
   self.total_.add(s);
+  if (timeline::on()) trace(c, &alg);
+}
+
+void Communicator::Impl::trace(Call& c, const Algorithm* alg) {
+  const double end = detail::now();
+  std::string a = "\"n\":" + std::to_string(c.n);
+  if (c.codec) a += ",\"codec\":" + timeline::quoted(c.codec->spec());
+  a += ",\"requested\":" + timeline::quoted(algorithm_name(c.requested));
+  if (!alg) {
+    a += ",\"failed\":true";
+  } else {
+    const CallStats& s = c.self.last_;
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  ",\"compressed\":%s,\"bytes_sent\":%llu,\"bytes_received\":%llu,"
+                  "\"encode_s\":%.6g,\"wire_s\":%.6g,\"agreement_s\":%.6g,\"decode_s\":%.6g,"
+                  "\"measured_s\":%.6g",
+                  s.compressed ? "true" : "false", static_cast<unsigned long long>(s.bytes_sent),
+                  static_cast<unsigned long long>(s.bytes_received), s.encode_seconds,
+                  s.comm_seconds - s.agree_seconds, s.agree_seconds, s.decode_seconds,
+                  end - c.start);
+    a += ",\"algorithm\":" + timeline::quoted(algorithm_name(*alg)) + buf;
+    if (!c.considered.empty()) {  // auto's choice: each option's predicted seconds
+      a += ",\"predicted_s\":{";
+      for (std::size_t i = 0; i < c.considered.size(); ++i) {
+        const detail::Option& o = c.considered[i];
+        std::snprintf(buf, sizeof buf, "%s%s:%.6g", i ? "," : "",
+                      timeline::quoted(std::string(algorithm_name(o.choice.algorithm)) +
+                                       (o.choice.compressed ? "" : " uncompressed"))
+                          .c_str(),
+                      o.predicted);
+        a += buf;
+      }
+      a += "}";
+    }
+  }
+  c.traced = true;
+  timeline::span(c.opt.label ? c.opt.label : "allreduce", "call", c.start, end, a);
 }
 
 }  // namespace gcomp

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "agreement.hpp"
 #include "algorithm_table.hpp"
@@ -114,7 +115,9 @@ struct Communicator::Impl {
     bool allow_uncompressed = false;
     std::span<const MatrixShape> shapes = {};  // the tensors' shapes, where given
   };
-  Choice auto_choice(const AutoQuery& q, bool with_pending = false) const;
+  // considered: where given, the options weighed and their predicted seconds (the timeline's).
+  Choice auto_choice(const AutoQuery& q, bool with_pending = false,
+                     std::vector<detail::Option>* considered = nullptr) const;
 
   // ---- The call protocol (communicator.cpp) ----
   // One allreduce: `abandoned` set means this rank cannot take part and only tells the others;
@@ -163,6 +166,9 @@ struct Communicator::Impl {
   static Algorithm decide(Call& c, const detail::Agreement& all);
   static void run(Call& c, Algorithm alg);
   static void record(Call& c, Algorithm alg);
+  // The call's span on a timeline (gcomp/timeline.hpp): what it ran and auto's choice, or that it
+  // failed (alg null).
+  static void trace(Call& c, const Algorithm* alg);
 };
 
 }  // namespace gcomp

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gcomp/error.hpp"
+#include "gcomp/timeline.hpp"
 #include "waiting.hpp"
 
 namespace gcomp {
@@ -22,8 +23,12 @@ const char* transport_name(Transport t) noexcept {
 
 namespace detail {
 
-double now() noexcept {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double now() noexcept { return timeline::now(); }
+
+void wire_done(Traffic& t, double start) {
+  const double end = now();
+  t.seconds += end - start;
+  if (timeline::on()) timeline::span("wire", "wire", start, end);
 }
 
 void check_announced(std::uint64_t bytes, int from) {

@@ -22,7 +22,8 @@
 
 namespace gcomp::detail {
 
-// Seconds since an arbitrary start (the steady clock: no engine needs to be initialized).
+// Seconds since an arbitrary start (CLOCK_MONOTONIC, the timeline's clock: no engine needs to be
+// initialized).
 double now() noexcept;
 
 // Bytes handed to and delivered by the engine, and the seconds spent in it.
@@ -31,6 +32,10 @@ struct Traffic {
   std::uint64_t received = 0;
   double seconds = 0;
 };
+
+// An engine call that began at start (now()) has returned: its seconds added to t and, with a
+// timeline on (gcomp/timeline.hpp), a "wire" span. Every engine ends its calls with it.
+void wire_done(Traffic& t, double start);
 
 // Every rank's bytes, concatenated in rank order; offsets[r] and sizes[r] locate rank r's.
 struct Gathered {

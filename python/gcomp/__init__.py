@@ -87,3 +87,5 @@ __all__ = [
     "adam_sync_update",
     "AdamSchedule",
 ]
+
+from . import timeline  # noqa: E402 - after the module's names, which it imports

@@ -255,7 +255,7 @@ class GlooTransport final : public Net {
                              });
       });
     }
-    t.seconds += now() - start;
+    wire_done(t, start);
     std::uint64_t total = 0;
     for (const std::uint64_t n : out.sizes) total += n;
     count_allgatherv(t, p, out.sizes[me], total);
@@ -284,21 +284,21 @@ class GlooTransport final : public Net {
         return at;
       });
     });
-    t.seconds += now() - start;
+    wire_done(t, start);
     count_alltoallv(t, send_sizes, recv_sizes, me);
   }
 
   void send_bytes(int to, std::span<const std::byte> send, Traffic& t) override {
     const double start = now();
     guarded("send", [&] { point_->send(to, send); });
-    t.seconds += now() - start;
+    wire_done(t, start);
     t.sent += send.size();
   }
 
   void recv_bytes(int from, std::vector<std::byte>& recv, Traffic& t) override {
     const double start = now();
     const std::uint64_t n = guarded("recv", [&] { return point_->recv(from, recv); });
-    t.seconds += now() - start;
+    wire_done(t, start);
     t.received += n;
   }
 
@@ -308,7 +308,7 @@ class GlooTransport final : public Net {
     const double start = now();
     const std::uint64_t n =
         guarded("sendrecv", [&] { return point_->sendrecv(to, send, from, recv); });
-    t.seconds += now() - start;
+    wire_done(t, start);
     t.sent += send.size();
     t.received += n;
   }

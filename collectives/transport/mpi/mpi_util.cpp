@@ -94,7 +94,7 @@ void allgatherv_bytes(MPI_Comm comm, std::span<const std::byte> mine, Gathered& 
                                     out.bytes.data(), counts.data(), displs.data(), MPI_BYTE, comm,
                                     &req));
   wait(req);
-  t.seconds += now() - start;
+  wire_done(t, start);
   count_allgatherv(t, p, my_size, total);
 }
 
@@ -133,7 +133,7 @@ void alltoallv_bytes(MPI_Comm comm, const std::vector<std::vector<std::byte>>& t
   }
   from[me].assign(to[me].begin(), to[me].end());
   wait_all(reqs);
-  t.seconds += now() - start;
+  wire_done(t, start);
   count_alltoallv(t, send_sizes, recv_sizes, me);
 }
 
@@ -143,7 +143,7 @@ void send_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, Traffic&
   GCOMP_CHECK_MPI(MPI_Isend_c(send.data(), static_cast<MPI_Count>(send.size()), MPI_BYTE, to,
                               kTagPoint, comm, &req));
   wait(req);
-  t.seconds += now() - start;
+  wire_done(t, start);
   t.sent += send.size();
 }
 
@@ -166,7 +166,7 @@ void recv_bytes(MPI_Comm comm, int from, std::vector<std::byte>& recv, Traffic& 
   MPI_Request req;
   GCOMP_CHECK_MPI(MPI_Imrecv_c(recv.data(), count, MPI_BYTE, &msg, &req));
   wait(req);
-  t.seconds += now() - start;
+  wire_done(t, start);
   t.received += static_cast<std::uint64_t>(count);
 }
 
@@ -179,7 +179,7 @@ void sendrecv_bytes(MPI_Comm comm, int to, std::span<const std::byte> send, int 
   Traffic inner;
   recv_bytes(comm, from, recv, inner);
   wait(req);
-  t.seconds += now() - start;
+  wire_done(t, start);
   t.sent += send.size();
   t.received += inner.received;
 }

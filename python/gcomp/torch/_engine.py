@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 import gcomp
+from gcomp import timeline
 
-from . import _cuda
+from . import _cuda, _timeline
 
 # ---- the communication thread ----
 
@@ -82,10 +83,13 @@ class _Engine:
             self._thread.join()
 
     def _run(self):
+        track = _timeline.Track("gcomp communication")
         while True:
             item = self._jobs.get()
             if item is None:
                 return
+            if timeline.on():
+                track.name_once()
             job, fut, on = item
             # A job on CUDA tensors runs on its side stream and completes its future there.
             with _cuda.cuda.using(on.stream) if on is not None else contextlib.nullcontext():

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.algorithms.join import Join, _JoinConfig
 
 
-from . import _cuda, _options, _step_check
+from . import _cuda, _options, _step_check, _timeline
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
@@ -94,6 +94,7 @@ class CompressionState(_PerParameterFeedback):
         self._world_ok = False  # gcomp's world checked against torch's (the first call)
         self._adam = None  # register() with Adam or AdamW: 1-bit Adam's stages (_adam._Adam)
         self._periodic = None  # register(period=H > 1): periodic averaging (_periodic._Periodic)
+        self._steps = _timeline.Steps()  # the optimizer's steps on the timeline
         self._join_config = _JoinConfig.construct_disabled_join_config()  # torch's Joinable
         self._join_group = None  # the DDP model's process group (register() with a period)
         # 1-bit Adam with whole buckets: this step's (parameter, momentum view) pairs held
@@ -425,6 +426,9 @@ def register(model, optimizer, codec, **options):
         overlap_steps=T (0 to period - 1): a fragment's average runs while T more steps go on
             and is merged after them (every rank's fragment then the same); what the rank moved
             it meanwhile goes into the fragment's next change.
+        timeline=FILE: this rank's calls, steps, buckets and averages written to FILE's rank
+            file as Chrome trace events (gcomp.timeline, docs/timeline.md; GCOMP_TIMELINE=FILE
+            does the same for any program).
     """
     if not hasattr(model, "register_comm_hook"):
         raise TypeError("register: model must be a torch.nn.parallel.DistributedDataParallel "
@@ -432,6 +436,7 @@ def register(model, optimizer, codec, **options):
     options = dict(options)
     who = "gcomp.torch.register"
     variance = options.pop("variance", "frozen")
+    timeline_file = options.pop("timeline", None)
     periodic = _periodic_of(options, who)
     adam = _options._adam_of(optimizer, variance, options, who)
     if periodic is not None:
@@ -443,6 +448,7 @@ def register(model, optimizer, codec, **options):
     if adam and options.get("per_parameter") is None:
         options["per_parameter"] = False  # 1-bit Adam: the momentum of a bucket whole
     options.setdefault("names", list(model.named_parameters()))
+    _timeline.open_for(timeline_file, who)
     state = CompressionState(codec, **options)
     _engine().run(lambda comm: _check_world(comm, who))
     state.moved = moved
@@ -457,6 +463,8 @@ def register(model, optimizer, codec, **options):
         state._join_group = model.process_group
         _average_after_step(optimizer, state._periodic, lambda: state.step)
         _join_with(model, state)
+    if optimizer is not None:  # the timeline's steps (outermost: the averages are in them)
+        _timeline.trace_steps(optimizer, state._steps)
     model.register_comm_hook(state, compression_hook)
     return state
 

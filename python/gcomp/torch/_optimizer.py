@@ -2,7 +2,7 @@
 
 import time
 
-from . import _options, _pipeline
+from . import _options, _pipeline, _timeline
 from ._adam import _Adam
 from ._engine import _Stats, _check_world, _engine
 from ._feedback import _PerParameterFeedback
@@ -56,6 +56,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         fragments, overlap_steps: streaming averages, as register()'s (docs/python.md,
             "Streaming"): the parameters in fragments averaged at staggered steps, each average
             merged overlap_steps steps after it starts.
+        timeline: FILE: this rank's calls, steps, buckets and averages as Chrome trace events,
+            as register()'s (gcomp.timeline, docs/timeline.md).
 
     state_dict() / load_state_dict(): as CompressionState's.
     """
@@ -65,7 +67,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                  seed=0, synchronous=False, per_parameter=None, allow_uncompressed=True,
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
                  variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
-                 momentum_at_average="local", feedback_decay=1.0, fragments=1, overlap_steps=0):
+                 momentum_at_average="local", feedback_decay=1.0, fragments=1, overlap_steps=0,
+                 timeline=None):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -78,6 +81,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                 raise ValueError(f"parameter {name} is given twice in named_parameters")
             seen.add(id(p))
         who = "gcomp.torch.DistributedOptimizer"
+        _timeline.open_for(timeline, who)
+        self._steps = _timeline.Steps()  # step() on the timeline
         periodic = _periodic_of({"period": period, "period_from": period_from,
                                  "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                                  "momentum_at_average": momentum_at_average,
@@ -208,6 +213,9 @@ class DistributedOptimizer(_PerParameterFeedback):
     def step(self, closure=None):
         """Averages the gradients (synchronize()) and steps the wrapped optimizer (1-bit Adam's
         compressed stage: applies the averaged momentum with the frozen variance)."""
+        return self._steps.around(self._step, closure)
+
+    def _step(self, closure):
         try:
             self.synchronize()
         finally:

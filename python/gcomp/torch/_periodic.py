@@ -29,8 +29,9 @@ import collections
 import time
 
 import torch
+from gcomp import timeline
 
-from . import _cuda
+from . import _cuda, _timeline
 from ._pipeline import _MASK, Bucket, Collective
 
 MOMENTA = ("local", "reset", "average")
@@ -292,7 +293,7 @@ class _Periodic:
         (with its carry), with momentum_at_average "average" each momentum's change since its
         own anchor too, handed to the communication thread through the codec with error
         feedback (residuals of their own, faded by feedback_decay); returns the _Flight."""
-        entered = time.perf_counter()
+        entered, began = time.perf_counter(), timeline.now()
         owner = self.owner
         if not self.anchors:
             self._make_anchors()
@@ -348,6 +349,12 @@ class _Periodic:
                          xs, starts, future)
         self.inflight.append(flight)
         self.seconds += time.perf_counter() - entered
+        if timeline.on():  # from its start to its merge, and the start's own time
+            flight.event = _timeline.next_id()
+            name = f"average of fragments {flight.fragments}"
+            timeline.begin(name, "average", flight.event, t=began, step=taken,
+                           elements=sum(x.numel() for x in xs))
+            timeline.span("average start", "average", began, timeline.now(), step=taken)
         return flight
 
     def _add_carry(self, x, table, part, pc):
@@ -375,7 +382,7 @@ class _Periodic:
         d (Nesterov: b = mu b + d, d + mu b), anchor -= outer_lr d, the piece's parameters =
         the anchor, the same on every rank; with overlap, what this rank moved the piece since
         the start kept as its carry; the momenta averaged ("average") or zeroed ("reset")."""
-        entered = time.perf_counter()
+        entered, began = time.perf_counter(), timeline.now()
         self._wait(flight)
         mu, lr = self.outer_momentum, self.outer_lr
         starts = iter(flight.starts)
@@ -414,6 +421,13 @@ class _Periodic:
         if len(flight.fragments) == self.fragments and not self.inflight:
             self.agreed_after = taken
         self.seconds += time.perf_counter() - entered
+        if timeline.on():
+            ended = timeline.now()
+            timeline.span("average merge", "average", began, ended, step=taken,
+                          started_after=flight.taken)
+            if flight.event is not None:
+                timeline.end(f"average of fragments {flight.fragments}", "average", flight.event,
+                             t=ended)
 
     def _anchor_of(self, part, table, name, p, zero):
         """The flat tensor of p in table (momentum anchors, outer buffers): made at first use
@@ -566,12 +580,14 @@ class _Flight:
     the changes (the averages once done), the values at the start (overlap only: the pieces',
     then the momenta's) and the future of its collective (None once waited for)."""
 
-    __slots__ = ("fragments", "taken", "merge_at", "pieces", "moms", "xs", "starts", "future")
+    __slots__ = ("fragments", "taken", "merge_at", "pieces", "moms", "xs", "starts", "future",
+                 "event")
 
     def __init__(self, fragments, taken, merge_at, pieces, moms, xs, starts, future):
         self.fragments, self.taken, self.merge_at = fragments, taken, merge_at
         self.pieces, self.moms, self.xs, self.starts = pieces, moms, xs, starts
         self.future = future
+        self.event = None  # its id on the timeline, where one was on at its start
 
     def saved(self):
         """A checkpoint's record of it (waited for): float32 copies by piece key."""

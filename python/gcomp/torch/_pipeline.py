@@ -16,8 +16,9 @@ import time
 
 import gcomp
 import torch
+from gcomp import timeline
 
-from . import _cuda
+from . import _cuda, _timeline
 from ._engine import _Waits, _check_world, _engine
 
 _MASK = (1 << 64) - 1  # any int seed, as the library's 64 bits (the same seeds mod 2^64)
@@ -146,8 +147,14 @@ class Bucket:
         call, codec, kwargs = collective.method, collective.codec, collective.kwargs
         data = _cuda._arrays(on, collective.data)
 
+        traced = timeline.on()  # the bucket from submit to done, and its job, on the timeline
+        if traced:
+            event = _timeline.next_id()
+            timeline.begin(label, "bucket", event)
+
         def job(comm):
             started, cpu = time.perf_counter(), time.thread_time()
+            began = timeline.now() if traced else 0.0
             try:
                 if world_check is not None and not owner._world_ok:  # the owner's first call
                     _check_world(comm, world_check)
@@ -160,6 +167,10 @@ class Bucket:
                 raise RuntimeError(f"{errors}: {e.status}: {e}") from e
             finally:
                 waits.reset(comm)
+                if traced:
+                    ended = timeline.now()
+                    timeline.span(label, "job", began, ended, call=call)
+                    timeline.end(label, "bucket", event, ended)
             stats.add(comm, uncompressed)
             if velocities and not dense:
                 owner._mask_momentum(velocities)
