@@ -95,6 +95,8 @@ nlohmann::json config_json(const Config& c, int ranks, const std::string& data) 
           {"outer_lr", c.outer_lr},
           {"outer_momentum", c.outer_momentum},
           {"momentum_at_average", c.momentum_at_average},
+          {"fragments", c.fragments},
+          {"overlap_steps", c.overlap_steps},
           {"data", data}};
 }
 
@@ -205,6 +207,16 @@ int run(int argc, char** argv) {
                  "with --period: each rank's momentum at an average: local (kept), reset "
                  "(zeroed) or average (averaged over the ranks through the codec)")
       ->capture_default_str();
+  app.add_option("--fragments", c.fragments,
+                 "with --period: streaming, the parameters in F fragments of about equal elements, "
+                 "each averaged at its own step of the period")
+      ->check(a_count())
+      ->capture_default_str();
+  app.add_option("--overlap-steps", c.overlap_steps,
+                 "with --period: each average merged T steps after it starts, its collective on "
+                 "a thread of its own meanwhile")
+      ->check(a_count())
+      ->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();
   app.add_option("--out", out, "write the JSON record here");
   app.add_flag("--quiet", quiet, "no per-epoch lines");
@@ -261,6 +273,10 @@ int run(int argc, char** argv) {
     if (c.period > 1) {
       periodic = ", averaged every " + std::to_string(c.period) + " steps from step " +
                  std::to_string(c.period_from);
+      if (c.fragments > 1 || c.overlap_steps > 0) {
+        periodic += " in " + std::to_string(c.fragments) + " fragments, merged " +
+                    std::to_string(c.overlap_steps) + " steps after they start";
+      }
     }
     std::printf(
         "gcomp-train: %s, %zu parameters, codec %s%s, %d ranks x %zu samples, %d epochs%s\n",
@@ -310,7 +326,15 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // Serialized at least: --overlap-steps runs an average's collective on a thread of its own
+  // while this one computes (never two threads in MPI at once).
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    std::fprintf(stderr, "gcomp-train: MPI gives thread level %d, not MPI_THREAD_SERIALIZED\n",
+                 provided);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   int code = 1;
   try {
     code = run(argc, argv);

@@ -71,6 +71,7 @@ Optimizer::Optimizer(const Config& c, std::vector<Param*> params)
   bucket_.allreduce.average = true;
   bucket_.allreduce.allow_uncompressed = false;  // an accuracy experiment measures the codec
   bucket_.allreduce.seed = c.seed;
+  if (c.period > 1) make_fragments();
 }
 
 void Optimizer::momentum_update(std::size_t i, float lr) {
@@ -215,38 +216,134 @@ void Optimizer::local_step(float lr, EpochRecord& total) {
 
 bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
   const std::uint64_t h = c_.period, from = c_.period_from;
-  if (h <= 1 || taken_ <= from || (taken_ - from) % h != 0) return false;
-  if (periodic_.averaged_after == taken_) return false;
-  average(comm, total);
-  return true;
+  Periodic& s = periodic_;
+  if (h <= 1 || taken_ <= from || s.averaged_after == taken_) return false;
+  bool ran = false;
+  while (!s.flights.empty() && s.flights.front().merge_at <= taken_) {
+    merge(s.flights.front(), total);
+    s.flights.pop_front();
+    ran = true;
+  }
+  // Fragment f starts after the local steps k = f h / F, + h, ... (k = taken - from > 0).
+  const std::uint64_t k = taken_ - from;
+  std::vector<std::size_t> due;
+  for (std::size_t f = 0; f < s.fragments.size(); ++f) {
+    const std::uint64_t offset = f * h / s.fragments.size();
+    if (k >= offset && (k - offset) % h == 0) due.push_back(f);
+  }
+  if (!due.empty()) {
+    start(comm, due, total);
+    if (c_.overlap_steps == 0) {
+      merge(s.flights.back(), total);
+      s.flights.pop_back();
+    }
+    ran = true;
+  }
+  if (ran) s.averaged_after = taken_;
+  return ran;
 }
 
-// x = anchor - value for every parameter (with "average", velocity_anchor - velocity after
-// them), averaged over the ranks in one allreduce_buckets; then the outer step, the same on every
-// rank: d = avg (Nesterov: b = mu b + avg, d = avg + mu b), anchor -= outer_lr d, value = anchor.
-// Called only after a local step, so the anchors exist.
-void Optimizer::average(Communicator& comm, EpochRecord& total) {
+// The fragments, made once: the parameters' elements in order, cut between rows (a row: the
+// shape's cols elements) into Config::fragments parts of about equal elements.
+void Optimizer::make_fragments() {
   Periodic& s = periodic_;
-  const std::size_t n = params_.size();
-  const bool velocities = c_.momentum_at_average == "average";
-  const std::size_t tensors = velocities ? 2 * n : n;
-  double t0 = now();
-  if (s.changes.size() != tensors) {
-    s.changes.resize(tensors);
-    for (std::size_t i = 0; i < tensors; ++i) s.changes[i].resize(params_[i % n]->value.size());
+  const std::size_t count = c_.fragments;
+  std::size_t total = 0;
+  for (Param* q : params_) total += q->value.size();
+  s.fragments.assign(count, {});
+  std::size_t pos = 0, f = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::size_t n = params_[i]->value.size();
+    if (n == 0) continue;
+    const std::size_t row = std::max<std::size_t>(1, shapes_[i].cols);
+    std::size_t lo = 0;
+    while (f + 1 < count && (f + 1) * total / count < pos + n) {
+      const std::size_t cut = (f + 1) * total / count - pos;
+      const std::size_t c = std::min(n, (cut + row / 2) / row * row);
+      if (c > lo) {
+        s.fragments[f].push_back({i, lo, c});
+        lo = c;
+      }
+      ++f;
+    }
+    if (lo < n) s.fragments[f].push_back({i, lo, n});
+    pos += n;
   }
+  for (std::size_t g = 0; g < count; ++g) {
+    if (s.fragments[g].empty()) {
+      throw Error(Status::invalid_argument,
+                  "--fragments " + std::to_string(count) + " leaves fragment " +
+                      std::to_string(g) + " empty: the model has too few rows to cut so");
+    }
+    for (const Piece& pc : s.fragments[g]) {
+      s.pieces.push_back(pc);
+      s.fragment_of.push_back(g);
+    }
+  }
+}
+
+// x = anchor - value (+ the carry) for every piece of the fragments (with "average", the
+// velocities' after them), averaged over the ranks in one allreduce_buckets: at once, or on a
+// thread of its own with overlap_steps > 0. Called only after a local step, so the anchors
+// exist.
+void Optimizer::start(Communicator& comm, const std::vector<std::size_t>& fragments,
+                      EpochRecord& total) {
+  Periodic& s = periodic_;
+  const bool velocities = c_.momentum_at_average == "average";
+  const bool keep = c_.overlap_steps > 0;
+  const double t0 = now();
   if (velocities && s.velocity_anchors.empty()) {
     for (Param* q : params_) s.velocity_anchors.emplace_back(q->value.size(), 0.0f);
   }
-  std::vector<std::span<float>> xs;
-  std::vector<MatrixShape> shapes;
-  for (std::size_t i = 0; i < tensors; ++i) {
-    const std::vector<float>& a = i < n ? s.anchors[i] : s.velocity_anchors[i - n];
-    const std::vector<float>& v = i < n ? params_[i]->value : velocity_[i - n];
-    std::vector<float>& x = s.changes[i];
-    for (std::size_t k = 0; k < x.size(); ++k) x[k] = a[k] - v[k];
-    xs.emplace_back(x);
-    shapes.push_back(shapes_[i % n]);
+  if (keep && s.carry.empty()) {
+    s.carry.resize(s.pieces.size());
+    s.velocity_carry.resize(s.pieces.size());
+  }
+  if (compress_ && c_.error_feedback && s.memories.empty()) {  // all now: a thread holds them
+    for (const Piece& pc : s.pieces) s.memories.emplace_back(pc.hi - pc.lo);
+    if (velocities) {
+      for (const Piece& pc : s.pieces) s.velocity_memories.emplace_back(pc.hi - pc.lo);
+    }
+  }
+  s.flights.emplace_back();
+  Flight& fl = s.flights.back();
+  fl.taken = taken_;
+  fl.merge_at = taken_ + c_.overlap_steps;
+  fl.whole = fragments.size() == s.fragments.size();
+  for (std::size_t i = 0; i < s.pieces.size(); ++i) {
+    if (std::find(fragments.begin(), fragments.end(), s.fragment_of[i]) != fragments.end()) {
+      fl.pieces.push_back(i);
+    }
+  }
+  const std::size_t m = fl.pieces.size();
+  const std::size_t tensors = velocities ? 2 * m : m;
+  fl.changes.resize(tensors);
+  if (keep) fl.starts.resize(tensors);
+  for (std::size_t t = 0; t < tensors; ++t) {
+    const std::size_t i = fl.pieces[t % m];
+    const Piece& pc = s.pieces[i];
+    const bool value = t < m;
+    const std::vector<float>& a = value ? s.anchors[pc.param] : s.velocity_anchors[pc.param];
+    const std::vector<float>& v = value ? params_[pc.param]->value : velocity_[pc.param];
+    std::vector<float>& x = fl.changes[t];
+    x.resize(pc.hi - pc.lo);
+    for (std::size_t k = pc.lo; k < pc.hi; ++k) x[k - pc.lo] = a[k] - v[k];
+    if (keep) {  // what this rank moved it while its last average was out
+      std::vector<float>& carry = value ? s.carry[i] : s.velocity_carry[i];
+      for (std::size_t k = 0; k < carry.size(); ++k) x[k] += carry[k];
+      carry.clear();
+    }
+    if (keep) fl.starts[t].assign(v.begin() + static_cast<std::ptrdiff_t>(pc.lo),
+                                  v.begin() + static_cast<std::ptrdiff_t>(pc.hi));
+    fl.xs.emplace_back(x);
+    const MatrixShape& shape = shapes_[pc.param];
+    const bool whole = pc.lo == 0 && pc.hi == v.size();
+    fl.shapes.push_back(whole ? shape : MatrixShape{(pc.hi - pc.lo) / std::max<std::size_t>(
+                                                                          1, shape.cols),
+                                                    std::max<std::size_t>(1, shape.cols)});
+    if (!s.memories.empty()) {
+      fl.efs.push_back(value ? &s.memories[i] : &s.velocity_memories[i]);
+    }
   }
   total.compute_seconds += now() - t0;
 
@@ -254,69 +351,112 @@ void Optimizer::average(Communicator& comm, EpochRecord& total) {
   // seed's tensor 1 keeps the averages' draws apart from the steps' (tensor 0).
   BucketOptions bo = bucket_;
   bo.allreduce.seed = derive_seed(c_.seed, 1, taken_, 0);
-  if (compress_) {
+  const bool coded = compress_;
+  if (coded) {
     bo.allreduce.algorithm = c_.algorithm.value_or(Algorithm::fewest_bytes);
-    std::vector<ErrorFeedback*> efs;
-    if (c_.error_feedback) {
-      if (s.memories.empty()) {
-        for (Param* q : params_) s.memories.emplace_back(q->value.size());
-      }
-      if (velocities && s.velocity_memories.empty()) {
-        for (Param* q : params_) s.velocity_memories.emplace_back(q->value.size());
-      }
-      for (std::size_t i = 0; i < tensors; ++i) {
-        efs.push_back(i < n ? &s.memories[i] : &s.velocity_memories[i - n]);
-      }
-    }
-    comm.allreduce_buckets(xs, shapes, codec_, efs, bo);
   } else {
     bo.allreduce.algorithm = Algorithm::dense;
-    comm.allreduce_buckets(xs, none_, {}, bo);
   }
-  add_stats(total, comm.last_stats());
+  Flight* f = &fl;  // a deque's elements stay where they are as it grows and shrinks at its ends
+  auto run = [this, &comm, f, bo, coded] {
+    if (coded) {
+      comm.allreduce_buckets(f->xs, f->shapes, codec_, f->efs, bo);
+    } else {
+      comm.allreduce_buckets(f->xs, none_, {}, bo);
+    }
+    return comm.last_stats();
+  };
+  if (keep) {
+    fl.done = std::async(std::launch::async, run);
+  } else {
+    add_stats(total, run());
+  }
+}
 
-  t0 = now();
+// The outer step on each piece's average, the same on every rank: d = avg (Nesterov: b = mu b +
+// avg, d = avg + mu b), anchor -= outer_lr d, value = anchor (with overlap, this rank's progress
+// since the start kept as the piece's carry first); the velocities as momentum_at_average says.
+void Optimizer::merge(Flight& fl, EpochRecord& total) {
+  Periodic& s = periodic_;
+  if (fl.done.valid()) add_stats(total, fl.done.get());  // rethrows the collective's error
+  const double t0 = now();
+  const bool velocities = c_.momentum_at_average == "average";
+  const bool keep = !fl.starts.empty();
   const auto lr = static_cast<float>(c_.outer_lr);
   const auto mu = static_cast<float>(c_.outer_momentum);
   if (mu > 0 && s.outer.empty()) {
     for (Param* q : params_) s.outer.emplace_back(q->value.size(), 0.0f);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    std::vector<float>& a = s.anchors[i];
-    std::vector<float>& value = params_[i]->value;
-    const std::vector<float>& x = s.changes[i];
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      float d = x[k];
+  const std::size_t m = fl.pieces.size();
+  for (std::size_t t = 0; t < m; ++t) {
+    const std::size_t i = fl.pieces[t];
+    const Piece& pc = s.pieces[i];
+    std::vector<float>& a = s.anchors[pc.param];
+    std::vector<float>& value = params_[pc.param]->value;
+    const std::vector<float>& x = fl.changes[t];
+    if (keep) {
+      std::vector<float>& c = s.carry[i];
+      c.resize(x.size());
+      for (std::size_t k = 0; k < x.size(); ++k) c[k] = fl.starts[t][k] - value[pc.lo + k];
+    }
+    for (std::size_t k = pc.lo; k < pc.hi; ++k) {
+      const float xk = x[k - pc.lo];
+      float d = xk;
       if (mu > 0) {
-        float& b = s.outer[i][k];
-        b = mu * b + x[k];
-        d = x[k] + mu * b;  // Nesterov: the step looks ahead along b
+        float& b = s.outer[pc.param][k];
+        b = mu * b + xk;
+        d = xk + mu * b;  // Nesterov: the step looks ahead along b
       }
       a[k] -= lr * d;
       value[k] = a[k];
     }
   }
-  if (velocities) {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::vector<float>& a = s.velocity_anchors[i];
-      const std::vector<float>& x = s.changes[n + i];
-      for (std::size_t k = 0; k < a.size(); ++k) {
-        a[k] -= x[k];
-        velocity_[i][k] = a[k];
+  for (std::size_t t = 0; t < m; ++t) {
+    const std::size_t i = fl.pieces[t];
+    const Piece& pc = s.pieces[i];
+    std::vector<float>& u = velocity_[pc.param];
+    if (velocities) {
+      std::vector<float>& a = s.velocity_anchors[pc.param];
+      const std::vector<float>& x = fl.changes[m + t];
+      if (keep) {
+        std::vector<float>& c = s.velocity_carry[i];
+        c.resize(x.size());
+        for (std::size_t k = 0; k < x.size(); ++k) c[k] = fl.starts[m + t][k] - u[pc.lo + k];
       }
+      for (std::size_t k = pc.lo; k < pc.hi; ++k) {
+        a[k] -= x[k - pc.lo];
+        u[k] = a[k];
+      }
+    } else if (c_.momentum_at_average == "reset") {
+      std::fill(u.begin() + static_cast<std::ptrdiff_t>(pc.lo),
+                u.begin() + static_cast<std::ptrdiff_t>(pc.hi), 0.0f);
     }
-  } else if (c_.momentum_at_average == "reset") {
-    for (std::vector<float>& m : velocity_) std::fill(m.begin(), m.end(), 0.0f);
   }
-  s.averaged_after = taken_;
   ++total.averages;
+  if (fl.whole && s.flights.size() == 1) s.agreed_after = taken_;
   total.compute_seconds += now() - t0;
 }
 
 void Optimizer::synchronize(Communicator& comm, EpochRecord& total) {
   if (c_.period > 1) {
-    // Local steps since the last average (or since the local phase began): one more.
-    if (taken_ > c_.period_from && periodic_.averaged_after != taken_) average(comm, total);
+    // The averages in flight merged; then the local steps since the ranks last agreed (or
+    // since the local phase began) averaged by one more, every fragment at once.
+    Periodic& s = periodic_;
+    while (!s.flights.empty()) {
+      merge(s.flights.front(), total);
+      s.flights.pop_front();
+    }
+    if (taken_ > c_.period_from && s.agreed_after != taken_) {
+      std::vector<std::size_t> all(s.fragments.size());
+      for (std::size_t f = 0; f < all.size(); ++f) all[f] = f;
+      const std::uint64_t overlap = c_.overlap_steps;
+      c_.overlap_steps = 0;  // merged at once
+      start(comm, all, total);
+      c_.overlap_steps = overlap;
+      merge(s.flights.back(), total);
+      s.flights.pop_back();
+      s.averaged_after = taken_;
+    }
     return;
   }
   if (!adam_) return;

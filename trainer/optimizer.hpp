@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <future>
 #include <optional>
 #include <span>
 #include <string>
@@ -50,7 +52,10 @@ class Optimizer {
   // feedback of its own, then anchor -= outer_lr * d (d the average; with outer momentum
   // b = mu b + avg, d = avg + mu b) and value = anchor, the same bits on every rank; the
   // velocities as momentum_at_average says. Adds its bytes and seconds to stats and counts it
-  // in stats.averages. Nothing with period 1.
+  // in stats.averages. Nothing with period 1. Streaming (Config::fragments, overlap_steps): the
+  // fragments' averages start on their own steps and are merged overlap_steps later (their
+  // collectives on a thread of their own meanwhile: comm is not to be used by the caller until
+  // synchronize() or the merge); returns whether one started or merged.
   bool average_if_due(Communicator& comm, EpochRecord& stats);
 
   // The ranks agree now, collective, so that every rank evaluates the same model: 0/1 Adam's
@@ -62,8 +67,9 @@ class Optimizer {
   // Whether step step_index (from 0) is a local one: period > 1 and step_index >= period_from.
   bool local(std::uint64_t step_index) const noexcept;
 
-  // The averages' error-feedback memories of the parameters' changes, one per parameter (empty
-  // without error feedback, or before the first compressed average). For tests.
+  // The averages' error-feedback memories of the parameters' changes, one per piece (per
+  // parameter with one fragment; empty without error feedback, or before the first compressed
+  // average). For tests.
   std::span<const ErrorFeedback> average_feedback() const noexcept { return periodic_.memories; }
 
  private:
@@ -72,7 +78,12 @@ class Optimizer {
   void adam_step(Communicator& comm, double lr, const BucketOptions& bucket, EpochRecord& stats);
   void momentum_update(std::size_t i, float lr);
   void local_step(float lr, EpochRecord& stats);
-  void average(Communicator& comm, EpochRecord& stats);
+  struct Flight;
+  void make_fragments();
+  // Streaming's two halves (average_if_due): the fragments' changes handed to the collective
+  // (on a thread of its own where overlap_steps > 0), and its result merged.
+  void start(Communicator& comm, const std::vector<std::size_t>& fragments, EpochRecord& stats);
+  void merge(Flight& f, EpochRecord& stats);
 
   Config c_;
   Dgc dgc_;
@@ -94,17 +105,44 @@ class Optimizer {
   // The last step(): the steps taken (its step_index + 1) and whether it compressed.
   std::uint64_t taken_ = 0;
   bool compress_ = true;
-  // Periodic averaging's state (Config::period > 1), per parameter; the anchors, the outer
-  // momentum and the velocities' anchors are the same on every rank.
+  // One fragment's part of a parameter: its elements [lo, hi), whole rows.
+  struct Piece {
+    std::size_t param = 0;
+    std::size_t lo = 0, hi = 0;
+  };
+  // An average started and not merged: its pieces (indices into Periodic::pieces), the steps
+  // taken at its start and at its merge, the changes (then the averages; the velocities' after
+  // the values'), the values at the start (overlap only) and the collective's statistics (its
+  // future where it runs on a thread).
+  struct Flight {
+    std::vector<std::size_t> pieces;
+    std::uint64_t taken = 0, merge_at = 0;
+    bool whole = false;  // every fragment
+    std::vector<std::vector<float>> changes;
+    std::vector<std::vector<float>> starts;
+    std::vector<std::span<float>> xs;
+    std::vector<MatrixShape> shapes;
+    std::vector<ErrorFeedback*> efs;
+    std::future<CallStats> done;
+  };
+  // Periodic averaging's state (Config::period > 1); the anchors, the outer momentum and the
+  // velocities' anchors (per parameter) are the same on every rank; residuals and carries are
+  // per piece.
   struct Periodic {
     bool started = false;              // the first local step ran: anchors made, residuals folded
-    std::uint64_t averaged_after = 0;  // the steps taken at the last average (0: none yet)
+    std::uint64_t averaged_after = 0;  // the steps taken at the last start or merge (0: none yet)
+    std::uint64_t agreed_after = 0;    // the steps taken when every rank last had one model
+    std::vector<std::vector<Piece>> fragments;  // Config::fragments of them, in order
+    std::vector<Piece> pieces;                  // the fragments' pieces, in order
+    std::vector<std::size_t> fragment_of;       // each piece's fragment
     std::vector<std::vector<float>> anchors;  // the values at the last average
     std::vector<std::vector<float>> outer;    // the outer Nesterov momentum b (outer_momentum)
     std::vector<std::vector<float>> velocity_anchors;  // "average": the velocities' anchors
-    std::vector<std::vector<float>> changes;       // the collective's buffer: anchor - value, ...
     std::vector<ErrorFeedback> memories;           // the changes' residuals (error feedback)
     std::vector<ErrorFeedback> velocity_memories;  // "average": the velocities' changes'
+    std::vector<std::vector<float>> carry;           // overlap: each piece's progress carried
+    std::vector<std::vector<float>> velocity_carry;  // and its velocity's ("average")
+    std::deque<Flight> flights;                      // oldest first
   };
   Periodic periodic_;
 };

@@ -102,7 +102,7 @@ std::string number(double x) {
   return buf;
 }
 
-// Periodic averaging's settings (Config::period and the four after it).
+// Periodic averaging's settings (Config::period and the six after it).
 void validate_periodic(const Config& c) {
   const auto bad = [](const std::string& why) { throw Error(Status::invalid_argument, why); };
   if (c.period < 1) bad("--period must be at least 1 (1: every step synchronized), not 0");
@@ -116,9 +116,20 @@ void validate_periodic(const Config& c) {
   if (m != "local" && m != "reset" && m != "average") {
     bad("--momentum-at-average must be local, reset or average, not '" + m + "'");
   }
+  if (c.fragments < 1) bad("--fragments must be at least 1, not 0");
+  if (c.period > 1 && c.fragments > c.period) {
+    bad("--fragments " + std::to_string(c.fragments) + " is more than --period " +
+        std::to_string(c.period) + ": each fragment is averaged at its own step of the period");
+  }
+  if (c.period > 1 && c.overlap_steps >= c.period) {
+    bad("--overlap-steps " + std::to_string(c.overlap_steps) + " must be less than --period " +
+        std::to_string(c.period) + " (a fragment's average is merged before its next starts)");
+  }
   if (c.period == 1) {
     std::vector<std::string> set;
     if (c.period_from != 0) set.push_back("--period-from");
+    if (c.fragments != 1) set.push_back("--fragments");
+    if (c.overlap_steps != 0) set.push_back("--overlap-steps");
     if (c.outer_lr != 1.0) set.push_back("--outer-lr");
     if (c.outer_momentum != 0.0) set.push_back("--outer-momentum");
     if (m != "local") set.push_back("--momentum-at-average");

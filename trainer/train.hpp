@@ -85,6 +85,14 @@ struct Config {
   // What each rank's momentum velocity does at an average: local (kept), reset (zeroed) or
   // average (its change since its own anchor averaged through the same collective).
   std::string momentum_at_average = "local";
+  // Streaming averages (with period > 1; docs/python.md, "Streaming", the same rule): the
+  // parameters cut into `fragments` (1 to period) of about equal elements, in their order,
+  // between rows; fragment f averaged after the local steps f period / fragments, + period, ...
+  // Each average merged overlap_steps (0 to period - 1) steps after it starts, its collective
+  // on a thread of its own meanwhile: the fragment's values become the averaged ones on every
+  // rank, and what this rank moved them in those steps goes into the fragment's next change.
+  std::uint64_t fragments = 1;
+  std::uint64_t overlap_steps = 0;
 };
 
 struct EpochRecord {

@@ -4,6 +4,7 @@
 // every rank after each, and a short run on Fashion-MNIST learns (when Debian's
 // dataset-fashion-mnist is installed, as scripts/deps does).
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -568,6 +569,177 @@ TEST(Trainer, PeriodicAveragingThroughTopkKeepsResiduals) {
   EXPECT_GT(h.epochs.back().test_accuracy, 0.2);  // chance is 0.1
 }
 
+// Streaming (period 4 from step 1, 2 fragments, each merged a step after it starts): a weight of
+// 100 rows of 30 and a bias, 3010 values, cut at row 50 (1500 | 1510). Fragment 0 starts after
+// the local steps 4, 8 (steps 5, 9 taken), fragment 1 after 2, 6, 10 (3, 7, 11); each merged
+// after the next step. The reference, in double from every rank's values (gathered): at a start
+// x_r = a - v_r + c_r, at the merge a -= mean_r x_r, the fragment's values = a on every rank and
+// c_r = v_r(start) - v_r(merge); the other values untouched (each rank's own). SGD without
+// momentum on a grid of 1/8 with integer gradients and lr 1/8: exact in float32 for P a power of
+// two (the reference bit for bit); for other P within 8 u (|a| + S + max |c|) of it, S the
+// mean |x_r| (the changes, the carry's addition, the mean's sum and product, the subtraction,
+// each once).
+TEST(Trainer, StreamingAveragesEachFragmentAtItsStepAndMergesItLater) {
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) GTEST_SKIP() << "the checks gather while a call is out";
+  Config c;
+  c.codec = "none";
+  c.momentum = 0;
+  c.period = 4;
+  c.period_from = 1;
+  c.fragments = 2;
+  c.overlap_steps = 1;
+  c.algorithm = Algorithm::allgather;
+  validate(c);
+  Param w, b;
+  w.value.resize(3000);
+  w.shape = {100, 30};
+  b.value.resize(10);
+  std::mt19937 init(5);
+  for (float& v : w.value) v = static_cast<float>(static_cast<int>(init() % 64) - 32) / 8;
+  for (float& v : b.value) v = static_cast<float>(static_cast<int>(init() % 64) - 32) / 8;
+  w.grad.resize(w.value.size());
+  b.grad.resize(b.value.size());
+  Optimizer opt(c, {&w, &b});
+  const std::size_t n = 3010, cut = 1500, p = static_cast<std::size_t>(size());
+  const auto values = [&] {
+    std::vector<float> all = w.value;
+    all.insert(all.end(), b.value.begin(), b.value.end());
+    return all;
+  };
+  const auto gather = [&](const std::vector<float>& mine) {  // P x n, rank-major
+    std::vector<float> all(p * n);
+    MPI_Allgather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
+                  MPI_FLOAT, MPI_COMM_WORLD);
+    return std::vector<double>(all.begin(), all.end());
+  };
+  const bool exact = (p & (p - 1)) == 0;
+  const double u = 0x1p-24;
+  std::mt19937 g(70 + static_cast<std::uint32_t>(rank()));
+  EpochRecord stats;
+  std::vector<double> anchor, carry(p * n, 0.0);  // the reference's
+  struct Out { std::uint64_t merge_at; std::size_t lo, hi; std::vector<double> mean, start, s; };
+  std::vector<Out> flights;
+  std::uint64_t merges = 0;
+  for (std::uint64_t step = 0; step < 12; ++step) {
+    for (float& x : w.grad) x = static_cast<float>(g() % 7);
+    for (float& x : b.grad) x = static_cast<float>(g() % 7);
+    opt.step(test::world(), 0.125, true, 1.0, step, stats);
+    const std::uint64_t taken = step + 1;
+    std::vector<double> v = gather(values());  // after the step, before any average
+    if (taken <= 1) {
+      anchor.assign(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+      opt.average_if_due(test::world(), stats);
+      continue;
+    }
+    std::vector<double> bound(n, 0.0);
+    std::vector<char> merged(n, 0);
+    for (auto it = flights.begin(); it != flights.end();) {
+      if (it->merge_at != taken) {
+        ++it;
+        continue;
+      }
+      for (std::size_t k = it->lo; k < it->hi; ++k) {
+        anchor[k] -= it->mean[k - it->lo];
+        double cmax = 0;
+        for (std::size_t r = 0; r < p; ++r) {
+          carry[r * n + k] = it->start[r * (it->hi - it->lo) + k - it->lo] - v[r * n + k];
+          cmax = std::max(cmax, std::fabs(carry[r * n + k]));
+          v[r * n + k] = anchor[k];
+        }
+        bound[k] = 8 * u * (std::fabs(anchor[k]) + it->s[k - it->lo] + cmax);
+        merged[k] = 1;
+      }
+      it = flights.erase(it);
+      ++merges;
+    }
+    const std::uint64_t k = taken - 1;
+    for (std::size_t f = 0; f < 2; ++f) {
+      const std::uint64_t offset = f * 4 / 2;
+      if (k < offset || (k - offset) % 4 != 0) continue;
+      Out o{taken + 1, f == 0 ? 0 : cut, f == 0 ? cut : n, {}, {}, {}};
+      const std::size_t m = o.hi - o.lo;
+      o.mean.assign(m, 0.0);
+      o.s.assign(m, 0.0);
+      o.start.resize(p * m);
+      for (std::size_t r = 0; r < p; ++r) {
+        for (std::size_t e = 0; e < m; ++e) {
+          const double x = anchor[o.lo + e] - v[r * n + o.lo + e] + carry[r * n + o.lo + e];
+          carry[r * n + o.lo + e] = 0;
+          o.mean[e] += x / static_cast<double>(p);
+          o.s[e] += std::fabs(x) / static_cast<double>(p);
+          o.start[r * m + e] = v[r * n + o.lo + e];
+        }
+      }
+      flights.push_back(std::move(o));
+    }
+    opt.average_if_due(test::world(), stats);
+    const std::vector<double> got = gather(values());
+    std::size_t wrong = 0, apart = 0;
+    for (std::size_t r = 0; r < p; ++r) {
+      for (std::size_t e = 0; e < n; ++e) {
+        const double a = got[r * n + e], want = v[r * n + e];
+        if (!merged[e] || exact) {
+          wrong += a != want;
+        } else {
+          wrong += !(std::fabs(a - want) <= bound[e]);
+        }
+        if (merged[e]) apart += a != got[e];  // the same bits as rank 0's
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << "after " << taken << " steps";
+    EXPECT_EQ(apart, 0u) << "after " << taken << " steps";
+    for (std::size_t e = 0; e < n; ++e) {
+      if (merged[e]) anchor[e] = got[e];  // no error carried into the next average
+    }
+  }
+  EXPECT_EQ(stats.averages, merges);
+  EXPECT_EQ(merges, 5u);  // started after 3, 5, 7, 9, 11; merged after 4, 6, 8, 10, 12
+  ASSERT_EQ(flights.size(), 0u);
+  opt.synchronize(test::world(), stats);  // nothing in flight; every fragment averaged at once
+  EXPECT_TRUE(test::same_on_all_ranks(values()));
+  EXPECT_EQ(stats.averages, merges + 1);
+}
+
+// fragments 1, overlap 0 given is periodic averaging as without them: the same values, bit for
+// bit, and the same bytes (top-k with error feedback, DiLoCo's outer step, velocities averaged).
+TEST(Trainer, OneFragmentWithoutOverlapIsPeriodicAveraging) {
+  std::vector<float> result[2];
+  double bytes[2] = {0, 0};
+  for (int pass = 0; pass < 2; ++pass) {
+    Config c;
+    c.codec = "topk:ratio=0.05";
+    c.period = 3;
+    c.period_from = 1;
+    c.outer_lr = 0.7;
+    c.outer_momentum = 0.5;
+    c.momentum_at_average = "average";
+    if (pass == 1) {
+      c.fragments = 1;
+      c.overlap_steps = 0;
+    }
+    Param w;
+    w.value.assign(2000, 0.25f);
+    w.grad.resize(w.value.size());
+    Optimizer opt(c, {&w});
+    std::mt19937 g(80 + static_cast<std::uint32_t>(rank()));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    EpochRecord stats;
+    for (std::uint64_t step = 0; step < 8; ++step) {
+      for (float& x : w.grad) x = normal(g);
+      opt.step(test::world(), 0.05, true, 1.0, step, stats);
+      opt.average_if_due(test::world(), stats);
+    }
+    opt.synchronize(test::world(), stats);
+    result[pass] = w.value;
+    bytes[pass] = stats.bytes_sent_per_rank;
+    EXPECT_EQ(stats.averages, 3u);  // after 4 and 7 steps, and at the end
+  }
+  EXPECT_TRUE(result[0] == result[1]);
+  EXPECT_EQ(bytes[0], bytes[1]);
+}
+
 TEST(Trainer, PeriodicOptionsAreChecked) {
   const auto rejects = [](const Config& c, const std::string& flag) {
     std::string message;
@@ -581,6 +753,12 @@ TEST(Trainer, PeriodicOptionsAreChecked) {
                   .outer_momentum = 0.9,
                   .momentum_at_average = "average"});
   rejects(Config{.period = 0}, "--period");
+  rejects(Config{.period = 4, .fragments = 0}, "--fragments");
+  rejects(Config{.period = 4, .fragments = 5}, "--fragments");
+  rejects(Config{.period = 4, .overlap_steps = 4}, "--overlap-steps");
+  rejects(Config{.fragments = 2}, "--fragments");
+  rejects(Config{.overlap_steps = 1}, "--overlap-steps");
+  validate(Config{.period = 4, .fragments = 4, .overlap_steps = 3});
   rejects(Config{.period = 4, .outer_lr = 0}, "--outer-lr");
   rejects(Config{.period = 4, .outer_lr = std::numeric_limits<double>::infinity()}, "--outer-lr");
   rejects(Config{.period = 4, .outer_momentum = 1}, "--outer-momentum");
