@@ -5,6 +5,7 @@ import time
 import types
 
 import torch
+from gcomp import timeline
 from torch.distributed.algorithms.join import Join, _JoinConfig
 
 
@@ -463,7 +464,9 @@ def register(model, optimizer, codec, **options):
         state._join_group = model.process_group
         _average_after_step(optimizer, state._periodic, lambda: state.step)
         _join_with(model, state)
-    if optimizer is not None:  # the timeline's steps (outermost: the averages are in them)
+    if optimizer is not None and timeline.on():
+        # The timeline's steps (outermost: the averages are in them); without a timeline the
+        # optimizer stays as it is.
         _timeline.trace_steps(optimizer, state._steps)
     model.register_comm_hook(state, compression_hook)
     return state
