@@ -82,6 +82,17 @@ std::string head(Recorder& r, std::string_view name, std::string_view category, 
   return e;
 }
 
+// Ends event e (head()'s and its own fields) with its args, if any, and adds it.
+void finish(Recorder& r, std::string& e, std::string_view args) {
+  if (!args.empty()) {
+    e += ",\"args\":{";
+    e += args;
+    e += "}";
+  }
+  e += "}";
+  r.add(e);
+}
+
 void close_at_exit() { close(); }
 
 }  // namespace
@@ -173,13 +184,7 @@ void span(std::string_view name, std::string_view category, double start, double
   std::string e = head(r, name, category, 'X', start);
   e += ",\"dur\":";
   append_microseconds(e, end > start ? end - start : 0.0);
-  if (!args.empty()) {
-    e += ",\"args\":{";
-    e += args;
-    e += "}";
-  }
-  e += "}";
-  r.add(e);
+  finish(r, e, args);
 }
 
 void async(char phase, std::string_view name, std::string_view category, std::uint64_t id,
@@ -192,13 +197,7 @@ void async(char phase, std::string_view name, std::string_view category, std::ui
   std::lock_guard lock(r.mu);
   std::string e = head(r, name, category, phase, t);
   e += ",\"id\":" + std::to_string(id);
-  if (!args.empty()) {
-    e += ",\"args\":{";
-    e += args;
-    e += "}";
-  }
-  e += "}";
-  r.add(e);
+  finish(r, e, args);
 }
 
 void thread_name(std::string_view name) {

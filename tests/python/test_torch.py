@@ -1446,6 +1446,21 @@ def test_feedback_decay_fades_the_averages_residual_before_each_change(way, beta
                                 period=2, feedback_decay=1.5)
 
 
+def periodic_job(codec, **options):
+    """make() for check_resume: DDP's MLP, momentum SGD, register(codec, options) with the
+    algorithm pinned (what auto learned is not in a checkpoint, and another choice would sum in
+    another order)."""
+    pinned = "sparse_allgather" if codec.startswith("topk") else "allgather"
+
+    def make():
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        state = gt.register(m, opt, codec, allow_uncompressed=False, algorithm=pinned, **options)
+        return m, opt, state
+
+    return make
+
+
 @pytest.mark.parametrize("codec, extra", [("topk:ratio=0.1", {}),
                                           ("none", dict(momentum_at_average="average",
                                                         outer_lr=0.7, outer_momentum=0.5)),
@@ -1458,16 +1473,8 @@ def test_periodic_averaging_resumes_bit_for_bit(codec, extra, tmp_path):
     # the gradients' residuals, the velocities, the momenta's anchors and the outer momentum all
     # come back. The algorithm pinned: what auto learned is not in a checkpoint, and another
     # choice would sum in another order (docs/python.md, "Checkpoints").
-    pinned = "sparse_allgather" if codec.startswith("topk") else "allgather"
-
-    def make():
-        m = DDP(model())
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-        state = gt.register(m, opt, codec, period=2, period_from=2, allow_uncompressed=False,
-                            algorithm=pinned, **extra)
-        return m, opt, state
-
-    check_resume(make, backward, 5, 4, tmp_path / f"ckpt.{rank()}.pt", True)
+    check_resume(periodic_job(codec, period=2, period_from=2, **extra), backward, 5, 4,
+                 tmp_path / f"ckpt.{rank()}.pt", True)
 
 
 def test_periodic_averaging_under_join_with_uneven_inputs():
@@ -1502,7 +1509,7 @@ def test_fragments_cut_the_parameters_in_order_at_rows_into_about_equal_parts():
         assert len(frags) == count
         flat = [pc for f in frags for pc in f]
         covered = [(pc.name, pc.lo, pc.hi) for pc in flat]
-        expect, k = [], 0
+        expect = []
         for name, p in named:  # consecutive, whole rows, nothing missed or twice
             row = p.numel() // p.shape[0]
             mine = [(lo, hi) for n, lo, hi in covered if n == name]
@@ -1686,17 +1693,9 @@ def test_streaming_resumes_bit_for_bit_with_averages_in_flight(codec, extra, tmp
     # Period 4 from step 2, saved after 4 steps with averages started and not merged (waited
     # for and saved with the values at their start), resumed across their merges and the next
     # starts: the same parameters as the run that went straight on, bit for bit.
-    pinned = "sparse_allgather" if codec.startswith("topk") else "allgather"
-
-    def make():
-        m = DDP(model())
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-        state = gt.register(m, opt, codec, period=4, period_from=2, allow_uncompressed=False,
-                            algorithm=pinned, **extra)
-        return m, opt, state
-
     path = tmp_path / f"ckpt.{rank()}.pt"
-    check_resume(make, backward, 4, 6, path, True)
+    check_resume(periodic_job(codec, period=4, period_from=2, **extra), backward, 4, 6, path,
+                 True)
     saved = torch.load(path)["gcomp"]["periodic"]
     assert saved["inflight"] and all(f["merge_at"] > 4 for f in saved["inflight"])
     assert saved["settings"]["fragments"] == extra["fragments"]
