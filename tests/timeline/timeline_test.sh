@@ -10,9 +10,10 @@
 #   with streaming averages: besides the calls, an optimizer step span a step and an average from
 #   start to merge for each one the statistics count, on every rank;
 # - the checker itself fails on a file that breaks each rule (tests/timeline/test_check.py).
-#   timeline_test.sh MPIEXEC PYTHON SOURCE_DIR PRELOAD CALLS SCRATCH   (PRELOAD "none": not built)
+#   timeline_test.sh MPIEXEC PYTHON SOURCE_DIR PRELOAD CALLS SCRATCH [all|calls]
+# (PRELOAD "none": not built; "calls": the library's part only, without gcomp.torch's jobs.)
 set -euo pipefail
-M=$1 PY=$2 SRC=$3 PRE=$4 CALLS=$5 S=$6
+M=$1 PY=$2 SRC=$3 PRE=$4 CALLS=$5 S=$6 PARTS=${7:-all}
 mkdir -p "$S" && cd "$S"
 rm -f ./*.json
 fail() { echo "timeline_test: FAIL: $*" >&2; exit 1; }
@@ -36,7 +37,9 @@ if [ "$PRE" != none ]; then
   [ "$named" = 4 ] || fail "the taken calls' spans on 2 ranks: $named, not 4"
 fi
 
-for way in register optimizer; do
+ways=(register optimizer)
+[ "$PARTS" = calls ] && ways=()
+for way in "${ways[@]}"; do
   if [ "$way" = register ]; then
     out=$(timeout -k 10 300 "$M" -n 3 "$PY" "$SRC/tests/timeline/torch_job.py" register torch.json)
   else
