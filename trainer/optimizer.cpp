@@ -232,7 +232,7 @@ bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
     if (k >= offset && (k - offset) % h == 0) due.push_back(f);
   }
   if (!due.empty()) {
-    start(comm, due, total);
+    start(comm, due, c_.overlap_steps, total);
     if (c_.overlap_steps == 0) {
       merge(s.flights.back(), total);
       s.flights.pop_back();
@@ -284,13 +284,13 @@ void Optimizer::make_fragments() {
 
 // x = anchor - value (+ the carry) for every piece of the fragments (with "average", the
 // velocities' after them), averaged over the ranks in one allreduce_buckets: at once, or on a
-// thread of its own with overlap_steps > 0. Called only after a local step, so the anchors
+// thread of its own with overlap > 0. Called only after a local step, so the anchors
 // exist.
 void Optimizer::start(Communicator& comm, const std::vector<std::size_t>& fragments,
-                      EpochRecord& total) {
+                      std::uint64_t overlap, EpochRecord& total) {
   Periodic& s = periodic_;
   const bool velocities = c_.momentum_at_average == "average";
-  const bool keep = c_.overlap_steps > 0;
+  const bool keep = overlap > 0;
   const double t0 = now();
   if (velocities && s.velocity_anchors.empty()) {
     for (Param* q : params_) s.velocity_anchors.emplace_back(q->value.size(), 0.0f);
@@ -308,7 +308,7 @@ void Optimizer::start(Communicator& comm, const std::vector<std::size_t>& fragme
   s.flights.emplace_back();
   Flight& fl = s.flights.back();
   fl.taken = taken_;
-  fl.merge_at = taken_ + c_.overlap_steps;
+  fl.merge_at = taken_ + overlap;
   fl.whole = fragments.size() == s.fragments.size();
   for (std::size_t i = 0; i < s.pieces.size(); ++i) {
     if (std::find(fragments.begin(), fragments.end(), s.fragment_of[i]) != fragments.end()) {
@@ -449,10 +449,7 @@ void Optimizer::synchronize(Communicator& comm, EpochRecord& total) {
     if (taken_ > c_.period_from && s.agreed_after != taken_) {
       std::vector<std::size_t> all(s.fragments.size());
       for (std::size_t f = 0; f < all.size(); ++f) all[f] = f;
-      const std::uint64_t overlap = c_.overlap_steps;
-      c_.overlap_steps = 0;  // merged at once
-      start(comm, all, total);
-      c_.overlap_steps = overlap;
+      start(comm, all, 0, total);  // merged at once
       merge(s.flights.back(), total);
       s.flights.pop_back();
       s.averaged_after = taken_;

@@ -81,8 +81,10 @@ class Optimizer {
   struct Flight;
   void make_fragments();
   // Streaming's two halves (average_if_due): the fragments' changes handed to the collective
-  // (on a thread of its own where overlap_steps > 0), and its result merged.
-  void start(Communicator& comm, const std::vector<std::size_t>& fragments, EpochRecord& stats);
+  // (on a thread of its own where overlap > 0, merged that many steps later), and its result
+  // merged.
+  void start(Communicator& comm, const std::vector<std::size_t>& fragments,
+             std::uint64_t overlap, EpochRecord& stats);
   void merge(Flight& f, EpochRecord& stats);
 
   Config c_;

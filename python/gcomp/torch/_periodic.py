@@ -272,7 +272,7 @@ class _Periodic:
             ran = True
         due = self.due_fragments(taken)
         if due:
-            flight = self._start(due, taken, 2)
+            flight = self._start(due, taken, 2, self.overlap_steps)
             if self.overlap_steps == 0:
                 self._merge(flight, taken)
             ran = True
@@ -285,20 +285,21 @@ class _Periodic:
         anchor in one collective, merged at once."""
         for flight in list(self.inflight):
             self._merge(flight, taken)
-        self._merge(self._start(range(self.fragments), taken, index), taken)
+        self._merge(self._start(range(self.fragments), taken, index, 0), taken)
         self.averaged_after = taken
 
-    def _start(self, fragments, taken, index):
+    def _start(self, fragments, taken, index, overlap):
         """Starts the average of fragments (collective): each piece's change since its anchor
         (with its carry), with momentum_at_average "average" each momentum's change since its
         own anchor too, handed to the communication thread through the codec with error
-        feedback (residuals of their own, faded by feedback_decay); returns the _Flight."""
+        feedback (residuals of their own, faded by feedback_decay), to be merged overlap steps later
+        (0: at once); returns the _Flight."""
         entered, began = time.perf_counter(), timeline.now()
         owner = self.owner
         if not self.anchors:
             self._make_anchors()
         pieces = [pc for f in fragments for pc in self.pieces[f]]
-        keep = self.overlap_steps > 0  # the values at the start, for the carry at the merge
+        keep = overlap > 0  # the values at the start, for the carry at the merge
         with torch.no_grad():
             xs, starts = [], []
             for pc in pieces:
@@ -345,7 +346,7 @@ class _Periodic:
             self._mark = owner._stats.snapshot()
         future = Bucket(owner, "model average", taken, index, params, xs, xs, False, entered,
                         plain=True).submit(collective, False)
-        flight = _Flight(sorted(set(fragments)), taken, taken + self.overlap_steps, pieces, moms,
+        flight = _Flight(sorted(set(fragments)), taken, taken + overlap, pieces, moms,
                          xs, starts, future)
         self.inflight.append(flight)
         self.seconds += time.perf_counter() - entered
