@@ -6,7 +6,7 @@ time the run could have), the periodic average, and the same period with fragmen
 
     bench/streaming_testbed.py [--rates 100mbit,1gbit] [--steps 1200] [--seeds 0]
         [--codecs "topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2;none@1.0,0.0"] [--period 8]
-        [--fragments 4] [--overlap 2] [--out DIR]
+        [--fragments 4] [--overlap 2] [--cpus C] [--out DIR]
 
 Per run: the loop's seconds (ddp_gpt.py's), utilization = the run without communication's
 seconds / the run's, the validation loss, the bytes a rank sent, and from each host's link
@@ -14,7 +14,9 @@ sampled every 10 ms (scripts/cluster run --link-trace) cut to the loop's span le
 second (SETTLE): the mean bytes a second each host sent and the most it sent in any 100 ms, the
 busiest host's shown. The first
 seed's runs also write timelines (ddp_gpt.py --timeline) into --out. Prints a Markdown table;
-the runs' outputs and traces stay in --out.
+the runs' outputs and traces stay in --out. --cpus C: each host C cores of its own
+(scripts/cluster up --cpus: a CPU cgroup a host), so that a rank that waits does not hand its
+core to the others, as no host of a cluster can.
 """
 
 import argparse
@@ -102,6 +104,7 @@ def main():
     ap.add_argument("--period", type=int, default=8)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--overlap", type=int, default=2)
+    ap.add_argument("--cpus", default="", help="cores a host (scripts/cluster up --cpus)")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--out", default="/tmp/gcomp_streaming")
     a = ap.parse_args()
@@ -110,7 +113,7 @@ def main():
     rows = []
     for rate in a.rates.split(","):
         subprocess.run([os.path.join(ROOT, "scripts", "cluster"), "up", "--hosts", "3", "--rate",
-                        rate], check=True)
+                        rate] + (["--cpus", a.cpus] if a.cpus else []), check=True)
         try:
             for spec in a.codecs.split(";"):
                 codec, outer = spec.split("@")

@@ -43,11 +43,14 @@ left_behind() {
   [ "$(tc qdisc show | sort)" = "$qdiscs_before" ] || fail "$what: the machine's qdiscs changed"
   [ "$(ip netns list | sort)" = "$netns_before" ] || fail "$what: the list of namespaces changed"
   ! pgrep -f "^$probe" >/dev/null || fail "$what: a probe process is left: $(pgrep -af "^$probe")"
+  ! ls -d /sys/fs/cgroup/cpu/gcomp-h* /sys/fs/cgroup/gcomp-h* >/dev/null 2>&1 \
+    || fail "$what: CPU cgroups left: $(ls -d /sys/fs/cgroup/cpu/gcomp-h* /sys/fs/cgroup/gcomp-h* 2>/dev/null)"
 }
 
 # Bad input: status 2 and one line naming the value; nothing made.
 for bad in "up --hosts 0 --rate 1gbit" "up --hosts 2 --rate fast" "up --hosts 2" \
-           "up --hosts 2 --rate 1gbit --ranks-per-host x" "run -- true" "frobnicate"; do
+           "up --hosts 2 --rate 1gbit --ranks-per-host x" "up --hosts 2 --rate 1gbit --cpus x" \
+           "up --hosts 2 --rate 1gbit --cpus 0.01" "run -- true" "frobnicate"; do
   # shellcheck disable=SC2086
   msg=$("$cluster" $bad 2>&1); rc=$?
   [ "$rc" = 2 ] || fail "'cluster $bad' exited $rc, not 2: $msg"
@@ -158,6 +161,33 @@ done
 "$cluster" down || fail "down failed"
 "$cluster" down || fail "a second down failed"
 left_behind "after up, run, down"
+
+# --cpus: each host's processes in a CPU cgroup of its own, capped: a rank that burns CPU takes
+# at least 1/C times its CPU time in wall time (2x at 0.5 cores; 1.8x allows the quota's
+# accounting at period ends). Where this machine has no cpu cgroup controller, up refuses.
+burn='import os, time
+w, c = time.perf_counter(), time.process_time()
+while time.process_time() - c < 0.4:
+    pass
+cg = [l for l in open("/proc/self/cgroup").read().splitlines() if "gcomp-h" in l]
+print(os.environ["PMI_RANK"], (time.perf_counter() - w) / (time.process_time() - c), cg)'
+if msg=$("$cluster" up --hosts 2 --rate 1gbit --cpus 0.5 2>&1); then
+  grep -q "0.5 cores a host" <<<"$("$cluster" status)" || fail "status does not give the cores: $("$cluster" status)"
+  r=$("$cluster" run --timeout 60 -- /usr/bin/python3 -c "$burn") || fail "the --cpus run failed: $r"
+  echo "--cpus 0.5: $r"
+  for i in 0 1; do
+    line=$(grep "^$i " <<<"$r") || fail "rank $i printed nothing: $r"
+    grep -q "gcomp-h$i" <<<"$line" || fail "rank $i is not in host $i's cgroup: $line"
+    /usr/bin/python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.8)" "$(awk '{print $2}' <<<"$line")" \
+      || fail "rank $i ran faster than 0.5 cores: $line"
+  done
+  "$cluster" down || fail "down after --cpus failed"
+  left_behind "after --cpus"
+else
+  grep -q "cgroup" <<<"$msg" || fail "up --cpus failed: $msg"
+  echo "note: --cpus not tried: $msg"
+  left_behind "after a refused --cpus"
+fi
 
 # An interrupted run ends its processes and the testbed it brought up. The run is interrupted
 # once both ranks say they are asleep (past MPI_Init): on a loaded machine that can take a while,
