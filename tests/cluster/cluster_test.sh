@@ -165,18 +165,25 @@ left_behind "after up, run, down"
 # --cpus: each host's processes in a CPU cgroup of its own, capped: a rank that burns CPU takes
 # at least 1/C times its CPU time in wall time (2x at 0.5 cores; 1.8x allows the quota's
 # accounting at period ends). Where this machine has no cpu cgroup controller, up refuses.
-burn='import os, time
+# Each rank writes its line to a file of its own (the ranks' output can interleave on the way).
+burn='import os, sys, time
 w, c = time.perf_counter(), time.process_time()
 while time.process_time() - c < 0.4:
     pass
 cg = [l for l in open("/proc/self/cgroup").read().splitlines() if "gcomp-h" in l]
-print(os.environ["PMI_RANK"], (time.perf_counter() - w) / (time.process_time() - c), cg)'
+r = os.environ["PMI_RANK"]
+with open(f"{sys.argv[1]}/rank{r}", "w") as f:
+    print(r, (time.perf_counter() - w) / (time.process_time() - c), cg, file=f)'
 if msg=$("$cluster" up --hosts 2 --rate 1gbit --cpus 0.5 2>&1); then
   grep -q "0.5 cores a host" <<<"$("$cluster" status)" || fail "status does not give the cores: $("$cluster" status)"
-  r=$("$cluster" run --timeout 60 -- /usr/bin/python3 -c "$burn") || fail "the --cpus run failed: $r"
+  burnt=$(mktemp -d)
+  r=$("$cluster" run --timeout 60 -- /usr/bin/python3 -c "$burn" "$burnt" 2>&1) \
+    || { rm -rf "$burnt"; fail "the --cpus run failed: $r"; }
+  r=$(cat "$burnt"/rank* 2>/dev/null || true)
+  rm -rf "$burnt"
   echo "--cpus 0.5: $r"
   for i in 0 1; do
-    line=$(grep "^$i " <<<"$r") || fail "rank $i printed nothing: $r"
+    line=$(grep "^$i " <<<"$r") || fail "rank $i wrote nothing: $r"
     grep -q "gcomp-h$i" <<<"$line" || fail "rank $i is not in host $i's cgroup: $line"
     /usr/bin/python3 -c "import sys; sys.exit(float(sys.argv[1]) < 1.8)" "$(awk '{print $2}' <<<"$line")" \
       || fail "rank $i ran faster than 0.5 cores: $line"
