@@ -214,7 +214,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--overlap-steps", c.overlap_steps,
                  "with --period: each average merged T steps after it starts, its collective on "
-                 "a thread of its own meanwhile")
+                 "a thread of its own meanwhile; T >= 2 paces it, sent in T parts, one a step")
       ->check(a_count())
       ->capture_default_str();
   app.add_option("--data", data, "directory of the Fashion-MNIST IDX files")->capture_default_str();

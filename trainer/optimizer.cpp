@@ -220,9 +220,15 @@ bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
   if (h <= 1 || taken_ <= from || s.averaged_after == taken_) return false;
   bool ran = false;
   while (!s.flights.empty() && s.flights.front().merge_at <= taken_) {
-    merge(s.flights.front(), total);
+    merge(comm, s.flights.front(), total);
     s.flights.pop_front();
     ran = true;
+  }
+  for (Flight& fl : s.flights) {  // pacing: the parts due after this step
+    while (fl.sent < fl.parts.size() && fl.taken + fl.sent <= taken_) {
+      send(comm, fl, total);
+      ran = true;
+    }
   }
   // Fragment f starts after the local steps k = f h / F, + h, ... (k = taken - from > 0).
   const std::uint64_t k = taken_ - from;
@@ -234,7 +240,7 @@ bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
   if (!due.empty()) {
     start(comm, due, c_.overlap_steps, total);
     if (c_.overlap_steps == 0) {
-      merge(s.flights.back(), total);
+      merge(comm, s.flights.back(), total);
       s.flights.pop_back();
     }
     ran = true;
@@ -244,40 +250,52 @@ bool Optimizer::average_if_due(Communicator& comm, EpochRecord& total) {
 }
 
 // The fragments, made once: the parameters' elements in order, cut between rows (a row: the
-// shape's cols elements) into Config::fragments parts of about equal elements.
+// shape's cols elements) into Config::fragments parts of about equal elements. Paced
+// (overlap_steps T >= 2): cut into F T parts the same way (the fragments' edges where they are
+// with T = 1), each fragment T of them, numbered over those that hold something.
 void Optimizer::make_fragments() {
   Periodic& s = periodic_;
   const std::size_t count = c_.fragments;
+  const std::size_t parts = c_.overlap_steps >= 2 ? c_.overlap_steps : 1;
+  const std::size_t cuts = count * parts;
   std::size_t total = 0;
   for (Param* q : params_) total += q->value.size();
-  s.fragments.assign(count, {});
+  std::vector<std::vector<Piece>> cut(cuts);
   std::size_t pos = 0, f = 0;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::size_t n = params_[i]->value.size();
     if (n == 0) continue;
     const std::size_t row = std::max<std::size_t>(1, shapes_[i].cols);
     std::size_t lo = 0;
-    while (f + 1 < count && (f + 1) * total / count < pos + n) {
-      const std::size_t cut = (f + 1) * total / count - pos;
-      const std::size_t c = std::min(n, (cut + row / 2) / row * row);
+    while (f + 1 < cuts && (f + 1) * total / cuts < pos + n) {
+      const std::size_t at = (f + 1) * total / cuts - pos;
+      const std::size_t c = std::min(n, (at + row / 2) / row * row);
       if (c > lo) {
-        s.fragments[f].push_back({i, lo, c});
+        cut[f].push_back({i, lo, c});
         lo = c;
       }
       ++f;
     }
-    if (lo < n) s.fragments[f].push_back({i, lo, n});
+    if (lo < n) cut[f].push_back({i, lo, n});
     pos += n;
   }
+  s.fragments.assign(count, {});
   for (std::size_t g = 0; g < count; ++g) {
+    std::size_t number = 0;
+    for (std::size_t j = g * parts; j < (g + 1) * parts; ++j) {
+      if (cut[j].empty()) continue;
+      for (const Piece& pc : cut[j]) {
+        s.fragments[g].push_back(pc);
+        s.pieces.push_back(pc);
+        s.fragment_of.push_back(g);
+        s.part_of.push_back(number);
+      }
+      ++number;
+    }
     if (s.fragments[g].empty()) {
       throw Error(Status::invalid_argument,
                   "--fragments " + std::to_string(count) + " leaves fragment " +
                       std::to_string(g) + " empty: the model has too few rows to cut so");
-    }
-    for (const Piece& pc : s.fragments[g]) {
-      s.pieces.push_back(pc);
-      s.fragment_of.push_back(g);
     }
   }
 }
@@ -335,40 +353,58 @@ void Optimizer::start(Communicator& comm, const std::vector<std::size_t>& fragme
     }
     if (keep) fl.starts[t].assign(v.begin() + static_cast<std::ptrdiff_t>(pc.lo),
                                   v.begin() + static_cast<std::ptrdiff_t>(pc.hi));
-    fl.xs.emplace_back(x);
     const MatrixShape& shape = shapes_[pc.param];
     const bool whole = pc.lo == 0 && pc.hi == v.size();
-    fl.shapes.push_back(whole ? shape : MatrixShape{(pc.hi - pc.lo) / std::max<std::size_t>(
-                                                                          1, shape.cols),
-                                                    std::max<std::size_t>(1, shape.cols)});
+    // Paced: the part of its piece; else one part of every tensor.
+    const std::size_t j = overlap >= 2 && !s.part_of.empty() ? s.part_of[i] : 0;
+    if (fl.parts.size() <= j) fl.parts.resize(j + 1);
+    Part& part = fl.parts[j];
+    part.tensors.push_back(t);
+    part.xs.emplace_back(x);
+    part.shapes.push_back(whole ? shape
+                                : MatrixShape{(pc.hi - pc.lo) / std::max<std::size_t>(1, shape.cols),
+                                              std::max<std::size_t>(1, shape.cols)});
     if (!s.memories.empty()) {
-      fl.efs.push_back(value ? &s.memories[i] : &s.velocity_memories[i]);
+      part.efs.push_back(value ? &s.memories[i] : &s.velocity_memories[i]);
     }
   }
+  std::erase_if(fl.parts, [](const Part& p) { return p.tensors.empty(); });
   total.compute_seconds += now() - t0;
+  send(comm, fl, total);
+}
+
+void Optimizer::send(Communicator& comm, Flight& fl, EpochRecord& total) {
+  Periodic& s = periodic_;
+  const std::size_t j = fl.sent++;
+  Part* part = &fl.parts[j];  // a deque's elements (and their parts) stay where they are
 
   // The gradients' codec and algorithm; float32 and dense after a warm-up epoch's step. The
   // seed's tensor 1 keeps the averages' draws apart from the steps' (tensor 0).
   BucketOptions bo = bucket_;
-  bo.allreduce.seed = derive_seed(c_.seed, 1, taken_, 0);
+  bo.allreduce.seed = derive_seed(c_.seed, 1, fl.taken, j);  // part 0: as unpaced
   const bool coded = compress_;
   if (coded) {
     bo.allreduce.algorithm = c_.algorithm.value_or(Algorithm::fewest_bytes);
   } else {
     bo.allreduce.algorithm = Algorithm::dense;
   }
-  Flight* f = &fl;  // a deque's elements stay where they are as it grows and shrinks at its ends
-  auto run = [this, &comm, f, bo, coded] {
+  auto run = [this, &comm, part, bo, coded] {
     if (coded) {
-      comm.allreduce_buckets(f->xs, f->shapes, codec_, f->efs, bo);
+      comm.allreduce_buckets(part->xs, part->shapes, codec_, part->efs, bo);
     } else {
-      comm.allreduce_buckets(f->xs, none_, {}, bo);
+      comm.allreduce_buckets(part->xs, none_, {}, bo);
     }
     return comm.last_stats();
   };
-  if (keep) {
-    fl.done = std::async(std::launch::async, run);
+  if (fl.merge_at > fl.taken) {
+    // After the collective handed on before it (its error, if any, is this one's too).
+    part->done = std::async(std::launch::async, [run, before = s.last] {
+                   if (before.valid()) (void)before.get();
+                   return run();
+                 }).share();
+    s.last = part->done;
   } else {
+    if (s.last.valid()) s.last.wait();
     add_stats(total, run());
   }
 }
@@ -376,9 +412,12 @@ void Optimizer::start(Communicator& comm, const std::vector<std::size_t>& fragme
 // The outer step on each piece's average, the same on every rank: d = avg (Nesterov: b = mu b +
 // avg, d = avg + mu b), anchor -= outer_lr d, value = anchor (with overlap, this rank's progress
 // since the start kept as the piece's carry first); the velocities as momentum_at_average says.
-void Optimizer::merge(Flight& fl, EpochRecord& total) {
+void Optimizer::merge(Communicator& comm, Flight& fl, EpochRecord& total) {
   Periodic& s = periodic_;
-  if (fl.done.valid()) add_stats(total, fl.done.get());  // rethrows the collective's error
+  while (fl.sent < fl.parts.size()) send(comm, fl, total);  // pacing: what is left, now
+  for (Part& part : fl.parts) {
+    if (part.done.valid()) add_stats(total, part.done.get());  // rethrows the collective's error
+  }
   const double t0 = now();
   const bool velocities = c_.momentum_at_average == "average";
   const bool keep = !fl.starts.empty();
@@ -443,14 +482,14 @@ void Optimizer::synchronize(Communicator& comm, EpochRecord& total) {
     // since the local phase began) averaged by one more, every fragment at once.
     Periodic& s = periodic_;
     while (!s.flights.empty()) {
-      merge(s.flights.front(), total);
+      merge(comm, s.flights.front(), total);
       s.flights.pop_front();
     }
     if (taken_ > c_.period_from && s.agreed_after != taken_) {
       std::vector<std::size_t> all(s.fragments.size());
       for (std::size_t f = 0; f < all.size(); ++f) all[f] = f;
       start(comm, all, 0, total);  // merged at once
-      merge(s.flights.back(), total);
+      merge(comm, s.flights.back(), total);
       s.flights.pop_back();
       s.averaged_after = taken_;
     }

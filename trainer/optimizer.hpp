@@ -81,11 +81,15 @@ class Optimizer {
   struct Flight;
   void make_fragments();
   // Streaming's two halves (average_if_due): the fragments' changes handed to the collective
-  // (on a thread of its own where overlap > 0, merged that many steps later), and its result
-  // merged.
+  // (on a thread of its own where overlap > 0, merged that many steps later; paced, in parts),
+  // and its result merged (what is left of its parts sent first).
   void start(Communicator& comm, const std::vector<std::size_t>& fragments,
              std::uint64_t overlap, EpochRecord& stats);
-  void merge(Flight& f, EpochRecord& stats);
+  void merge(Communicator& comm, Flight& f, EpochRecord& stats);
+  // Hands f's next part to its collective: at once (no overlap), else on a thread of its own
+  // after every collective handed on before it (never two in MPI at once, in the same order on
+  // every rank).
+  void send(Communicator& comm, Flight& f, EpochRecord& stats);
 
   Config c_;
   Dgc dgc_;
@@ -112,20 +116,27 @@ class Optimizer {
     std::size_t param = 0;
     std::size_t lo = 0, hi = 0;
   };
+  // One collective of an average: its tensors (indices into Flight::changes), their spans,
+  // shapes and error feedback, and its statistics' future where it runs on a thread.
+  struct Part {
+    std::vector<std::size_t> tensors;
+    std::vector<std::span<float>> xs;
+    std::vector<MatrixShape> shapes;
+    std::vector<ErrorFeedback*> efs;
+    std::shared_future<CallStats> done;
+  };
   // An average started and not merged: its pieces (indices into Periodic::pieces), the steps
   // taken at its start and at its merge, the changes (then the averages; the velocities' after
-  // the values'), the values at the start (overlap only) and the collective's statistics (its
-  // future where it runs on a thread).
+  // the values'), the values at the start (overlap only) and its parts (one; paced, part j
+  // handed on after the j-th step from its start), sent of them handed on.
   struct Flight {
     std::vector<std::size_t> pieces;
     std::uint64_t taken = 0, merge_at = 0;
     bool whole = false;  // every fragment
     std::vector<std::vector<float>> changes;
     std::vector<std::vector<float>> starts;
-    std::vector<std::span<float>> xs;
-    std::vector<MatrixShape> shapes;
-    std::vector<ErrorFeedback*> efs;
-    std::future<CallStats> done;
+    std::vector<Part> parts;
+    std::size_t sent = 0;
   };
   // Periodic averaging's state (Config::period > 1); the anchors, the outer momentum and the
   // velocities' anchors (per parameter) are the same on every rank; residuals and carries are
@@ -137,6 +148,7 @@ class Optimizer {
     std::vector<std::vector<Piece>> fragments;  // Config::fragments of them, in order
     std::vector<Piece> pieces;                  // the fragments' pieces, in order
     std::vector<std::size_t> fragment_of;       // each piece's fragment
+    std::vector<std::size_t> part_of;  // pacing (overlap_steps >= 2): each piece's part, 0, 1, ..
     std::vector<std::vector<float>> anchors;  // the values at the last average
     std::vector<std::vector<float>> outer;    // the outer Nesterov momentum b (outer_momentum)
     std::vector<std::vector<float>> velocity_anchors;  // "average": the velocities' anchors
@@ -145,6 +157,7 @@ class Optimizer {
     std::vector<std::vector<float>> carry;           // overlap: each piece's progress carried
     std::vector<std::vector<float>> velocity_carry;  // and its velocity's ("average")
     std::deque<Flight> flights;                      // oldest first
+    std::shared_future<CallStats> last;  // the collective handed on last (on a thread)
   };
   Periodic periodic_;
 };

@@ -91,6 +91,8 @@ struct Config {
   // Each average merged overlap_steps (0 to period - 1) steps after it starts, its collective
   // on a thread of its own meanwhile: the fragment's values become the averaged ones on every
   // rank, and what this rank moved them in those steps goes into the fragment's next change.
+  // overlap_steps >= 2 paces each average: sent in up to overlap_steps parts of about equal
+  // elements, part j after the j-th step from its start (docs/python.md, "Pacing").
   std::uint64_t fragments = 1;
   std::uint64_t overlap_steps = 0;
 };

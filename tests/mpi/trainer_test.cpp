@@ -569,17 +569,21 @@ TEST(Trainer, PeriodicAveragingThroughTopkKeepsResiduals) {
   EXPECT_GT(h.epochs.back().test_accuracy, 0.2);  // chance is 0.1
 }
 
-// Streaming (period 4 from step 1, 2 fragments, each merged a step after it starts): a weight of
-// 100 rows of 30 and a bias, 3010 values, cut at row 50 (1500 | 1510). Fragment 0 starts after
-// the local steps 4, 8 (steps 5, 9 taken), fragment 1 after 2, 6, 10 (3, 7, 11); each merged
-// after the next step. The reference, in double from every rank's values (gathered): at a start
+// Streaming (period 4 from step 1, 2 fragments, each merged T = 1 or 2 steps after it starts;
+// at T = 2 paced, each fragment sent in two parts, cut at rows 25 and 75): a weight of 100 rows
+// of 30 and a bias, 3010 values, cut at row 50 (1500 | 1510). Fragment 0 starts after the local
+// steps 4, 8 (steps 5, 9 taken), fragment 1 after 2, 6, 10 (3, 7, 11); each merged T steps
+// later. The reference, in double from every rank's values (gathered): at a start
 // x_r = a - v_r + c_r, at the merge a -= mean_r x_r, the fragment's values = a on every rank and
 // c_r = v_r(start) - v_r(merge); the other values untouched (each rank's own). SGD without
 // momentum on a grid of 1/8 with integer gradients and lr 1/8: exact in float32 for P a power of
 // two (the reference bit for bit); for other P within 8 u (|a| + S + max |c|) of it, S the
 // mean |x_r| (the changes, the carry's addition, the mean's sum and product, the subtraction,
 // each once).
-TEST(Trainer, StreamingAveragesEachFragmentAtItsStepAndMergesItLater) {
+class StreamingOverlap : public ::testing::TestWithParam<std::uint64_t> {};
+
+TEST_P(StreamingOverlap, AveragesEachFragmentAtItsStepAndMergesItLater) {
+  const std::uint64_t overlap = GetParam();
   int level = 0;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_MULTIPLE) GTEST_SKIP() << "the checks gather while a call is out";
@@ -589,7 +593,7 @@ TEST(Trainer, StreamingAveragesEachFragmentAtItsStepAndMergesItLater) {
   c.period = 4;
   c.period_from = 1;
   c.fragments = 2;
-  c.overlap_steps = 1;
+  c.overlap_steps = overlap;
   c.algorithm = Algorithm::allgather;
   validate(c);
   Param w, b;
@@ -658,7 +662,7 @@ TEST(Trainer, StreamingAveragesEachFragmentAtItsStepAndMergesItLater) {
     for (std::size_t f = 0; f < 2; ++f) {
       const std::uint64_t offset = f * 4 / 2;
       if (k < offset || (k - offset) % 4 != 0) continue;
-      Out o{taken + 1, f == 0 ? 0 : cut, f == 0 ? cut : n, {}, {}, {}};
+      Out o{taken + overlap, f == 0 ? 0 : cut, f == 0 ? cut : n, {}, {}, {}};
       const std::size_t m = o.hi - o.lo;
       o.mean.assign(m, 0.0);
       o.s.assign(m, 0.0);
@@ -695,12 +699,17 @@ TEST(Trainer, StreamingAveragesEachFragmentAtItsStepAndMergesItLater) {
     }
   }
   EXPECT_EQ(stats.averages, merges);
-  EXPECT_EQ(merges, 5u);  // started after 3, 5, 7, 9, 11; merged after 4, 6, 8, 10, 12
-  ASSERT_EQ(flights.size(), 0u);
-  opt.synchronize(test::world(), stats);  // nothing in flight; every fragment averaged at once
+  // Started after 3, 5, 7, 9, 11; merged T steps later: by step 12 all (T = 1) or four (T = 2).
+  EXPECT_EQ(merges, overlap == 1 ? 5u : 4u);
+  ASSERT_EQ(flights.size(), overlap == 1 ? 0u : 1u);
+  // What is in flight merged (its last part sent first), then every fragment averaged at once.
+  opt.synchronize(test::world(), stats);
   EXPECT_TRUE(test::same_on_all_ranks(values()));
-  EXPECT_EQ(stats.averages, merges + 1);
+  EXPECT_EQ(stats.averages, merges + flights.size() + 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Trainer, StreamingOverlap, ::testing::Values(1u, 2u),
+                         [](const auto& info) { return "T" + std::to_string(info.param); });
 
 // fragments 1, overlap 0 given is periodic averaging as without them: the same values, bit for
 // bit, and the same bytes (top-k with error feedback, DiLoCo's outer step, velocities averaged).

@@ -1528,6 +1528,40 @@ def test_fragments_cut_the_parameters_in_order_at_rows_into_about_equal_parts():
         _fragments([("w", torch.nn.Parameter(torch.zeros(2, 3)))], 3, "test")
 
 
+def test_pacing_cuts_each_fragment_into_parts_at_the_fragments_own_edges():
+    # Pacing's cut (overlap_steps = T >= 2): the fragments cover what _fragments' do, piece for
+    # piece in the same elements; each fragment's pieces numbered 0, 1, ... in order, every
+    # part of about equal elements (within a row of total / (F T)).
+    from gcomp.torch._periodic import _fragments, _paced
+    named = list(model().named_parameters())
+    total = sum(p.numel() for _, p in named)
+    widest_row = max(p.numel() // p.shape[0] for _, p in named)
+    for count, parts in ((1, 2), (2, 3), (4, 3), (3, 5)):
+        plain = _fragments(named, count, "test")
+        paced, part_of = _paced(named, count, parts, "test")
+        assert len(paced) == count
+        for f, (a, b) in enumerate(zip(plain, paced)):
+            span = [(pc.name, pc.lo, pc.hi) for pc in a]
+            cut = [(pc.name, pc.lo, pc.hi) for pc in b]
+            merged = []  # b's pieces joined where one parameter's continue
+            for name, lo, hi in cut:
+                if merged and merged[-1][0] == name and merged[-1][2] == lo:
+                    merged[-1] = (name, merged[-1][1], hi)
+                else:
+                    merged.append((name, lo, hi))
+            assert merged == span, (count, parts, f)
+            numbers = [part_of[pc.slot] for pc in b]
+            assert numbers == sorted(numbers) and numbers[0] == 0
+            assert set(numbers) == set(range(numbers[-1] + 1))
+            assert numbers[-1] + 1 <= parts
+            for j in set(numbers):
+                size_j = sum(pc.hi - pc.lo for pc, n in zip(b, numbers) if n == j)
+                assert abs(size_j - total / (count * parts)) <= widest_row, (count, parts, j)
+        assert max(part_of.values()) + 1 == parts  # the model has rows enough here
+    with pytest.raises(ValueError, match="empty"):
+        _paced([("w", torch.nn.Parameter(torch.zeros(2, 3)))], 3, 2, "test")
+
+
 def test_streaming_options_are_checked():
     m = DDP(model())
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
@@ -1596,7 +1630,7 @@ def streaming_setup(way, **kw):
 
 
 @pytest.mark.parametrize("way", ["hook", "optimizer"])
-@pytest.mark.parametrize("fragments, overlap", [(2, 0), (4, 0), (2, 1), (4, 2)])
+@pytest.mark.parametrize("fragments, overlap", [(2, 0), (4, 0), (2, 1), (4, 2), (2, 2)])
 def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_steps_later(
         way, fragments, overlap):
     # The reference, in double from every rank's values after each of its optimizer's steps:
@@ -1617,7 +1651,7 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
     params = list(m.parameters())
     slot = {id(q): j for j, q in enumerate(params)}
     exact = p & (p - 1) == 0
-    anchor, carry, flights, starts, merges = None, {}, [], 0, 0
+    anchor, carry, flights, starts, merges, most_parts = None, {}, [], 0, 0, 1
     flight_m = {}  # piece index -> M of its average in flight, element-wise (the bound's)
 
     def merge(flight, vals, keep_carry):
@@ -1679,6 +1713,13 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
             assert torch.equal(got[:, merged[j]], got[:1, merged[j]].expand(p, -1)), (taken, j)
         for j in range(len(params)):  # the reference's anchors where a merge set them
             anchor[j][merged[j]] = now[j][0, merged[j]]
+        for flight in periodic.inflight:  # paced (T >= 2): part j handed on after step s + j
+            assert 1 <= len(flight.parts) <= max(1, overlap)
+            assert flight.sent == min(len(flight.parts), taken - flight.taken + 1), taken
+            most_parts = max(most_parts, len(flight.parts))
+    # Paced where the rows allow: at F = 2 each fragment's rows cut into two parts, at F = 4
+    # the last fragment's (a row of the weight and the bias).
+    assert most_parts == (2 if overlap >= 2 else 1)
     st = state.stats()
     assert starts > fragments and merges == st["averages"]
     assert st["averages_in_flight"] == len(flights) == len(periodic.inflight)
@@ -1699,6 +1740,10 @@ def test_streaming_resumes_bit_for_bit_with_averages_in_flight(codec, extra, tmp
     saved = torch.load(path)["gcomp"]["periodic"]
     assert saved["inflight"] and all(f["merge_at"] > 4 for f in saved["inflight"])
     assert saved["settings"]["fragments"] == extra["fragments"]
+    t = extra["overlap_steps"]
+    if t >= 2:  # paced: an average saved with parts not yet sent (sent by the resumed job)
+        assert saved["settings"]["parts"] == t
+        assert any(f["sent"] < t for f in saved["inflight"])
 
 
 def test_average_parameters_merges_the_averages_in_flight_and_join_takes_part():

@@ -123,10 +123,11 @@ def _periodic_allowed(optimizer, adam, who):
 Piece = collections.namedtuple("Piece", "name param lo hi key slot shape")
 
 
-def _fragments(named, count, who):
+def _fragments(named, count, who, allow_empty=False):
     """named's (name, parameter) pairs cut into count fragments of about equal elements, in their
     order, between rows (a row: a parameter's elements for one index of its first dimension):
-    a list of count lists of Pieces. ValueError where some fragment would be empty."""
+    a list of count lists of Pieces. ValueError where some fragment would be empty (unless
+    allow_empty)."""
     total = sum(p.numel() for _, p in named)
     cuts = [(f * total) // count for f in range(1, count)]  # where fragment f + 1 starts
     out = [[] for _ in range(count)]
@@ -156,10 +157,29 @@ def _fragments(named, count, who):
             add(lo, n)
         pos += n
     empty = sum(1 for frag in out if not frag)
-    if empty:
+    if empty and not allow_empty:
         raise ValueError(f"{who}: fragments={count} leaves {empty} of them empty: the parameters "
                          f"have too few rows ({total} elements) to cut so")
     return out
+
+
+def _paced(named, count, parts, who):
+    """Pacing's cut: named cut into count fragments as _fragments cuts them (the same edges),
+    each fragment's elements cut again into up to parts parts of about equal elements, between
+    rows. Returns (the fragments' Pieces, each piece's part in its fragment by slot: 0, 1, ...
+    over the parts that hold something)."""
+    cut = _fragments(named, count * parts, who, allow_empty=True)
+    out, part_of = [], {}
+    for f in range(count):
+        held = [c for c in cut[f * parts:(f + 1) * parts] if c]
+        if not held:
+            raise ValueError(f"{who}: fragments={count} leaves fragment {f} empty: the "
+                             "parameters have too few rows to cut so")
+        for number, part in enumerate(held):
+            for pc in part:
+                part_of[pc.slot] = number
+        out.append([pc for part in held for pc in part])
+    return out, part_of
 
 
 class _Periodic:
@@ -178,7 +198,16 @@ class _Periodic:
         self.momentum_at_average = momentum_at_average
         self.feedback_decay = feedback_decay
         self.fragments, self.overlap_steps = fragments, overlap_steps
-        self.pieces = _fragments(self.named, fragments, "periodic averaging")
+        # Pacing (overlap_steps >= 2): each fragment's average sent in up to T parts of about
+        # equal elements, part j after the j-th step from its start, so that the link carries
+        # 1/(F T) of the model at a time rather than 1/F in a burst.
+        self.parts = overlap_steps if overlap_steps >= 2 else 1
+        if self.parts > 1:
+            self.pieces, self.part_of = _paced(self.named, fragments, self.parts,
+                                               "periodic averaging")
+        else:
+            self.pieces = _fragments(self.named, fragments, "periodic averaging")
+            self.part_of = {}
         self.anchors = {}  # parameter id -> its flat anchor (the parameters at the last average)
         self.feedback = {}  # piece slot -> the ErrorFeedback of its changes
         self.outer = {}  # parameter id -> the outer Nesterov momentum buffer
@@ -270,6 +299,12 @@ class _Periodic:
         for flight in [f for f in self.inflight if f.merge_at <= taken]:
             self._merge(flight, taken)
             ran = True
+        for flight in self.inflight:  # pacing: the parts due after this step
+            while flight.sent < len(flight.parts) and flight.taken + flight.sent <= taken:
+                entered = time.perf_counter()
+                self._send(flight, entered)
+                self.seconds += time.perf_counter() - entered
+                ran = True
         due = self.due_fragments(taken)
         if due:
             flight = self._start(due, taken, 2, self.overlap_steps)
@@ -323,31 +358,16 @@ class _Periodic:
                     xs.append(x)
                     if keep:
                         starts.append(u[pc.lo:pc.hi].clone())
-        efs = None
-        if owner.error_feedback:
-            efs = [self._feedback_of(self.feedback, "residuals", pc) for pc in pieces]
-            if self.feedback_decay != 1.0:
-                with torch.no_grad():
-                    for ef in efs:  # SparseLoCo's: what the codec left of earlier changes fades
-                        _cuda._residual_of(ef).mul_(self.feedback_decay)
-            efs += [self._feedback_of(self.momentum_feedback, "momentum_residuals", pc)
-                    for pc in moms]
-        whole = max(4 * sum(x.numel() for x in xs), 1)
-        shaped = owner._shaped
-        params = [pc.param for pc in pieces] + [pc.param for pc in moms]
-        collective = Collective("allreduce_buckets", xs, owner.codec, {
-            "efs": efs, "average": True, "seed": owner.seed & _MASK,
-            "algorithm": owner.algorithm, "allow_uncompressed": owner.allow_uncompressed,
-            "step": taken, "index": index,
-            "bucket_bytes": 1 if owner._split and not shaped else whole,
-            "dense_below": owner.dense_below if owner._split else 0,
-            "shapes": [pc.shape for pc in pieces + moms] if shaped else None})
+        if owner.error_feedback and self.feedback_decay != 1.0:
+            with torch.no_grad():
+                for pc in pieces:  # SparseLoCo's: what the codec left of earlier changes fades
+                    ef = self._feedback_of(self.feedback, "residuals", pc)
+                    _cuda._residual_of(ef).mul_(self.feedback_decay)
         if not self.inflight:
             self._mark = owner._stats.snapshot()
-        future = Bucket(owner, "model average", taken, index, params, xs, xs, False, entered,
-                        plain=True).submit(collective, False)
         flight = _Flight(sorted(set(fragments)), taken, taken + overlap, pieces, moms,
-                         xs, starts, future)
+                         xs, starts, index, self._layout(pieces, moms, overlap))
+        self._send(flight, entered)
         self.inflight.append(flight)
         self.seconds += time.perf_counter() - entered
         if timeline.on():  # from its start to its merge, and the start's own time
@@ -357,6 +377,54 @@ class _Periodic:
                            elements=sum(x.numel() for x in xs))
             timeline.span("average start", "average", began, timeline.now(), step=taken)
         return flight
+
+    def _layout(self, pieces, moms, overlap):
+        """The parts of an average of pieces (and the momenta of moms): lists of indices into its
+        changes (the pieces', then the momenta's), in order; one part (all) unless paced."""
+        n = len(pieces)
+        if self.parts == 1 or overlap < 2:
+            return [list(range(n + len(moms)))]
+        count = 1 + max(self.part_of[pc.slot] for pc in pieces)
+        out = [[] for _ in range(count)]
+        for i, pc in enumerate(pieces):
+            out[self.part_of[pc.slot]].append(i)
+        for i, pc in enumerate(moms):
+            out[self.part_of[pc.slot]].append(n + i)
+        return [part for part in out if part]
+
+    def _send(self, flight, entered=None):
+        """Hands flight's next part (collective) to the communication thread: its changes
+        through the codec with their error feedback (the residuals of their own pieces)."""
+        entered = time.perf_counter() if entered is None else entered
+        began = timeline.now()
+        owner = self.owner
+        j = flight.sent
+        chosen = flight.parts[j]
+        n = len(flight.pieces)
+        of = [flight.pieces[i] if i < n else flight.moms[i - n] for i in chosen]
+        xs = [flight.xs[i] for i in chosen]
+        efs = None
+        if owner.error_feedback:
+            efs = [self._feedback_of(self.feedback if i < n else self.momentum_feedback,
+                                     "residuals" if i < n else "momentum_residuals", pc)
+                   for i, pc in zip(chosen, of)]
+        whole = max(4 * sum(x.numel() for x in xs), 1)
+        shaped = owner._shaped
+        params = [pc.param for pc in of]
+        index = flight.index + 1000 * j  # part 0: the index of an unpaced average
+        collective = Collective("allreduce_buckets", xs, owner.codec, {
+            "efs": efs, "average": True, "seed": owner.seed & _MASK,
+            "algorithm": owner.algorithm, "allow_uncompressed": owner.allow_uncompressed,
+            "step": flight.taken, "index": index,
+            "bucket_bytes": 1 if owner._split and not shaped else whole,
+            "dense_below": owner.dense_below if owner._split else 0,
+            "shapes": [pc.shape for pc in of] if shaped else None})
+        flight.futures.append(Bucket(owner, "model average", flight.taken, index, params, xs, xs,
+                                     False, entered, plain=True).submit(collective, False))
+        flight.sent += 1
+        if j and timeline.on():
+            timeline.span("average part", "average", began, timeline.now(), step=flight.taken,
+                          part=j, elements=sum(x.numel() for x in xs))
 
     def _add_carry(self, x, table, part, pc):
         """Adds to x (in place) what table holds for pc (a checkpoint's where loaded), spent."""
@@ -369,9 +437,10 @@ class _Periodic:
     def _wait(self, flight):
         """Waits for flight's collective; its bytes (and those of the averages that ran before
         it) go into the counts."""
-        if flight.future is not None:
-            flight.future.wait()
-            flight.future = None
+        if flight.futures:
+            for future in flight.futures:
+                future.wait()
+            flight.futures = []
             after = self.owner._stats.snapshot()
             if self._mark is not None:
                 self.bytes_sent += after["bytes_sent"] - self._mark["bytes_sent"]
@@ -384,6 +453,8 @@ class _Periodic:
         the anchor, the same on every rank; with overlap, what this rank moved the piece since
         the start kept as its carry; the momenta averaged ("average") or zeroed ("reset")."""
         entered, began = time.perf_counter(), timeline.now()
+        while flight.sent < len(flight.parts):  # pacing: what is left sent now
+            self._send(flight)
         self._wait(flight)
         mu, lr = self.outer_momentum, self.outer_lr
         starts = iter(flight.starts)
@@ -490,6 +561,8 @@ class _Periodic:
             out["fragments"] = self.fragments
         if self.overlap_steps:
             out["overlap_steps"] = self.overlap_steps
+        if self.parts > 1:
+            out["parts"] = self.parts
         return out
 
     # (checkpoint part, table, kind, keyed by): the per-parameter and per-piece state, "tensor"
@@ -568,7 +641,7 @@ class _Periodic:
         self.bytes_sent = int(sd.get("bytes_sent", 0))
         self.bytes_received = int(sd.get("bytes_received", 0))
         self.local_steps = int(sd.get("local_steps", 0))
-        self.inflight = [_Flight.loaded(saved, self.pieces, who)
+        self.inflight = [_Flight.loaded(saved, self.pieces, self._layout, who)
                          for saved in sd.get("inflight", [])]
         self._mark = None
         if self._loaded["anchors"]:
@@ -579,34 +652,44 @@ class _Flight:
     """An average started and not merged: its fragments, the step count after which it started
     and the one after which it is merged, its pieces (and those whose momentum it averages),
     the changes (the averages once done), the values at the start (overlap only: the pieces',
-    then the momenta's) and the future of its collective (None once waited for)."""
+    then the momenta's), its call index, its parts (lists of indices into the changes: one
+    collective each; several where paced), how many of them were handed on, and the futures of
+    those not yet waited for."""
 
-    __slots__ = ("fragments", "taken", "merge_at", "pieces", "moms", "xs", "starts", "future",
-                 "event")
+    __slots__ = ("fragments", "taken", "merge_at", "pieces", "moms", "xs", "starts", "index",
+                 "parts", "sent", "futures", "event")
 
-    def __init__(self, fragments, taken, merge_at, pieces, moms, xs, starts, future):
+    def __init__(self, fragments, taken, merge_at, pieces, moms, xs, starts, index, parts,
+                 sent=0):
         self.fragments, self.taken, self.merge_at = fragments, taken, merge_at
         self.pieces, self.moms, self.xs, self.starts = pieces, moms, xs, starts
-        self.future = future
+        self.index, self.parts, self.sent = index, parts, sent
+        self.futures = []
         self.event = None  # its id on the timeline, where one was on at its start
 
     def saved(self):
-        """A checkpoint's record of it (waited for): float32 copies by piece key."""
+        """A checkpoint's record of it (its parts handed on waited for): float32 copies by piece
+        key; the changes of the parts handed on are their averages, those of the others (paced,
+        not yet sent) this rank's changes, sent by the job that loads it at their steps."""
         n = len(self.pieces)
 
         def by_key(pieces, tensors):
             return {pc.key: t.to("cpu", copy=True) for pc, t in zip(pieces, tensors)}
 
         starts = self.starts or [None] * (n + len(self.moms))
-        return {"fragments": list(self.fragments), "taken": self.taken,
-                "merge_at": self.merge_at, "results": by_key(self.pieces, self.xs[:n]),
-                "momentum_results": by_key(self.moms, self.xs[n:]),
-                "starts": by_key(self.pieces, starts[:n]) if self.starts else {},
-                "momentum_starts": by_key(self.moms, starts[n:]) if self.starts else {}}
+        out = {"fragments": list(self.fragments), "taken": self.taken,
+               "merge_at": self.merge_at, "results": by_key(self.pieces, self.xs[:n]),
+               "momentum_results": by_key(self.moms, self.xs[n:]),
+               "starts": by_key(self.pieces, starts[:n]) if self.starts else {},
+               "momentum_starts": by_key(self.moms, starts[n:]) if self.starts else {}}
+        if len(self.parts) > 1:
+            out.update(index=self.index, sent=self.sent)
+        return out
 
     @classmethod
-    def loaded(cls, saved, fragments, who):
-        """The flight a checkpoint's record describes, on the parameters' devices."""
+    def loaded(cls, saved, fragments, layout, who):
+        """The flight a checkpoint's record describes, on the parameters' devices; layout(pieces,
+        moms, overlap) gives its parts."""
         pieces = [pc for f in saved["fragments"] for pc in fragments[f]]
         moms = [pc for pc in pieces if pc.key in saved["momentum_results"]]
 
@@ -620,8 +703,13 @@ class _Flight:
         xs = tensors(saved["results"], pieces) + tensors(saved["momentum_results"], moms)
         starts = (tensors(saved["starts"], pieces) + tensors(saved["momentum_starts"], moms)
                   if saved["starts"] else [])
+        parts = layout(pieces, moms, saved["merge_at"] - saved["taken"])
+        sent = int(saved.get("sent", len(parts)))
+        if not 1 <= sent <= len(parts):
+            raise ValueError(f"{who}: the checkpoint's average in flight says {sent} of its "
+                             f"{len(parts)} parts were sent")
         return cls(list(saved["fragments"]), saved["taken"], saved["merge_at"], pieces, moms,
-                   xs, starts, None)
+                   xs, starts, int(saved.get("index", 2)), parts, sent)
 
 
 class _JoinHook:
