@@ -130,7 +130,8 @@ PYBIND11_MODULE(_gcomp, m) {
       "set_wait_policy(policy)\n\n"
       "How every wait for MPI in this process completes: \"spin\" (MPI_Wait, a core busy while\n"
       "waiting), \"yield\" (poll, yielding the CPU), \"sleep\" (poll 20 us, then sleep up to\n"
-      "100 us between polls: for communication beside compute on the same cores), or \"auto\"\n"
+      "100 us between polls, in a long wait up to 1 ms: for communication beside compute on the\n"
+      "same cores), or \"auto\"\n"
       "(GCOMP_WAIT when set, else spin, or yield where ranks outnumber a node's cores). A bad\n"
       "name raises gcomp.Error (invalid_argument).");
   m.def(

@@ -24,6 +24,7 @@
 #include "gcomp/error.hpp"
 #include "mpi_util.hpp"
 #include "socket_mesh.hpp"
+#include "waiting.hpp"
 
 namespace {
 
@@ -162,6 +163,20 @@ TEST(SocketMesh, WaitsPastTheirLimitAndClosedPeersAreErrors) {
     EXPECT_THROW(mesh.exchange(r, {}, -1, got, 1), Error);  // not with itself
     EXPECT_THROW(mesh.exchange(-1, {}, 2, got, 1), Error);  // no such rank
   });
+}
+
+// sleep's naps: 10 us doubling to 100 us, then in a long wait an eighth of the time waited, at
+// most 1 ms.
+TEST(SocketMesh, SleepNapsGrowWithTheWaitToAMillisecond) {
+  using gcomp::detail::nap_nanoseconds;
+  EXPECT_EQ(nap_nanoseconds(0, 30e-6), 10000);
+  EXPECT_EQ(nap_nanoseconds(1, 40e-6), 20000);
+  EXPECT_EQ(nap_nanoseconds(3, 100e-6), 80000);
+  EXPECT_EQ(nap_nanoseconds(4, 500e-6), 100000);  // an eighth, 62.5 us, is less
+  EXPECT_EQ(nap_nanoseconds(4, 4e-3), 500000);
+  EXPECT_EQ(nap_nanoseconds(4, 8e-3), 1000000);
+  EXPECT_EQ(nap_nanoseconds(4, 3.0), 1000000);
+  EXPECT_EQ(nap_nanoseconds(40, 0.0), 100000);  // naps past 4 as 4
 }
 
 // The waits follow the wait policy (mpi_util.hpp): spin polls without a timeout, yield yields

@@ -71,11 +71,19 @@ void pause_between_polls(int& naps, double start) noexcept {
     return;
   }
   // Small messages arrive within tens of microseconds: poll that long, then sleep between polls,
-  // 10 us doubling to 100 us (a link's socket buffers keep it busy far longer than that).
-  if (now() - start < 20e-6) return;
-  const timespec nap{0, std::min(100000L, 10000L << naps)};
+  // 10 us doubling to 100 us (a link's socket buffers keep it busy far longer than that), longer
+  // as the wait grows.
+  const double waited = now() - start;
+  if (waited < 20e-6) return;
+  const timespec nap{0, nap_nanoseconds(naps, waited)};
   naps = std::min(naps + 1, 4);
   nanosleep(&nap, nullptr);
+}
+
+long nap_nanoseconds(int naps, double waited) noexcept {
+  const long grown = std::min(100000L, 10000L << std::clamp(naps, 0, 4));
+  const double eighth = std::clamp(waited / 8, 0.0, 1e-3) * 1e9;
+  return std::max(grown, static_cast<long>(eighth));
 }
 
 void note_oversubscribed() noexcept { oversubscribed.store(true); }

@@ -78,8 +78,10 @@ inline constexpr int kAlgorithmCount = static_cast<int>(kLastAlgorithm) + 1;
 //   spin       MPI_Wait: MPI's own busy loop, the lowest latency, a core busy while waiting
 //   yield      MPI_Test, and sched_yield between polls
 //   sleep      MPI_Test, polling for the first 20 us, then sleeping between polls (10 us, doubling
-//              to 100 us): for waits beside compute on the same cores (a training step's
-//              communication thread), which a spinning wait slows; up to ~100 us later a wait
+//              to 100 us; in a long wait up to an eighth of the time waited, at most 1 ms): for
+//              waits beside compute on the same cores (a training step's communication
+//              thread), which a spinning wait slows; a wait sees its completion up to ~100 us
+//              late (in a long wait up to an eighth of it, at most 1 ms)
 // On the Gloo transport the agreement's waits on its own sockets follow it too (spin: poll(2)
 // without a timeout, yield: with sched_yield between polls, sleep: poll(2) blocking until a
 // socket is ready); its waits for data block whatever it says.
