@@ -4,9 +4,9 @@ shaped to the rate): the GPT of python_examples/ddp_gpt.py on 3 hosts, for each 
 three runs of the same steps: without communication (local steps only, never averaged: the step
 time the run could have), the periodic average, and the same period with fragments and overlap.
 
-    bench/streaming_testbed.py [--rates 100mbit,1gbit] [--steps 1200] [--seeds 0]
+    bench/streaming_testbed.py [--rates 100mbit,1gbit] [--steps 1200] [--sequences 16] [--seeds 0]
         [--codecs "topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2;none@1.0,0.0"] [--period 8]
-        [--fragments 4] [--overlap 2] [--cpus C] [--out DIR]
+        [--fragments 4] [--overlap 2] [--pacing N] [--repeat R] [--cpus C] [--out DIR]
 
 Per run: the loop's seconds (ddp_gpt.py's), utilization = the run without communication's
 seconds / the run's, the validation loss, the bytes a rank sent, and from each host's link
@@ -16,13 +16,17 @@ busiest host's shown. The first
 seed's runs also write timelines (ddp_gpt.py --timeline) into --out. Prints a Markdown table;
 the runs' outputs and traces stay in --out. --cpus C: each host C cores of its own
 (scripts/cluster up --cpus: a CPU cgroup a host), so that a rank that waits does not hand its
-core to the others, as no host of a cluster can.
+core to the others, as no host of a cluster can. --repeat R: each seed's three runs R times,
+interleaved, and a second table: each round's utilization against the same round's run without
+communication, the medians' and how many rounds reached 0.95 (single runs scatter by several
+percent on a shared machine). --pacing N: the streaming run's ddp_gpt.py --pacing.
 """
 
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -59,19 +63,24 @@ def link_stats(trace_path, began, ended):
     return out
 
 
-def run(args, rate, codec, outer, seed, kind, out):
+def run(args, rate, codec, outer, seed, kind, out, repeat=0):
     name = f"{rate}_{re.sub(r'[^A-Za-z0-9]+', '_', codec)}_{kind}_s{seed}"
+    if repeat:
+        name += f"_r{repeat}"
     lr, mu = outer
     cmd = [sys.executable, os.path.join(ROOT, "python_examples", "ddp_gpt.py"), "--codec", codec,
-           "--steps", str(args.steps), "--eval-every", "0", "--seed", str(seed),
-           "--algorithm", "fewest_bytes", "--outer-lr", str(lr), "--outer-momentum", str(mu)]
+           "--steps", str(args.steps), "--sequences", str(args.sequences), "--eval-every", "0",
+           "--seed", str(seed), "--algorithm", "fewest_bytes", "--outer-lr", str(lr),
+           "--outer-momentum", str(mu)]
     if kind == "compute":
         cmd += ["--period", str(10 ** 9)]  # local steps only: nothing is sent
     else:
         cmd += ["--period", str(args.period)]
     if kind == "streaming":
         cmd += ["--fragments", str(args.fragments), "--overlap-steps", str(args.overlap)]
-    if seed == args.seeds[0] and kind != "compute":
+        if args.pacing is not None:
+            cmd += ["--pacing", str(args.pacing)]
+    if seed == args.seeds[0] and kind != "compute" and not repeat:
         cmd += ["--timeline", os.path.join(out, name + ".timeline.json")]
     trace = os.path.join(out, name + ".link.json")
     full = [os.path.join(ROOT, "scripts", "cluster"), "run", "--timeout", str(args.timeout),
@@ -100,17 +109,24 @@ def main():
     ap.add_argument("--rates", default="100mbit,1gbit")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--sequences", type=int, default=16,
+                    help="ddp_gpt.py's --sequences: 64-byte windows a rank and step")
     ap.add_argument("--codecs", default="topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2")
     ap.add_argument("--period", type=int, default=8)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--overlap", type=int, default=2)
+    ap.add_argument("--pacing", type=int, default=None,
+                    help="ddp_gpt.py's --pacing for the streaming run (default: its own)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="each seed's three runs this many times, interleaved (utilization "
+                         "against the same round's run without communication, and medians)")
     ap.add_argument("--cpus", default="", help="cores a host (scripts/cluster up --cpus)")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--out", default="/tmp/gcomp_streaming")
     a = ap.parse_args()
     a.seeds = [int(s) for s in a.seeds.split(",")]
     os.makedirs(a.out, exist_ok=True)
-    rows = []
+    rows, medians = [], []
     for rate in a.rates.split(","):
         subprocess.run([os.path.join(ROOT, "scripts", "cluster"), "up", "--hosts", "3", "--rate",
                         rate] + (["--cpus", a.cpus] if a.cpus else []), check=True)
@@ -119,15 +135,21 @@ def main():
                 codec, outer = spec.split("@")
                 outer = tuple(float(v) for v in outer.split(","))
                 for seed in a.seeds:
-                    got = {k: run(a, rate, codec, outer, seed, k, a.out)
-                           for k in ("compute", "periodic", "streaming")}
-                    for k in ("periodic", "streaming"):
-                        g = got[k]
-                        rows.append((rate, codec, seed, k, g, got["compute"]["seconds"]))
-                        print(json.dumps({"rate": rate, "codec": codec, "seed": seed, "kind": k,
-                                          **{x: g[x] for x in g if x != "links"},
-                                          "compute_seconds": got["compute"]["seconds"]}),
-                              flush=True)
+                    rounds = []
+                    for r in range(a.repeat):
+                        got = {k: run(a, rate, codec, outer, seed, k, a.out, r)
+                               for k in ("compute", "periodic", "streaming")}
+                        rounds.append(got)
+                        for k in ("periodic", "streaming"):
+                            g = got[k]
+                            rows.append((rate, codec, seed, k, g, got["compute"]["seconds"]))
+                            print(json.dumps({"rate": rate, "codec": codec, "seed": seed,
+                                              "kind": k, "round": r,
+                                              **{x: g[x] for x in g if x != "links"},
+                                              "compute_seconds": got["compute"]["seconds"]}),
+                                  flush=True)
+                    if a.repeat > 1:
+                        medians.append((rate, codec, seed, rounds))
         finally:
             subprocess.run([os.path.join(ROOT, "scripts", "cluster"), "down"], check=False)
     print("| rate | codec | seed | run | loop s | utilization | averages' wait s | loss | "
@@ -138,6 +160,26 @@ def main():
         print(f"| {rate} | `{codec}` | {seed} | {label} | {g['seconds']:.1f} | "
               f"{compute / g['seconds']:.3f} | {g['average_seconds']:.2f} | {g['loss']:.4f} | "
               f"{g['mb']:.2f} | {g['mean_tx'] / 1e3:.1f} | {g['busiest_tx'] / 1e3:.1f} |")
+    if medians:
+        print()
+        print("| rate | seed | run | loop s, each round | median s | utilization, each round "
+              "| median's utilization | rounds at least 0.95 |")
+        print("|---|---:|---|---|---:|---|---:|---:|")
+        for rate, codec, seed, rounds in medians:
+            base = statistics.median(g["compute"]["seconds"] for g in rounds)
+            for k in ("compute", "periodic", "streaming"):
+                secs = [g[k]["seconds"] for g in rounds]
+                label = {"compute": "without communication", "periodic": "periodic"}.get(
+                    k, f"F={a.fragments}, T={a.overlap}")
+                if k == "compute":
+                    print(f"| {rate} | {seed} | {label} | {', '.join(f'{x:.1f}' for x in secs)} "
+                          f"| {statistics.median(secs):.1f} | | | |")
+                    continue
+                each = [g["compute"]["seconds"] / g[k]["seconds"] for g in rounds]
+                print(f"| {rate} | {seed} | {label} | {', '.join(f'{x:.1f}' for x in secs)} | "
+                      f"{statistics.median(secs):.1f} | {', '.join(f'{u:.3f}' for u in each)} | "
+                      f"{base / statistics.median(secs):.3f} | "
+                      f"{sum(u >= 0.95 for u in each)} of {len(each)} |")
 
 
 if __name__ == "__main__":

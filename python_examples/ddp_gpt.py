@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="with --period: each average merged this many steps after it starts, "
                          "its bytes sent while they run")
+    ap.add_argument("--pacing", type=int, default=None,
+                    help="with --overlap-steps: each average sent in up to N parts (default T "
+                         "for T >= 2, one a step; at T = 1, N > 1 spreads them over the step)")
     ap.add_argument("--timeline", default=None,
                     help="each rank's calls, steps, buckets and averages as Chrome trace events "
                          "in this file's rank files (scripts/timeline merge puts them together)")
@@ -117,7 +120,7 @@ def main():
             options.update(period=a.period, period_from=a.period_from, outer_lr=a.outer_lr,
                            outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,
                            momentum_at_average=a.momentum_at_average, fragments=a.fragments,
-                           overlap_steps=a.overlap_steps)
+                           overlap_steps=a.overlap_steps, pacing=a.pacing)
         state = gt.register(model, opt, a.codec, **options)  # the one gcomp line
     start, began = time.perf_counter(), time.monotonic()
     for step in range(a.steps):
@@ -150,6 +153,8 @@ def main():
                if st.get("averages") else "")
         streaming = (f", fragments {a.fragments}, overlap {a.overlap_steps}"
                      if a.fragments > 1 or a.overlap_steps else "")
+        if a.pacing is not None:
+            streaming += f", pacing {a.pacing}"
         waited = (f", {st['average_seconds']:.2f} s of it in averages" if "average_seconds" in st
                   else "")
         print(f"result: codec {a.codec}, period {a.period}{streaming}, {size} ranks, "

@@ -5,6 +5,7 @@ failures on one rank raising on all. Every test is collective: all ranks run the
 """
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -1562,6 +1563,54 @@ def test_pacing_cuts_each_fragment_into_parts_at_the_fragments_own_edges():
         _paced([("w", torch.nn.Parameter(torch.zeros(2, 3)))], 3, 2, "test")
 
 
+def test_pacing_in_time_spreads_the_parts_over_the_overlapped_step():
+    # overlap_steps=1, pacing=3: every part of an average handed on at its start, part j to
+    # leave D / 3 seconds after part j - 1 is done (D: the mean of the last steps' lengths; each
+    # step here sleeps 30 ms first, so D >= 30 ms): each part done at least 10 ms after the one
+    # before it, in order.
+    handed = []  # (part, not_before, [when its job was done])
+    real = pipeline.Bucket.submit
+
+    def submit(self, collective, *args, not_before=None, **kwargs):
+        fut = real(self, collective, *args, not_before=not_before, **kwargs)
+        if self.plain:
+            done = []
+            handed.append((collective.kwargs["index"] // 1000, not_before, done))
+            fut.then(lambda _: done.append(time.perf_counter()))
+        return fut
+
+    pipeline.Bucket.submit = submit
+    try:
+        m = model()
+        opt = gt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05),
+                                      named_parameters=m.named_parameters(),
+                                      codec="topk:ratio=0.1", period=4, fragments=2,
+                                      overlap_steps=1, pacing=3)
+        for s in range(10):
+            time.sleep(0.03)
+            opt.zero_grad()
+            backward(m, s)
+            opt.step()
+        opt.average_parameters()
+    finally:
+        pipeline.Bucket.submit = real
+    timed = opt._periodic
+    assert timed.timed and timed.parts == 3 and min(timed.lengths) >= 0.03
+    flights = []
+    for part, not_before, done in handed:
+        if part == 0:
+            flights.append([])
+        flights[-1].append((part, not_before, done))
+    paced = [f for f in flights if len(f) > 1]
+    assert len(paced) >= 4  # after steps 2, 4, 6, 8 (the last whole average: one part)
+    for flight in paced:
+        assert [p for p, _, _ in flight] == list(range(len(flight)))
+        assert flight[0][1] is None and all(callable(nb) for _, nb, _ in flight[1:])
+        for (_, _, da), (_, _, db) in zip(flight, flight[1:]):
+            assert db[0] - da[0] >= 0.01
+    same_on_every_rank(list(m.parameters()))
+
+
 def test_streaming_options_are_checked():
     m = DDP(model())
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
@@ -1572,7 +1621,11 @@ def test_streaming_options_are_checked():
                        (dict(period=4, overlap_steps=4), "less than period"),
                        (dict(period=4, overlap_steps=True), "overlap_steps must"),
                        (dict(fragments=2), "without period"),
-                       (dict(overlap_steps=1), "without period")]:
+                       (dict(overlap_steps=1), "without period"),
+                       (dict(period=4, pacing=2), "needs overlap_steps"),
+                       (dict(period=4, overlap_steps=2, pacing=3), "one a step"),
+                       (dict(period=4, overlap_steps=1, pacing=0), "pacing must"),
+                       (dict(overlap_steps=1, pacing=2), "without period")]:
         with pytest.raises(ValueError, match=words):
             gt.register(m, opt, "none", **bad)
     with pytest.raises(ValueError, match="less than period"):
@@ -1584,6 +1637,10 @@ def test_streaming_options_are_checked():
                                 period=4, fragments=2, overlap_steps=1)
     with pytest.raises(ValueError, match="periodic averaging"):
         b.load_state_dict(a.state_dict())
+    c = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=4, fragments=2, overlap_steps=1, pacing=2)
+    with pytest.raises(ValueError, match="periodic averaging"):
+        c.load_state_dict(b.state_dict())
 
 
 @pytest.mark.parametrize("codec", ["none", "topk:ratio=0.1"])
@@ -1630,9 +1687,11 @@ def streaming_setup(way, **kw):
 
 
 @pytest.mark.parametrize("way", ["hook", "optimizer"])
-@pytest.mark.parametrize("fragments, overlap", [(2, 0), (4, 0), (2, 1), (4, 2), (2, 2)])
+@pytest.mark.parametrize("fragments, overlap, pacing",
+                         [(2, 0, None), (4, 0, None), (2, 1, None), (4, 2, None), (2, 2, None),
+                          (2, 1, 2)])
 def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_steps_later(
-        way, fragments, overlap):
+        way, fragments, overlap, pacing):
     # The reference, in double from every rank's values after each of its optimizer's steps:
     # fragment f starts after the local steps k = f H // F, + H, ... with x_r = a - v_r + c_r;
     # T steps later its pieces become a - mean_r x_r (outer_lr 1) on every rank, the anchor
@@ -1645,7 +1704,8 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
     # for the slack of 1 / (1 - u)); the reference's anchors are set to the merged values
     # (the same on every rank), so no error carries over to the next average.
     p, H, S, steps = size(), 4, 1, 15
-    m, opt, state, seen = streaming_setup(way, fragments=fragments, overlap_steps=overlap)
+    m, opt, state, seen = streaming_setup(way, fragments=fragments, overlap_steps=overlap,
+                                          pacing=pacing)
     periodic = state._periodic
     pieces = [(f, pc) for f, frag in enumerate(periodic.pieces) for pc in frag]
     params = list(m.parameters())
@@ -1714,12 +1774,15 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
         for j in range(len(params)):  # the reference's anchors where a merge set them
             anchor[j][merged[j]] = now[j][0, merged[j]]
         for flight in periodic.inflight:  # paced (T >= 2): part j handed on after step s + j
-            assert 1 <= len(flight.parts) <= max(1, overlap)
-            assert flight.sent == min(len(flight.parts), taken - flight.taken + 1), taken
+            assert 1 <= len(flight.parts) <= max(1, overlap, pacing or 1)
+            if pacing and overlap == 1:  # in time: every part handed on at the start
+                assert flight.sent == len(flight.parts), taken
+            else:
+                assert flight.sent == min(len(flight.parts), taken - flight.taken + 1), taken
             most_parts = max(most_parts, len(flight.parts))
     # Paced where the rows allow: at F = 2 each fragment's rows cut into two parts, at F = 4
     # the last fragment's (a row of the weight and the bias).
-    assert most_parts == (2 if overlap >= 2 else 1)
+    assert most_parts == (2 if overlap >= 2 or (pacing or 1) > 1 else 1)
     st = state.stats()
     assert starts > fragments and merges == st["averages"]
     assert st["averages_in_flight"] == len(flights) == len(periodic.inflight)
@@ -1729,7 +1792,8 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
     ("topk:ratio=0.1", dict(fragments=3, overlap_steps=2)),
     ("none", dict(fragments=2, overlap_steps=1, momentum_at_average="average", outer_lr=0.7,
                   outer_momentum=0.5)),
-    ("topk:ratio=0.05,chunk=64,bits=2", dict(fragments=4, overlap_steps=3, feedback_decay=0.9))])
+    ("topk:ratio=0.05,chunk=64,bits=2", dict(fragments=4, overlap_steps=3, feedback_decay=0.9)),
+    ("topk:ratio=0.1", dict(fragments=2, overlap_steps=1, pacing=2))])
 def test_streaming_resumes_bit_for_bit_with_averages_in_flight(codec, extra, tmp_path):
     # Period 4 from step 2, saved after 4 steps with averages started and not merged (waited
     # for and saved with the values at their start), resumed across their merges and the next

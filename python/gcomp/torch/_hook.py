@@ -427,6 +427,11 @@ def register(model, optimizer, codec, **options):
         overlap_steps=T (0 to period - 1): a fragment's average runs while T more steps go on
             and is merged after them (every rank's fragment then the same); what the rank moved
             it meanwhile goes into the fragment's next change.
+        pacing=N: each fragment's average sent in up to N parts (docs/python.md, "Streaming"):
+            by default T with T >= 2 (part j after the j-th overlapped step), else 1 (none);
+            with overlap_steps=1, N > 1 spreads the parts over the overlapped step in time
+            (part j D / N seconds after part j - 1 is done, D the median of the last 8 steps'
+            lengths).
         timeline=FILE: this rank's calls, steps, buckets and averages written to FILE's rank
             file as Chrome trace events (gcomp.timeline, docs/timeline.md; GCOMP_TIMELINE=FILE
             does the same for any program).

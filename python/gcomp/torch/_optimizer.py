@@ -56,6 +56,8 @@ class DistributedOptimizer(_PerParameterFeedback):
         fragments, overlap_steps: streaming averages, as register()'s (docs/python.md,
             "Streaming"): the parameters in fragments averaged at staggered steps, each average
             merged overlap_steps steps after it starts.
+        pacing: each fragment's average in up to N parts, by steps or (overlap_steps=1) in
+            time, as register()'s.
         timeline: FILE: this rank's calls, steps, buckets and averages as Chrome trace events,
             as register()'s (gcomp.timeline, docs/timeline.md).
 
@@ -68,7 +70,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
                  variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
                  momentum_at_average="local", feedback_decay=1.0, fragments=1, overlap_steps=0,
-                 timeline=None):
+                 pacing=None, timeline=None):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -87,7 +89,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                                  "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                                  "momentum_at_average": momentum_at_average,
                                  "feedback_decay": feedback_decay, "fragments": fragments,
-                                 "overlap_steps": overlap_steps}, who)
+                                 "overlap_steps": overlap_steps, "pacing": pacing}, who)
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
         if periodic is not None:

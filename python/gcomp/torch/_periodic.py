@@ -18,14 +18,17 @@ parameters are cut into F fragments of about equal elements, fragment f averaged
 steps k = o_f, o_f + H, ... (o_f = f H // F); with T > 0 its collective runs on the communication
 thread while T more local steps go on, and is merged after them: the fragment's parameters become
 the averaged ones (the same on every rank) and what this rank moved them in those T steps is
-added to the fragment's next change (nothing of it is lost). What the optimizer's momentum does at an average (momentum_at_average):
-"local" keeps each rank's own (torch's post-local SGD), "reset" zeroes it, "average" averages it
-over the ranks: its change since its own anchor (zeros at first) in the same collective as
-the parameters', through the codec with residuals of its own. feedback_decay beta (SparseLoCo's
-error feedback in place of an outer momentum): each parameter's residual is multiplied by beta
-before the next change is added to it (1, the default, keeps all of it; 0 keeps none)."""
+added to the fragment's next change (nothing of it is lost); pacing=N sends each average in up to
+N parts (one a step at T >= 2, spread over the step in time at T = 1). What the optimizer's
+momentum does at an average (momentum_at_average): "local" keeps each rank's own (torch's
+post-local SGD), "reset" zeroes it, "average" averages it over the ranks: its change since its
+own anchor (zeros at first) in the same collective as the parameters', through the codec with
+residuals of its own. feedback_decay beta (SparseLoCo's error feedback in place of an outer
+momentum): each parameter's residual is multiplied by beta before the next change is added to it
+(1, the default, keeps all of it; 0 keeps none)."""
 
 import collections
+import statistics
 import time
 
 import torch
@@ -46,9 +49,9 @@ def _whole_number(value, least, what, who):
 
 
 def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay,
-           who, fragments=1, overlap_steps=0):
+           who, fragments=1, overlap_steps=0, pacing=None):
     """The periodic options, checked: (period, period_from, outer_lr, outer_momentum,
-    feedback_decay, fragments, overlap_steps)."""
+    feedback_decay, fragments, overlap_steps, pacing)."""
     if isinstance(period, bool) or int(period) != period or int(period) < 1:
         raise ValueError(f"{who}: period must be an integer >= 1 (1: every step synchronized), "
                          f"not {period!r}")
@@ -77,7 +80,15 @@ def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, f
     if t >= int(period) > 1:
         raise ValueError(f"{who}: overlap_steps={t} must be less than period={int(period)} (a "
                          "fragment's average is merged before its next one starts)")
-    return int(period), int(period_from), lr, mu, beta, f, t
+    n = None if pacing is None else _whole_number(pacing, 1, "pacing", who)
+    if n is not None and n > 1 and t == 0:
+        raise ValueError(f"{who}: pacing={n} needs overlap_steps >= 1 (the parts leave while "
+                         "the overlapped steps run)")
+    if n is not None and n > 1 and t >= 2 and n != t:
+        raise ValueError(f"{who}: pacing={n} with overlap_steps={t}: with two or more "
+                         f"overlapped steps the parts leave one a step (pacing={t}, the "
+                         "default, or 1 for none)")
+    return int(period), int(period_from), lr, mu, beta, f, t, n
 
 
 def _periodic_of(options, who):
@@ -85,16 +96,16 @@ def _periodic_of(options, who):
     checked ones, or None where period is 1 and nothing else periodic is asked."""
     given = {k: options.pop(k) for k in ("period", "period_from", "outer_lr", "outer_momentum",
                                          "momentum_at_average", "feedback_decay", "fragments",
-                                         "overlap_steps") if k in options}
-    period, period_from, lr, mu, beta, fragments, overlap = _check(
+                                         "overlap_steps", "pacing") if k in options}
+    period, period_from, lr, mu, beta, fragments, overlap, pacing = _check(
         given.get("period", 1), given.get("period_from", 0), given.get("outer_lr", 1.0),
         given.get("outer_momentum", 0.0), given.get("momentum_at_average", "local"),
         given.get("feedback_decay", 1.0), who, given.get("fragments", 1),
-        given.get("overlap_steps", 0))
+        given.get("overlap_steps", 0), given.get("pacing"))
     if period == 1:
         defaults = {"period_from": 0, "outer_lr": 1.0, "outer_momentum": 0.0,
                     "momentum_at_average": "local", "feedback_decay": 1.0, "fragments": 1,
-                    "overlap_steps": 0}
+                    "overlap_steps": 0, "pacing": None}
         extra = sorted(k for k in given if k != "period" and given[k] != defaults[k])
         if extra:
             raise ValueError(f"{who}: {', '.join(extra)} without period > 1 (every step "
@@ -102,7 +113,8 @@ def _periodic_of(options, who):
         return None
     return {"period": period, "period_from": period_from, "outer_lr": lr, "outer_momentum": mu,
             "momentum_at_average": given.get("momentum_at_average", "local"),
-            "feedback_decay": beta, "fragments": fragments, "overlap_steps": overlap}
+            "feedback_decay": beta, "fragments": fragments, "overlap_steps": overlap,
+            "pacing": pacing}
 
 
 def _periodic_allowed(optimizer, adam, who):
@@ -190,7 +202,8 @@ class _Periodic:
     the checkpoint's keys; fragments and overlap_steps: streaming (the module's docstring)."""
 
     def __init__(self, owner, optimizer, named, period, period_from, outer_lr, outer_momentum,
-                 momentum_at_average, feedback_decay=1.0, fragments=1, overlap_steps=0):
+                 momentum_at_average, feedback_decay=1.0, fragments=1, overlap_steps=0,
+                 pacing=None):
         self.owner, self.optimizer = owner, optimizer
         self.named = [(n, p) for n, p in named if p.requires_grad]
         self.period, self.period_from = period, period_from
@@ -198,10 +211,18 @@ class _Periodic:
         self.momentum_at_average = momentum_at_average
         self.feedback_decay = feedback_decay
         self.fragments, self.overlap_steps = fragments, overlap_steps
-        # Pacing (overlap_steps >= 2): each fragment's average sent in up to T parts of about
-        # equal elements, part j after the j-th step from its start, so that the link carries
-        # 1/(F T) of the model at a time rather than 1/F in a burst.
-        self.parts = overlap_steps if overlap_steps >= 2 else 1
+        # Pacing: each fragment's average sent in up to N parts of about equal elements, so that
+        # the link carries 1/(F N) of the model at a time rather than 1/F in a burst. By steps
+        # (overlap_steps = T >= 2, N = T by default): part j after the j-th step from its start.
+        # In time (T = 1, pacing N > 1): part j D / N seconds after part j - 1 is done, D the
+        # median length of the last steps (self.lengths; the median, so that the steps that
+        # waited for a merge do not lengthen the gaps, and the waits with them).
+        if pacing is None:
+            pacing = overlap_steps if overlap_steps >= 2 else 1
+        self.parts = pacing
+        self.timed = overlap_steps == 1 and pacing > 1
+        self.lengths = collections.deque(maxlen=8)  # the last steps' lengths, seconds
+        self._stepped = None  # (taken, perf_counter) at the last maybe_average
         if self.parts > 1:
             self.pieces, self.part_of = _paced(self.named, fragments, self.parts,
                                                "periodic averaging")
@@ -293,6 +314,11 @@ class _Periodic:
         """After the optimizer's step (taken steps so far), once per step count: merges the
         averages in flight whose overlap has run out, then starts those of the fragments due
         (and with overlap_steps 0 merges them at once)."""
+        now = time.perf_counter()
+        if self._stepped is not None and self._stepped[0] == taken - 1:
+            self.lengths.append(now - self._stepped[1])
+        if self._stepped is None or self._stepped[0] != taken:
+            self._stepped = (taken, now)
         if self.averaged_after == taken:
             return
         ran = False
@@ -368,6 +394,19 @@ class _Periodic:
         flight = _Flight(sorted(set(fragments)), taken, taken + overlap, pieces, moms,
                          xs, starts, index, self._layout(pieces, moms, overlap))
         self._send(flight, entered)
+        if self.timed and overlap:  # in time: every part handed on now, each to leave D / N
+            # after the one before it is done (on this rank: its bytes are out), so that no
+            # two parts of it cross the link within D / N of each other
+            gap = statistics.median(self.lengths) / self.parts if self.lengths else 0.0
+            done = [entered]
+
+            def mark(_):
+                done[0] = time.perf_counter()
+
+            flight.futures[-1].then(mark)
+            while flight.sent < len(flight.parts):
+                self._send(flight, entered, not_before=lambda: done[0] + gap)
+                flight.futures[-1].then(mark)
         self.inflight.append(flight)
         self.seconds += time.perf_counter() - entered
         if timeline.on():  # from its start to its merge, and the start's own time
@@ -382,7 +421,7 @@ class _Periodic:
         """The parts of an average of pieces (and the momenta of moms): lists of indices into its
         changes (the pieces', then the momenta's), in order; one part (all) unless paced."""
         n = len(pieces)
-        if self.parts == 1 or overlap < 2:
+        if self.parts == 1 or overlap == 0:
             return [list(range(n + len(moms)))]
         count = 1 + max(self.part_of[pc.slot] for pc in pieces)
         out = [[] for _ in range(count)]
@@ -392,9 +431,11 @@ class _Periodic:
             out[self.part_of[pc.slot]].append(n + i)
         return [part for part in out if part]
 
-    def _send(self, flight, entered=None):
+    def _send(self, flight, entered=None, not_before=None):
         """Hands flight's next part (collective) to the communication thread: its changes
-        through the codec with their error feedback (the residuals of their own pieces)."""
+        through the codec with their error feedback (the residuals of their own pieces); with
+        not_before (a function of no arguments giving perf_counter seconds, called on the
+        thread when the part's turn comes) the thread starts it no sooner."""
         entered = time.perf_counter() if entered is None else entered
         began = timeline.now()
         owner = self.owner
@@ -420,7 +461,8 @@ class _Periodic:
             "dense_below": owner.dense_below if owner._split else 0,
             "shapes": [pc.shape for pc in of] if shaped else None})
         flight.futures.append(Bucket(owner, "model average", flight.taken, index, params, xs, xs,
-                                     False, entered, plain=True).submit(collective, False))
+                                     False, entered, plain=True).submit(
+                                         collective, False, not_before=not_before))
         flight.sent += 1
         if j and timeline.on():
             timeline.span("average part", "average", began, timeline.now(), step=flight.taken,

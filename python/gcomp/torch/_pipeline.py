@@ -124,7 +124,7 @@ class Bucket:
         return velocities, on
 
     def submit(self, collective, uncompressed, result=None, tail=False, world_check=None,
-               errors=None):
+               errors=None, not_before=None):
         """Corrects the gradients (weight decay, momentum) and queues the bucket's job on the
         communication thread; returns its future (of result).
 
@@ -138,6 +138,9 @@ class Bucket:
             errors: the text a gcomp.Error from the job is raised under, as a RuntimeError with
                 its status (DDP raises a future's failure from backward as text); None to raise
                 it as it is.
+            not_before: a function of no arguments, called on the thread when the job's turn
+                comes, giving the time.perf_counter() before which the job does not start (a
+                paced average's part: the thread sleeps until then, later jobs behind it).
         """
         velocities, on = self._correct()
         owner, dense, entered = self.owner, self.dense, self.entered
@@ -153,6 +156,10 @@ class Bucket:
             timeline.begin(label, "bucket", event)
 
         def job(comm):
+            if not_before is not None:
+                wait = not_before() - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
             started, cpu = time.perf_counter(), time.thread_time()
             began = timeline.now() if traced else 0.0
             try:
