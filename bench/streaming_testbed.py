@@ -5,6 +5,7 @@ three runs of the same steps: without communication (local steps only, never ave
 time the run could have), the periodic average, and the same period with fragments and overlap.
 
     bench/streaming_testbed.py [--rates 100mbit,1gbit] [--steps 1200] [--sequences 16] [--seeds 0]
+        [--width 96] [--depth 3]
         [--codecs "topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2;none@1.0,0.0"] [--period 8]
         [--fragments 4] [--overlap 2] [--pacing N] [--repeat R] [--cpus C] [--out DIR]
 
@@ -19,7 +20,8 @@ the runs' outputs and traces stay in --out. --cpus C: each host C cores of its o
 core to the others, as no host of a cluster can. --repeat R: each seed's three runs R times,
 interleaved, and a second table: each round's utilization against the same round's run without
 communication, the medians' and how many rounds reached 0.95 (single runs scatter by several
-percent on a shared machine). --pacing N: the streaming run's ddp_gpt.py --pacing.
+percent on a shared machine). --pacing N: the streaming run's ddp_gpt.py --pacing; --width and
+--depth its GPT's (longer steps without a larger batch).
 """
 
 import argparse
@@ -69,7 +71,8 @@ def run(args, rate, codec, outer, seed, kind, out, repeat=0):
         name += f"_r{repeat}"
     lr, mu = outer
     cmd = [sys.executable, os.path.join(ROOT, "python_examples", "ddp_gpt.py"), "--codec", codec,
-           "--steps", str(args.steps), "--sequences", str(args.sequences), "--eval-every", "0",
+           "--steps", str(args.steps), "--sequences", str(args.sequences), "--width", str(args.width),
+           "--depth", str(args.depth), "--eval-every", "0",
            "--seed", str(seed), "--algorithm", "fewest_bytes", "--outer-lr", str(lr),
            "--outer-momentum", str(mu)]
     if kind == "compute":
@@ -111,6 +114,8 @@ def main():
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--sequences", type=int, default=16,
                     help="ddp_gpt.py's --sequences: 64-byte windows a rank and step")
+    ap.add_argument("--width", type=int, default=96, help="ddp_gpt.py's --width")
+    ap.add_argument("--depth", type=int, default=3, help="ddp_gpt.py's --depth")
     ap.add_argument("--codecs", default="topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2")
     ap.add_argument("--period", type=int, default=8)
     ap.add_argument("--fragments", type=int, default=4)

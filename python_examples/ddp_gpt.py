@@ -19,11 +19,12 @@ every step is synchronized through the codec (AdamW as it is: variance=None). --
 gcomp's collective (default fewest_bytes: the codec's own bytes on the algorithm that sends the
 fewest; auto chooses by time, and may send float32 where that is faster). AdamW lr
 --lr with a linear warm-up of --warmup steps and a cosine to a tenth at --steps, weight decay 0.1
-on the matrices; --sequences windows of 64 bytes a rank and step.
+on the matrices; --sequences windows of 64 bytes a rank and step; --width and --depth the
+GPT's (96 and 3: 366,432 parameters).
 Rank 0 prints the validation loss (nats per byte) of the ranks' average model every --eval-every
 steps and at the end, the bytes each rank sent against DDP's ring (2 (P-1)/P of the float32
-gradients every step), the bytes of each average, and whether every rank ends with the same
-parameters.
+gradients every step), the bytes of each average, whether every rank ends with the same
+parameters, and the CPU seconds gcomp's communication thread spent in its jobs.
 """
 
 import argparse
@@ -97,6 +98,8 @@ def main():
                          "algorithm that sends the fewest; auto chooses by time)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--sequences", type=int, default=16, help="64-byte windows a rank and step")
+    ap.add_argument("--width", type=int, default=96, help="the GPT's width (a multiple of 4)")
+    ap.add_argument("--depth", type=int, default=3, help="the GPT's layers")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=60, help="steps of linear learning-rate warm-up")
     ap.add_argument("--seed", type=int, default=0)
@@ -104,10 +107,12 @@ def main():
     ap.add_argument("--text", default=TEXT, help="the folder of text (default Debian's fortunes)")
     a = ap.parse_args()
 
+    if a.width < 4 or a.width % 4 or a.depth < 1:
+        ap.error("--width must be a positive multiple of 4 (4 heads) and --depth at least 1")
     rank, size = gt.init_process_group()
     torch.set_num_threads(1)
     train, valid = load_text(a.text)
-    model = DDP(gpt(a.seed))
+    model = DDP(gpt(a.seed, width=a.width, depth=a.depth))
     opt = adamw(model.module, a.lr)
     state = None
     if a.codec != "default":
@@ -162,6 +167,9 @@ def main():
               f"validation loss {v:.4f} nats/byte, sent {sent / 1e6:.2f} MB per rank, DDP's "
               f"ring {ring / 1e6:.2f} MB ({ring / max(1, sent):.1f}x fewer){per}, same "
               f"parameters on every rank: {bool(same.item())}, {seconds:.1f} s{waited}", flush=True)
+        if "cpu_seconds" in st:  # what the communication thread took from the steps' cores
+            print(f"communication thread: {st['cpu_seconds']:.2f} s of CPU in {st['jobs']} jobs",
+                  flush=True)
     if rank == 0:  # the loop's span on CLOCK_MONOTONIC, to cut a link trace to it
         print(f"loop: monotonic {began:.4f} {ended:.4f}", flush=True)
     del model, state  # DDP's reducer holds the process group too

@@ -44,4 +44,9 @@ assert m and int(m.group(1)) == 17, line  # 16 fragment averages and the final w
 loss = float(re.search(r"validation loss ([0-9.]+)", line).group(1))
 assert 0 < loss < 5.6, line
 PY
+# A GPT shape the heads cannot split is refused before any rank starts.
+if err=$("$python" "$here/../../python_examples/ddp_gpt.py" --width 98 2>&1 </dev/null); then
+  echo "ddp_gpt.py accepted --width 98" >&2; exit 1
+fi
+grep -q -- "--width must be a positive multiple of 4" <<<"$err" || { echo "$err" >&2; exit 1; }
 echo "gpt_example_test: passed"
