@@ -5,7 +5,7 @@ three runs of the same steps: without communication (local steps only, never ave
 time the run could have), the periodic average, and the same period with fragments and overlap.
 
     bench/streaming_testbed.py [--rates 100mbit,1gbit] [--steps 1200] [--sequences 16] [--seeds 0]
-        [--width 96] [--depth 3]
+        [--width 96] [--depth 3] [--merge after_step|before_update]
         [--codecs "topk:ratio=0.06,chunk=4096,bits=2@1.8,0.2;none@1.0,0.0"] [--period 8]
         [--fragments 4] [--overlap 2] [--pacing N] [--repeat R] [--cpus C] [--out DIR]
 
@@ -21,7 +21,8 @@ core to the others, as no host of a cluster can. --repeat R: each seed's three r
 interleaved, and a second table: each round's utilization against the same round's run without
 communication, the medians' and how many rounds reached 0.95 (single runs scatter by several
 percent on a shared machine). --pacing N: the streaming run's ddp_gpt.py --pacing; --width and
---depth its GPT's (longer steps without a larger batch).
+--depth its GPT's (longer steps without a larger batch); --merge the streaming run's ddp_gpt.py
+--merge.
 """
 
 import argparse
@@ -83,6 +84,8 @@ def run(args, rate, codec, outer, seed, kind, out, repeat=0):
         cmd += ["--fragments", str(args.fragments), "--overlap-steps", str(args.overlap)]
         if args.pacing is not None:
             cmd += ["--pacing", str(args.pacing)]
+        if args.merge != "after_step":
+            cmd += ["--merge", args.merge]
     if seed == args.seeds[0] and kind != "compute" and not repeat:
         cmd += ["--timeline", os.path.join(out, name + ".timeline.json")]
     trace = os.path.join(out, name + ".link.json")
@@ -122,6 +125,8 @@ def main():
     ap.add_argument("--overlap", type=int, default=2)
     ap.add_argument("--pacing", type=int, default=None,
                     help="ddp_gpt.py's --pacing for the streaming run (default: its own)")
+    ap.add_argument("--merge", default="after_step", choices=["after_step", "before_update"],
+                    help="ddp_gpt.py's --merge for the streaming run")
     ap.add_argument("--repeat", type=int, default=1,
                     help="each seed's three runs this many times, interleaved (utilization "
                          "against the same round's run without communication, and medians)")

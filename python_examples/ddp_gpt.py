@@ -14,7 +14,8 @@ the last average goes through the codec with error feedback (decayed by --feedba
 each new change is added: SparseLoCo's error feedback in place of the outer momentum), then the
 outer step (--outer-lr, Nesterov --outer-momentum: DiLoCo's 0.7 and 0.9); --fragments F and
 --overlap-steps T stream the averages (F fragments at staggered steps, each merged T steps after
-it starts; the whole model averaged once more at the end). Before --period-from
+it starts, after that step or with --merge before_update inside it, before its update; the
+whole model averaged once more at the end). Before --period-from
 every step is synchronized through the codec (AdamW as it is: variance=None). --algorithm is
 gcomp's collective (default fewest_bytes: the codec's own bytes on the algorithm that sends the
 fewest; auto chooses by time, and may send float32 where that is faster). AdamW lr
@@ -90,6 +91,8 @@ def main():
     ap.add_argument("--pacing", type=int, default=None,
                     help="with --overlap-steps: each average sent in up to N parts (default T "
                          "for T >= 2, one a step; at T = 1, N > 1 spreads them over the step)")
+    ap.add_argument("--merge", default="after_step", choices=["after_step", "before_update"],
+                    help="when an overlapped average is merged at its step (gt.register's merge)")
     ap.add_argument("--timeline", default=None,
                     help="each rank's calls, steps, buckets and averages as Chrome trace events "
                          "in this file's rank files (scripts/timeline merge puts them together)")
@@ -126,6 +129,8 @@ def main():
                            outer_momentum=a.outer_momentum, feedback_decay=a.feedback_decay,
                            momentum_at_average=a.momentum_at_average, fragments=a.fragments,
                            overlap_steps=a.overlap_steps, pacing=a.pacing)
+            if a.merge != "after_step":
+                options["merge"] = a.merge
         state = gt.register(model, opt, a.codec, **options)  # the one gcomp line
     start, began = time.perf_counter(), time.monotonic()
     for step in range(a.steps):
@@ -160,6 +165,8 @@ def main():
                      if a.fragments > 1 or a.overlap_steps else "")
         if a.pacing is not None:
             streaming += f", pacing {a.pacing}"
+        if a.merge != "after_step":
+            streaming += f", merge {a.merge}"
         waited = (f", {st['average_seconds']:.2f} s of it in averages" if "average_seconds" in st
                   else "")
         print(f"result: codec {a.codec}, period {a.period}{streaming}, {size} ranks, "

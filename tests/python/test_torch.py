@@ -1625,7 +1625,11 @@ def test_streaming_options_are_checked():
                        (dict(period=4, pacing=2), "needs overlap_steps"),
                        (dict(period=4, overlap_steps=2, pacing=3), "one a step"),
                        (dict(period=4, overlap_steps=1, pacing=0), "pacing must"),
-                       (dict(overlap_steps=1, pacing=2), "without period")]:
+                       (dict(overlap_steps=1, pacing=2), "without period"),
+                       (dict(period=4, overlap_steps=1, merge="before"), "merge must"),
+                       (dict(period=4, merge="before_update"), "needs overlap_steps"),
+                       (dict(overlap_steps=1, merge="before_update"),
+                        "without period")]:
         with pytest.raises(ValueError, match=words):
             gt.register(m, opt, "none", **bad)
     with pytest.raises(ValueError, match="less than period"):
@@ -1641,6 +1645,38 @@ def test_streaming_options_are_checked():
                                 period=4, fragments=2, overlap_steps=1, pacing=2)
     with pytest.raises(ValueError, match="periodic averaging"):
         c.load_state_dict(b.state_dict())
+    d = gt.DistributedOptimizer(torch.optim.SGD(model().parameters(), lr=0.1), codec="none",
+                                period=4, fragments=2, overlap_steps=1, merge="before_update")
+    with pytest.raises(ValueError, match="periodic averaging"):
+        d.load_state_dict(b.state_dict())
+
+
+@pytest.mark.parametrize("way", ["hook", "optimizer"])
+def test_a_merge_before_the_update_leaves_the_ranks_apart_and_average_parameters_joins_them(way):
+    # The whole model (one fragment), period 2 from step 1, overlap 1, merged before the update:
+    # averages start after steps 3, 5, ... and are merged inside steps 4, 6, ... before their
+    # updates, so after step 4 each rank holds the merged values moved by its own update (the
+    # ranks apart, as after any local step), and average_parameters() must still average
+    # rather than take the merge for an agreement.
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    kw = dict(algorithm="allgather", period=2, period_from=1, overlap_steps=1,
+              merge="before_update")
+    if way == "hook":
+        m = DDP(m)
+        state = gt.register(m, opt, "none", **kw)
+    else:
+        state = opt = gt.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
+                                              codec="none", **kw)
+    train(m, opt, 4)
+    st = state.stats()
+    assert st["averages"] == 1 and st["averages_in_flight"] == 0
+    if size() > 1:
+        flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+        assert not all(torch.equal(flat, other) for other in gathered(flat)), "no update after"
+    state.average_parameters()
+    same_on_every_rank(list(m.parameters()))
+    assert state.stats()["averages"] == 2
 
 
 @pytest.mark.parametrize("codec", ["none", "topk:ratio=0.1"])
@@ -1687,11 +1723,14 @@ def streaming_setup(way, **kw):
 
 
 @pytest.mark.parametrize("way", ["hook", "optimizer"])
-@pytest.mark.parametrize("fragments, overlap, pacing",
-                         [(2, 0, None), (4, 0, None), (2, 1, None), (4, 2, None), (2, 2, None),
-                          (2, 1, 2)])
+@pytest.mark.parametrize("fragments, overlap, pacing, rule",
+                         [(2, 0, None, "after_step"), (4, 0, None, "after_step"),
+                          (2, 1, None, "after_step"), (4, 2, None, "after_step"),
+                          (2, 2, None, "after_step"), (2, 1, 2, "after_step"),
+                          (2, 1, None, "before_update"), (4, 2, None, "before_update"),
+                          (2, 1, 2, "before_update")])
 def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_steps_later(
-        way, fragments, overlap, pacing):
+        way, fragments, overlap, pacing, rule):
     # The reference, in double from every rank's values after each of its optimizer's steps:
     # fragment f starts after the local steps k = f H // F, + H, ... with x_r = a - v_r + c_r;
     # T steps later its pieces become a - mean_r x_r (outer_lr 1) on every rank, the anchor
@@ -1703,9 +1742,16 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
     # |c_r|, |x_r|), their float32 mean (mean_bound of M), the subtraction (u |result|, twice
     # for the slack of 1 / (1 - u)); the reference's anchors are set to the merged values
     # (the same on every rank), so no error carries over to the next average.
+    # merge="before_update": the average due at step s + T is merged on the values before that
+    # step's update (the carry v_r(start) - v_r(s + T - 1): none at T = 1), and the update, -lr
+    # times the rank's gradient, lands on the merged values (one more rounding, u |result|, off
+    # the exact case); the merged values themselves are the state's anchors, the same on every
+    # rank.
     p, H, S, steps = size(), 4, 1, 15
+    before = rule == "before_update"
+    kw = dict(merge=rule) if before else {}
     m, opt, state, seen = streaming_setup(way, fragments=fragments, overlap_steps=overlap,
-                                          pacing=pacing)
+                                          pacing=pacing, **kw)
     periodic = state._periodic
     pieces = [(f, pc) for f, frag in enumerate(periodic.pieces) for pc in frag]
     params = list(m.parameters())
@@ -1727,9 +1773,11 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
                                      + 2 * U * anchor[j][pc.lo:pc.hi].abs())
             merged[j][pc.lo:pc.hi] = True
 
+    prev = None  # every rank's values after the last step and its averages (P x n each)
     for s in range(steps):
         opt.zero_grad()
         int_backward(m, s)
+        grads = [torch.stack(gathered(q.grad.reshape(-1))).double() for q in params]
         opt.step()
         taken = s + 1
         vals = [torch.stack(gathered(v.reshape(-1))).double() for v in seen[-1]]  # P x n
@@ -1738,10 +1786,20 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
         if taken <= S:  # synchronized: the same model on every rank, the anchor of the first
             anchor = [v[0].clone() for v in vals]
             same_on_every_rank(params)
+            prev = vals
             continue
         for flight in [f for f in flights if f[0] == taken]:
             flights.remove(flight)
-            merge(flight, vals, True)
+            if before:  # on the values before the update, then the update on the merged ones
+                merge(flight, prev, True)
+                for i in flight[1]:
+                    pc = pieces[i][1]
+                    j = slot[id(pc.param)]
+                    new = prev[j][:, pc.lo:pc.hi] - 0.125 * grads[j][:, pc.lo:pc.hi]
+                    vals[j][:, pc.lo:pc.hi] = new
+                    bound[j][pc.lo:pc.hi] += U * new.abs().amax(0)
+            else:
+                merge(flight, vals, True)
             merges += 1
         k = taken - S
         due = [f for f in range(fragments) if k > 0 and (k - (f * H) // fragments) % H == 0]
@@ -1770,9 +1828,16 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
                 assert torch.equal(got, want), (taken, j)
             else:
                 assert torch.all((got - want).abs() <= bound[j]), (taken, j)
-            assert torch.equal(got[:, merged[j]], got[:1, merged[j]].expand(p, -1)), (taken, j)
-        for j in range(len(params)):  # the reference's anchors where a merge set them
-            anchor[j][merged[j]] = now[j][0, merged[j]]
+            if before:  # the merged values: the anchors, the same on every rank
+                a = torch.stack(gathered(periodic.anchors[id(params[j])])).double()
+                assert torch.equal(a[:, merged[j]], a[:1, merged[j]].expand(p, -1)), (taken, j)
+                merged_values = a[0]
+            else:  # the merged values are the parameters, the same on every rank
+                assert torch.equal(got[:, merged[j]], got[:1, merged[j]].expand(p, -1)), (
+                    taken, j)
+                merged_values = got[0]
+            anchor[j][merged[j]] = merged_values[merged[j]]  # the reference's, where merged
+        prev = now
         for flight in periodic.inflight:  # paced (T >= 2): part j handed on after step s + j
             assert 1 <= len(flight.parts) <= max(1, overlap, pacing or 1)
             if pacing and overlap == 1:  # in time: every part handed on at the start
@@ -1793,7 +1858,8 @@ def test_streaming_averages_each_fragment_at_its_offset_and_merges_it_overlap_st
     ("none", dict(fragments=2, overlap_steps=1, momentum_at_average="average", outer_lr=0.7,
                   outer_momentum=0.5)),
     ("topk:ratio=0.05,chunk=64,bits=2", dict(fragments=4, overlap_steps=3, feedback_decay=0.9)),
-    ("topk:ratio=0.1", dict(fragments=2, overlap_steps=1, pacing=2))])
+    ("topk:ratio=0.1", dict(fragments=2, overlap_steps=1, pacing=2)),
+    ("topk:ratio=0.1", dict(fragments=3, overlap_steps=2, merge="before_update"))])
 def test_streaming_resumes_bit_for_bit_with_averages_in_flight(codec, extra, tmp_path):
     # Period 4 from step 2, saved after 4 steps with averages started and not merged (waited
     # for and saved with the values at their start), resumed across their merges and the next

@@ -432,6 +432,11 @@ def register(model, optimizer, codec, **options):
             with overlap_steps=1, N > 1 spreads the parts over the overlapped step in time
             (part j D / N seconds after part j - 1 is done, D the median of the last 8 steps'
             lengths).
+        merge: when an overlapped average is merged at its step s + T: "after_step" (the
+            default; after that step's update, the rank's progress on the fragment since the
+            start carried into its next change) or "before_update" (inside that step, after
+            its gradients and before the optimizer's update, which then lands on the merged
+            values: nothing to carry at T = 1).
         timeline=FILE: this rank's calls, steps, buckets and averages written to FILE's rank
             file as Chrome trace events (gcomp.timeline, docs/timeline.md; GCOMP_TIMELINE=FILE
             does the same for any program).
@@ -485,6 +490,8 @@ def _average_after_step(optimizer, periodic, taken):
     counted = getattr(own, "_with_counter", False)
 
     def step(self, closure=None):
+        if periodic.merge == "before_update":  # the averages due merged under this update
+            periodic.merge_due(taken())
         loss = own(closure)
         periodic.maybe_average(taken())
         return loss

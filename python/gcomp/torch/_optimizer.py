@@ -58,6 +58,8 @@ class DistributedOptimizer(_PerParameterFeedback):
             merged overlap_steps steps after it starts.
         pacing: each fragment's average in up to N parts, by steps or (overlap_steps=1) in
             time, as register()'s.
+        merge: "after_step" (the default) or "before_update": when an overlapped average is
+            merged at its step, as register()'s.
         timeline: FILE: this rank's calls, steps, buckets and averages as Chrome trace events,
             as register()'s (gcomp.timeline, docs/timeline.md).
 
@@ -70,7 +72,7 @@ class DistributedOptimizer(_PerParameterFeedback):
                  momentum=None, weight_decay=None, stall_seconds=None, timeout_seconds=None,
                  variance="frozen", period=1, period_from=0, outer_lr=1.0, outer_momentum=0.0,
                  momentum_at_average="local", feedback_decay=1.0, fragments=1, overlap_steps=0,
-                 pacing=None, timeline=None):
+                 pacing=None, merge="after_step", timeline=None):
         self.optimizer = optimizer
         if named_parameters is None:
             named = [(f"param{i}", p) for i, p in
@@ -89,7 +91,8 @@ class DistributedOptimizer(_PerParameterFeedback):
                                  "outer_lr": outer_lr, "outer_momentum": outer_momentum,
                                  "momentum_at_average": momentum_at_average,
                                  "feedback_decay": feedback_decay, "fragments": fragments,
-                                 "overlap_steps": overlap_steps, "pacing": pacing}, who)
+                                 "overlap_steps": overlap_steps, "pacing": pacing,
+                                 "merge": merge}, who)
         adam = _options._adam_of(optimizer, variance, {"momentum": momentum,
                                                        "weight_decay": weight_decay}, who)
         if periodic is not None:
@@ -224,8 +227,10 @@ class DistributedOptimizer(_PerParameterFeedback):
             self.steps += 1
         adam, t = self._adam, self.steps
         if adam is None or (adam.schedule.refreshes(t) and adam.schedule.variance_steps(t) == t):
-            loss = self.optimizer.step(closure)
             periodic = self._periodic
+            if periodic is not None and periodic.merge == "before_update":
+                periodic.merge_due(t)  # the averages due merged under this update
+            loss = self.optimizer.step(closure)
             if periodic is not None:
                 if periodic.local(t - 1):
                     periodic.local_steps += 1

@@ -38,6 +38,11 @@ from . import _cuda, _timeline
 from ._pipeline import _MASK, Bucket, Collective
 
 MOMENTA = ("local", "reset", "average")
+# When an overlapped average is merged at step s + T: "after_step", after that step's update (its
+# progress on the fragment carried into the next change), or "before_update", inside the step
+# after its gradients and before its update (nothing to carry at T = 1; the update lands on the
+# merged values).
+MERGES = ("after_step", "before_update")
 
 
 def _whole_number(value, least, what, who):
@@ -49,9 +54,9 @@ def _whole_number(value, least, what, who):
 
 
 def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, feedback_decay,
-           who, fragments=1, overlap_steps=0, pacing=None):
+           who, fragments=1, overlap_steps=0, pacing=None, merge="after_step"):
     """The periodic options, checked: (period, period_from, outer_lr, outer_momentum,
-    feedback_decay, fragments, overlap_steps, pacing)."""
+    feedback_decay, fragments, overlap_steps, pacing, merge)."""
     if isinstance(period, bool) or int(period) != period or int(period) < 1:
         raise ValueError(f"{who}: period must be an integer >= 1 (1: every step synchronized), "
                          f"not {period!r}")
@@ -88,7 +93,12 @@ def _check(period, period_from, outer_lr, outer_momentum, momentum_at_average, f
         raise ValueError(f"{who}: pacing={n} with overlap_steps={t}: with two or more "
                          f"overlapped steps the parts leave one a step (pacing={t}, the "
                          "default, or 1 for none)")
-    return int(period), int(period_from), lr, mu, beta, f, t, n
+    if merge not in MERGES:
+        raise ValueError(f"{who}: merge must be one of {', '.join(MERGES)}, not {merge!r}")
+    if merge != "after_step" and t == 0:
+        raise ValueError(f"{who}: merge={merge!r} needs overlap_steps >= 1 (without overlap an "
+                         "average is merged at once, after its step)")
+    return int(period), int(period_from), lr, mu, beta, f, t, n, merge
 
 
 def _periodic_of(options, who):
@@ -96,16 +106,16 @@ def _periodic_of(options, who):
     checked ones, or None where period is 1 and nothing else periodic is asked."""
     given = {k: options.pop(k) for k in ("period", "period_from", "outer_lr", "outer_momentum",
                                          "momentum_at_average", "feedback_decay", "fragments",
-                                         "overlap_steps", "pacing") if k in options}
-    period, period_from, lr, mu, beta, fragments, overlap, pacing = _check(
+                                         "overlap_steps", "pacing", "merge") if k in options}
+    period, period_from, lr, mu, beta, fragments, overlap, pacing, merge = _check(
         given.get("period", 1), given.get("period_from", 0), given.get("outer_lr", 1.0),
         given.get("outer_momentum", 0.0), given.get("momentum_at_average", "local"),
         given.get("feedback_decay", 1.0), who, given.get("fragments", 1),
-        given.get("overlap_steps", 0), given.get("pacing"))
+        given.get("overlap_steps", 0), given.get("pacing"), given.get("merge", "after_step"))
     if period == 1:
         defaults = {"period_from": 0, "outer_lr": 1.0, "outer_momentum": 0.0,
                     "momentum_at_average": "local", "feedback_decay": 1.0, "fragments": 1,
-                    "overlap_steps": 0, "pacing": None}
+                    "overlap_steps": 0, "pacing": None, "merge": "after_step"}
         extra = sorted(k for k in given if k != "period" and given[k] != defaults[k])
         if extra:
             raise ValueError(f"{who}: {', '.join(extra)} without period > 1 (every step "
@@ -114,7 +124,7 @@ def _periodic_of(options, who):
     return {"period": period, "period_from": period_from, "outer_lr": lr, "outer_momentum": mu,
             "momentum_at_average": given.get("momentum_at_average", "local"),
             "feedback_decay": beta, "fragments": fragments, "overlap_steps": overlap,
-            "pacing": pacing}
+            "pacing": pacing, "merge": merge}
 
 
 def _periodic_allowed(optimizer, adam, who):
@@ -203,7 +213,7 @@ class _Periodic:
 
     def __init__(self, owner, optimizer, named, period, period_from, outer_lr, outer_momentum,
                  momentum_at_average, feedback_decay=1.0, fragments=1, overlap_steps=0,
-                 pacing=None):
+                 pacing=None, merge="after_step"):
         self.owner, self.optimizer = owner, optimizer
         self.named = [(n, p) for n, p in named if p.requires_grad]
         self.period, self.period_from = period, period_from
@@ -211,6 +221,7 @@ class _Periodic:
         self.momentum_at_average = momentum_at_average
         self.feedback_decay = feedback_decay
         self.fragments, self.overlap_steps = fragments, overlap_steps
+        self.merge = merge  # MERGES: "before_update" has the owner call merge_due first
         # Pacing: each fragment's average sent in up to N parts of about equal elements, so that
         # the link carries 1/(F N) of the model at a time rather than 1/F in a burst. By steps
         # (overlap_steps = T >= 2, N = T by default): part j after the j-th step from its start.
@@ -339,6 +350,15 @@ class _Periodic:
             ran = True
         if ran:
             self.averaged_after = taken
+
+    def merge_due(self, taken):
+        """Inside the taken-th step, its gradients computed and before the optimizer's update
+        (merge="before_update"): merges the averages in flight due at it, so that the update
+        lands on the merged values; maybe_average after the update then starts what is due."""
+        if self.averaged_after == taken:
+            return
+        for flight in [f for f in self.inflight if f.merge_at <= taken]:
+            self._merge(flight, taken, agreed=False)  # the update comes after: ranks apart
 
     def average(self, taken, index=2):
         """The ranks' whole models averaged now (collective: every rank calls it after the same
@@ -489,8 +509,10 @@ class _Periodic:
                 self.bytes_received += after["bytes_received"] - self._mark["bytes_received"]
             self._mark = after
 
-    def _merge(self, flight, taken):
-        """Merges flight after the taken-th step: the outer step on each piece's averaged change
+    def _merge(self, flight, taken, agreed=True):
+        """Merges flight after the taken-th step (merge_due's: inside it, before its update, and
+        agreed False: the ranks are apart again after that update): the outer step on each
+        piece's averaged change
         d (Nesterov: b = mu b + d, d + mu b), anchor -= outer_lr d, the piece's parameters =
         the anchor, the same on every rank; with overlap, what this rank moved the piece since
         the start kept as its carry; the momenta averaged ("average") or zeroed ("reset")."""
@@ -532,8 +554,8 @@ class _Periodic:
                         u[pc.lo:pc.hi].zero_()
         self.inflight.remove(flight)
         self.averages += 1
-        if len(flight.fragments) == self.fragments and not self.inflight:
-            self.agreed_after = taken
+        if agreed and len(flight.fragments) == self.fragments and not self.inflight:
+            self.agreed_after = taken  # (not under an update still to come: merge_due's)
         self.seconds += time.perf_counter() - entered
         if timeline.on():
             ended = timeline.now()
@@ -605,6 +627,8 @@ class _Periodic:
             out["overlap_steps"] = self.overlap_steps
         if self.parts > 1:
             out["parts"] = self.parts
+        if self.merge != "after_step":
+            out["merge"] = self.merge
         return out
 
     # (checkpoint part, table, kind, keyed by): the per-parameter and per-piece state, "tensor"
