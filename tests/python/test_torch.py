@@ -1659,15 +1659,8 @@ def test_a_merge_before_the_update_leaves_the_ranks_apart_and_average_parameters
     # ranks apart, as after any local step), and average_parameters() must still average
     # rather than take the merge for an agreement.
     m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    kw = dict(algorithm="allgather", period=2, period_from=1, overlap_steps=1,
-              merge="before_update")
-    if way == "hook":
-        m = DDP(m)
-        state = gt.register(m, opt, "none", **kw)
-    else:
-        state = opt = gt.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
-                                              codec="none", **kw)
+    m, opt, state = wrapped(way, m, torch.optim.SGD(m.parameters(), lr=0.05), period=2,
+                            period_from=1, overlap_steps=1, merge="before_update")
     train(m, opt, 4)
     st = state.stats()
     assert st["averages"] == 1 and st["averages_in_flight"] == 0
@@ -1712,14 +1705,20 @@ def streaming_setup(way, **kw):
             q.copy_(torch.round(q * 8) / 8)
     opt = torch.optim.SGD(m.parameters(), lr=0.125)
     seen = recorded(opt, list(m.parameters()))
-    args = dict(algorithm="allgather", period=4, period_from=1, **kw)
+    m, opt, state = wrapped(way, m, opt, period=4, period_from=1, **kw)
+    return m, opt, state, seen
+
+
+def wrapped(way, m, opt, **kw):
+    """m and opt under gcomp with codec none on the allgather: way "hook" (DDP and register) or
+    "optimizer" (DistributedOptimizer, which is then the optimizer too): (model, optimizer,
+    state)."""
+    kw = dict(algorithm="allgather", **kw)
     if way == "hook":
         m = DDP(m)
-        state = gt.register(m, opt, "none", **args)
-    else:
-        state = opt = gt.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
-                                              codec="none", **args)
-    return m, opt, state, seen
+        return m, opt, gt.register(m, opt, "none", **kw)
+    opt = gt.DistributedOptimizer(opt, named_parameters=m.named_parameters(), codec="none", **kw)
+    return m, opt, opt
 
 
 @pytest.mark.parametrize("way", ["hook", "optimizer"])

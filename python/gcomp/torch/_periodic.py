@@ -18,7 +18,8 @@ parameters are cut into F fragments of about equal elements, fragment f averaged
 steps k = o_f, o_f + H, ... (o_f = f H // F); with T > 0 its collective runs on the communication
 thread while T more local steps go on, and is merged after them: the fragment's parameters become
 the averaged ones (the same on every rank) and what this rank moved them in those T steps is
-added to the fragment's next change (nothing of it is lost); pacing=N sends each average in up to
+added to the fragment's next change (nothing of it is lost), or with merge="before_update" merged
+inside the T-th step before its update (the owner calls merge_due first); pacing=N sends each average in up to
 N parts (one a step at T >= 2, spread over the step in time at T = 1). What the optimizer's
 momentum does at an average (momentum_at_average): "local" keeps each rank's own (torch's
 post-local SGD), "reset" zeroes it, "average" averages it over the ranks: its change since its
